@@ -7563,8 +7563,8 @@ contains
     real(c_float), intent(out) :: mlp_dF_panel(0:((dm) / 16) * batch * n * 16 - 1)
     real(c_float), intent(out) :: norm2_dweight_part(0:16 * dm - 1)
     real(c_float), intent(out) :: out_WoT(0:heads * dm * dh - 1)
-    real(c_float), intent(out) :: out_WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: out_dY_panel(0:((dm) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: out_WoT_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: out_dY_panel(0:((dm) / 16) * batch * n * 16 - 1)
     real(c_float), intent(out) :: attn_delta(0:batch * heads * n - 1)
     real(c_float), intent(out) :: attn_qk_block(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: attn_dov_block(0:batch * heads * n * 64 - 1)
@@ -7576,12 +7576,12 @@ contains
     real(c_float), intent(out) :: qkv_WqT(0:heads * dh * dm - 1)
     real(c_float), intent(out) :: qkv_WkT(0:heads * dh * dm - 1)
     real(c_float), intent(out) :: qkv_WvT(0:heads * dh * dm - 1)
-    real(c_float), intent(out) :: qkv_WqT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
-    real(c_float), intent(out) :: qkv_WkT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
-    real(c_float), intent(out) :: qkv_WvT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
-    real(c_float), intent(out) :: qkv_dQ_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
-    real(c_float), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
-    real(c_float), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: qkv_WqT_panel(0:((dm) / 16) * heads * dh * 16 - 1)
+    real(c_float), intent(out) :: qkv_WkT_panel(0:((dm) / 16) * heads * dh * 16 - 1)
+    real(c_float), intent(out) :: qkv_WvT_panel(0:((dm) / 16) * heads * dh * 16 - 1)
+    real(c_float), intent(out) :: qkv_dQ_panel(0:heads * ((dh) / 16) * batch * n * 16 - 1)
+    real(c_float), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 16) * batch * n * 16 - 1)
+    real(c_float), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 16) * batch * n * 16 - 1)
     real(c_float), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
     integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, i_part, m, h, m_tile, &
         & j_part, a0, a1, a2, a3, a0b, a1b, a2b, a3b, lane2, j_in_tile_blk, j_in_tile, j_in, &
@@ -10068,12 +10068,12 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, out_WoT_panel_row, &
     !$omp& out_WoT_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m = 0, dm - 1
-          out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
-          out_WoT_row = 8*c_tile + dh*(dm*h + m)
+          out_WoT_panel_row = 16*dm*(c_tile + h*((dh) / 16)) + 16*m
+          out_WoT_row = 16*c_tile + dh*(dm*h + m)
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             out_WoT_panel(out_WoT_panel_row + lane) = out_WoT(out_WoT_row + lane)
           end do
         end do
@@ -10084,14 +10084,20 @@ contains
     ! for b, h, c_tile (parallel) / i_tile / m (register tile)
     !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dresid_row0, dresid_row1, &
     !$omp& dresid_row2, dresid_row3, dresid_row4, dresid_row5, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, &
+    !$omp& acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
+    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, &
+    !$omp& acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, &
+    !$omp& acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, &
+    !$omp& acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+    !$omp& acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, &
+    !$omp& acc_5_13, acc_5_14, acc_5_15)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do c_tile = 0, ((dh) / 8) - 1
+        do c_tile = 0, ((dh) / 16) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
             dresid_row0 = dm*(b*n + min(6*i_tile, n - 1))
             dresid_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -10107,6 +10113,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -10115,6 +10129,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -10123,6 +10145,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -10131,6 +10161,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -10139,6 +10177,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -10147,153 +10193,305 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
-                  & / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m)
+              acc_0_1 = acc_0_1 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 1)
+              acc_0_2 = acc_0_2 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 2)
+              acc_0_3 = acc_0_3 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 3)
+              acc_0_4 = acc_0_4 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 4)
+              acc_0_5 = acc_0_5 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 5)
+              acc_0_6 = acc_0_6 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 6)
+              acc_0_7 = acc_0_7 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 7)
+              acc_0_8 = acc_0_8 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 8)
+              acc_0_9 = acc_0_9 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 9)
+              acc_0_10 = acc_0_10 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 10)
+              acc_0_11 = acc_0_11 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 11)
+              acc_0_12 = acc_0_12 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 12)
+              acc_0_13 = acc_0_13 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 13)
+              acc_0_14 = acc_0_14 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 14)
+              acc_0_15 = acc_0_15 + dresid(dresid_row0 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 15)
+              acc_1_0 = acc_1_0 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m)
+              acc_1_1 = acc_1_1 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 1)
+              acc_1_2 = acc_1_2 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 2)
+              acc_1_3 = acc_1_3 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 3)
+              acc_1_4 = acc_1_4 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 4)
+              acc_1_5 = acc_1_5 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 5)
+              acc_1_6 = acc_1_6 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 6)
+              acc_1_7 = acc_1_7 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 7)
+              acc_1_8 = acc_1_8 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 8)
+              acc_1_9 = acc_1_9 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 9)
+              acc_1_10 = acc_1_10 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 10)
+              acc_1_11 = acc_1_11 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 11)
+              acc_1_12 = acc_1_12 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 12)
+              acc_1_13 = acc_1_13 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 13)
+              acc_1_14 = acc_1_14 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 14)
+              acc_1_15 = acc_1_15 + dresid(dresid_row1 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 15)
+              acc_2_0 = acc_2_0 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m)
+              acc_2_1 = acc_2_1 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 1)
+              acc_2_2 = acc_2_2 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 2)
+              acc_2_3 = acc_2_3 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 3)
+              acc_2_4 = acc_2_4 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 4)
+              acc_2_5 = acc_2_5 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 5)
+              acc_2_6 = acc_2_6 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 6)
+              acc_2_7 = acc_2_7 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 7)
+              acc_2_8 = acc_2_8 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 8)
+              acc_2_9 = acc_2_9 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 9)
+              acc_2_10 = acc_2_10 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 10)
+              acc_2_11 = acc_2_11 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 11)
+              acc_2_12 = acc_2_12 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 12)
+              acc_2_13 = acc_2_13 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 13)
+              acc_2_14 = acc_2_14 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 14)
+              acc_2_15 = acc_2_15 + dresid(dresid_row2 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 15)
+              acc_3_0 = acc_3_0 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m)
+              acc_3_1 = acc_3_1 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 1)
+              acc_3_2 = acc_3_2 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 2)
+              acc_3_3 = acc_3_3 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 3)
+              acc_3_4 = acc_3_4 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 4)
+              acc_3_5 = acc_3_5 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 5)
+              acc_3_6 = acc_3_6 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 6)
+              acc_3_7 = acc_3_7 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 7)
+              acc_3_8 = acc_3_8 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 8)
+              acc_3_9 = acc_3_9 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 9)
+              acc_3_10 = acc_3_10 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 10)
+              acc_3_11 = acc_3_11 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 11)
+              acc_3_12 = acc_3_12 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 12)
+              acc_3_13 = acc_3_13 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 13)
+              acc_3_14 = acc_3_14 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 14)
+              acc_3_15 = acc_3_15 + dresid(dresid_row3 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 15)
+              acc_4_0 = acc_4_0 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m)
+              acc_4_1 = acc_4_1 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 1)
+              acc_4_2 = acc_4_2 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 2)
+              acc_4_3 = acc_4_3 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 3)
+              acc_4_4 = acc_4_4 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 4)
+              acc_4_5 = acc_4_5 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 5)
+              acc_4_6 = acc_4_6 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 6)
+              acc_4_7 = acc_4_7 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 7)
+              acc_4_8 = acc_4_8 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 8)
+              acc_4_9 = acc_4_9 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 9)
+              acc_4_10 = acc_4_10 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 10)
+              acc_4_11 = acc_4_11 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 11)
+              acc_4_12 = acc_4_12 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 12)
+              acc_4_13 = acc_4_13 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 13)
+              acc_4_14 = acc_4_14 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 14)
+              acc_4_15 = acc_4_15 + dresid(dresid_row4 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 15)
+              acc_5_0 = acc_5_0 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m)
+              acc_5_1 = acc_5_1 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 1)
+              acc_5_2 = acc_5_2 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 2)
+              acc_5_3 = acc_5_3 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 3)
+              acc_5_4 = acc_5_4 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 4)
+              acc_5_5 = acc_5_5 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 5)
+              acc_5_6 = acc_5_6 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 6)
+              acc_5_7 = acc_5_7 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 7)
+              acc_5_8 = acc_5_8 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 8)
+              acc_5_9 = acc_5_9 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + h*((dh) &
+                  & / 16)) + 16*m + 9)
+              acc_5_10 = acc_5_10 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 10)
+              acc_5_11 = acc_5_11 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 11)
+              acc_5_12 = acc_5_12 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 12)
+              acc_5_13 = acc_5_13 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 13)
+              acc_5_14 = acc_5_14 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 14)
+              acc_5_15 = acc_5_15 + dresid(dresid_row5 + m) * out_WoT_panel(16*dm*(c_tile + &
+                  & h*((dh) / 16)) + 16*m + 15)
             end do
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 8) = acc_0_8
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 9) = acc_0_9
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 10) = acc_0_10
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 11) = acc_0_11
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 12) = acc_0_12
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 13) = acc_0_13
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 14) = acc_0_14
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 15) = acc_0_15
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 8) = acc_1_8
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 9) = acc_1_9
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 10) = acc_1_10
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 11) = acc_1_11
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 12) = acc_1_12
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 13) = acc_1_13
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 14) = acc_1_14
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 15) = acc_1_15
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 8) = acc_2_8
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 9) = acc_2_9
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 10) = acc_2_10
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 11) = acc_2_11
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 12) = acc_2_12
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 13) = acc_2_13
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 14) = acc_2_14
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 15) = acc_2_15
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 8) = acc_3_8
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 9) = acc_3_9
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 10) = acc_3_10
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 11) = acc_3_11
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 12) = acc_3_12
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 13) = acc_3_13
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 14) = acc_3_14
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 15) = acc_3_15
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 8) = acc_4_8
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 9) = acc_4_9
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 10) = acc_4_10
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 11) = acc_4_11
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 12) = acc_4_12
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 13) = acc_4_13
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 14) = acc_4_14
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 15) = acc_4_15
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 8) = acc_5_8
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 9) = acc_5_9
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 10) = acc_5_10
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 11) = acc_5_11
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 12) = acc_5_12
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 13) = acc_5_13
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 14) = acc_5_14
+            dattn(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 15) = acc_5_15
           end do
         end do
       end do
@@ -10306,7 +10504,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           dattn_row = dh*(i + n*(b*heads + h))
-          do c = 8*((dh) / 8), dh - 1
+          do c = 16*((dh) / 16), dh - 1
             dywo = 0.0_c_float
             !$omp simd reduction(+:dywo)
             do m = 0, dm - 1
@@ -10321,13 +10519,13 @@ contains
     ! out.dWo.pack_dY: scratch out_dY_panel, dresid
     ! for m_tile (parallel) / b / i / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane, out_dY_panel_row, dresid_row)
-    do m_tile = 0, ((dm) / 8) - 1
+    do m_tile = 0, ((dm) / 16) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
-          out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile)
-          dresid_row = dm*(b*n + i) + 8*m_tile
+          out_dY_panel_row = 16*i + 16*n*(b + batch*m_tile)
+          dresid_row = dm*(b*n + i) + 16*m_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             out_dY_panel(out_dY_panel_row + lane) = dresid(dresid_row + lane)
           end do
         end do
@@ -10337,13 +10535,19 @@ contains
     ! out.dWo: writes dWo; reads attn; scratch out_dY_panel
     ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
     do h = 0, heads - 1
-      do m_tile = 0, ((dm) / 8) - 1
+      do m_tile = 0, ((dm) / 16) - 1
         do c_tile = 0, ((dh + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
@@ -10353,6 +10557,14 @@ contains
           acc_0_5 = 0.0_c_float
           acc_0_6 = 0.0_c_float
           acc_0_7 = 0.0_c_float
+          acc_0_8 = 0.0_c_float
+          acc_0_9 = 0.0_c_float
+          acc_0_10 = 0.0_c_float
+          acc_0_11 = 0.0_c_float
+          acc_0_12 = 0.0_c_float
+          acc_0_13 = 0.0_c_float
+          acc_0_14 = 0.0_c_float
+          acc_0_15 = 0.0_c_float
           acc_1_0 = 0.0_c_float
           acc_1_1 = 0.0_c_float
           acc_1_2 = 0.0_c_float
@@ -10361,6 +10573,14 @@ contains
           acc_1_5 = 0.0_c_float
           acc_1_6 = 0.0_c_float
           acc_1_7 = 0.0_c_float
+          acc_1_8 = 0.0_c_float
+          acc_1_9 = 0.0_c_float
+          acc_1_10 = 0.0_c_float
+          acc_1_11 = 0.0_c_float
+          acc_1_12 = 0.0_c_float
+          acc_1_13 = 0.0_c_float
+          acc_1_14 = 0.0_c_float
+          acc_1_15 = 0.0_c_float
           acc_2_0 = 0.0_c_float
           acc_2_1 = 0.0_c_float
           acc_2_2 = 0.0_c_float
@@ -10369,6 +10589,14 @@ contains
           acc_2_5 = 0.0_c_float
           acc_2_6 = 0.0_c_float
           acc_2_7 = 0.0_c_float
+          acc_2_8 = 0.0_c_float
+          acc_2_9 = 0.0_c_float
+          acc_2_10 = 0.0_c_float
+          acc_2_11 = 0.0_c_float
+          acc_2_12 = 0.0_c_float
+          acc_2_13 = 0.0_c_float
+          acc_2_14 = 0.0_c_float
+          acc_2_15 = 0.0_c_float
           acc_3_0 = 0.0_c_float
           acc_3_1 = 0.0_c_float
           acc_3_2 = 0.0_c_float
@@ -10377,6 +10605,14 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_3_8 = 0.0_c_float
+          acc_3_9 = 0.0_c_float
+          acc_3_10 = 0.0_c_float
+          acc_3_11 = 0.0_c_float
+          acc_3_12 = 0.0_c_float
+          acc_3_13 = 0.0_c_float
+          acc_3_14 = 0.0_c_float
+          acc_3_15 = 0.0_c_float
           acc_4_0 = 0.0_c_float
           acc_4_1 = 0.0_c_float
           acc_4_2 = 0.0_c_float
@@ -10385,6 +10621,14 @@ contains
           acc_4_5 = 0.0_c_float
           acc_4_6 = 0.0_c_float
           acc_4_7 = 0.0_c_float
+          acc_4_8 = 0.0_c_float
+          acc_4_9 = 0.0_c_float
+          acc_4_10 = 0.0_c_float
+          acc_4_11 = 0.0_c_float
+          acc_4_12 = 0.0_c_float
+          acc_4_13 = 0.0_c_float
+          acc_4_14 = 0.0_c_float
+          acc_4_15 = 0.0_c_float
           acc_5_0 = 0.0_c_float
           acc_5_1 = 0.0_c_float
           acc_5_2 = 0.0_c_float
@@ -10393,156 +10637,308 @@ contains
           acc_5_5 = 0.0_c_float
           acc_5_6 = 0.0_c_float
           acc_5_7 = 0.0_c_float
+          acc_5_8 = 0.0_c_float
+          acc_5_9 = 0.0_c_float
+          acc_5_10 = 0.0_c_float
+          acc_5_11 = 0.0_c_float
+          acc_5_12 = 0.0_c_float
+          acc_5_13 = 0.0_c_float
+          acc_5_14 = 0.0_c_float
+          acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
               acc_0_0 = acc_0_0 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile))
               acc_0_1 = acc_0_1 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 1)
               acc_0_2 = acc_0_2 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 2)
               acc_0_3 = acc_0_3 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 3)
               acc_0_4 = acc_0_4 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 4)
               acc_0_5 = acc_0_5 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 5)
               acc_0_6 = acc_0_6 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 6)
               acc_0_7 = acc_0_7 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 7)
+              acc_0_8 = acc_0_8 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 8)
+              acc_0_9 = acc_0_9 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 9)
+              acc_0_10 = acc_0_10 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 10)
+              acc_0_11 = acc_0_11 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 11)
+              acc_0_12 = acc_0_12 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 12)
+              acc_0_13 = acc_0_13 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 13)
+              acc_0_14 = acc_0_14 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 14)
+              acc_0_15 = acc_0_15 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 15)
               acc_1_0 = acc_1_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile))
               acc_1_1 = acc_1_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 1)
               acc_1_2 = acc_1_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 2)
               acc_1_3 = acc_1_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 3)
               acc_1_4 = acc_1_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 4)
               acc_1_5 = acc_1_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 5)
               acc_1_6 = acc_1_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 6)
               acc_1_7 = acc_1_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 7)
+              acc_1_8 = acc_1_8 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 8)
+              acc_1_9 = acc_1_9 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 9)
+              acc_1_10 = acc_1_10 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 10)
+              acc_1_11 = acc_1_11 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 11)
+              acc_1_12 = acc_1_12 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 12)
+              acc_1_13 = acc_1_13 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 13)
+              acc_1_14 = acc_1_14 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 14)
+              acc_1_15 = acc_1_15 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 15)
               acc_2_0 = acc_2_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile))
               acc_2_1 = acc_2_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 1)
               acc_2_2 = acc_2_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 2)
               acc_2_3 = acc_2_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 3)
               acc_2_4 = acc_2_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 4)
               acc_2_5 = acc_2_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 5)
               acc_2_6 = acc_2_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 6)
               acc_2_7 = acc_2_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 7)
+              acc_2_8 = acc_2_8 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 8)
+              acc_2_9 = acc_2_9 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 9)
+              acc_2_10 = acc_2_10 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 10)
+              acc_2_11 = acc_2_11 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 11)
+              acc_2_12 = acc_2_12 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 12)
+              acc_2_13 = acc_2_13 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 13)
+              acc_2_14 = acc_2_14 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 14)
+              acc_2_15 = acc_2_15 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 15)
               acc_3_0 = acc_3_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile))
               acc_3_1 = acc_3_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 1)
               acc_3_2 = acc_3_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 2)
               acc_3_3 = acc_3_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 3)
               acc_3_4 = acc_3_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 4)
               acc_3_5 = acc_3_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 5)
               acc_3_6 = acc_3_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 6)
               acc_3_7 = acc_3_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 7)
+              acc_3_8 = acc_3_8 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 8)
+              acc_3_9 = acc_3_9 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 9)
+              acc_3_10 = acc_3_10 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 10)
+              acc_3_11 = acc_3_11 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 11)
+              acc_3_12 = acc_3_12 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 12)
+              acc_3_13 = acc_3_13 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 13)
+              acc_3_14 = acc_3_14 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 14)
+              acc_3_15 = acc_3_15 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 15)
               acc_4_0 = acc_4_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile))
               acc_4_1 = acc_4_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 1)
               acc_4_2 = acc_4_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 2)
               acc_4_3 = acc_4_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 3)
               acc_4_4 = acc_4_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 4)
               acc_4_5 = acc_4_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 5)
               acc_4_6 = acc_4_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 6)
               acc_4_7 = acc_4_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 7)
+              acc_4_8 = acc_4_8 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 8)
+              acc_4_9 = acc_4_9 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 9)
+              acc_4_10 = acc_4_10 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 10)
+              acc_4_11 = acc_4_11 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 11)
+              acc_4_12 = acc_4_12 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 12)
+              acc_4_13 = acc_4_13 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 13)
+              acc_4_14 = acc_4_14 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 14)
+              acc_4_15 = acc_4_15 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 15)
               acc_5_0 = acc_5_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile))
               acc_5_1 = acc_5_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 1)
               acc_5_2 = acc_5_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 2)
               acc_5_3 = acc_5_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 3)
               acc_5_4 = acc_5_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 4)
               acc_5_5 = acc_5_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 5)
               acc_5_6 = acc_5_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 6)
               acc_5_7 = acc_5_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
-                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 7)
+              acc_5_8 = acc_5_8 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 8)
+              acc_5_9 = acc_5_9 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 9)
+              acc_5_10 = acc_5_10 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 10)
+              acc_5_11 = acc_5_11 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 11)
+              acc_5_12 = acc_5_12 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 12)
+              acc_5_13 = acc_5_13 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 13)
+              acc_5_14 = acc_5_14 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 14)
+              acc_5_15 = acc_5_15 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(16*i + 16*n*(b + batch*m_tile) + 15)
             end do
           end do
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile) = acc_0_0
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 1) = acc_0_1
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 2) = acc_0_2
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 3) = acc_0_3
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 4) = acc_0_4
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 5) = acc_0_5
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 6) = acc_0_6
-          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 7) = acc_0_7
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile) = acc_1_0
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile) = acc_2_0
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile) = acc_3_0
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 7) = acc_3_7
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile) = acc_4_0
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 1) = acc_4_1
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 2) = acc_4_2
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 3) = acc_4_3
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 4) = acc_4_4
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 5) = acc_4_5
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 6) = acc_4_6
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 7) = acc_4_7
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile) = acc_5_0
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 1) = acc_5_1
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 2) = acc_5_2
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 3) = acc_5_3
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 4) = acc_5_4
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 5) = acc_5_5
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 6) = acc_5_6
-          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 7) = acc_5_7
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile) = acc_0_0
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 1) = acc_0_1
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 2) = acc_0_2
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 3) = acc_0_3
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 4) = acc_0_4
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 5) = acc_0_5
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 6) = acc_0_6
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 7) = acc_0_7
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 8) = acc_0_8
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 9) = acc_0_9
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 10) = acc_0_10
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 11) = acc_0_11
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 12) = acc_0_12
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 13) = acc_0_13
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 14) = acc_0_14
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 16*m_tile + 15) = acc_0_15
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile) = acc_1_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 1) = acc_1_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 2) = acc_1_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 3) = acc_1_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 4) = acc_1_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 5) = acc_1_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 6) = acc_1_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 7) = acc_1_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 8) = acc_1_8
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 9) = acc_1_9
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 10) = acc_1_10
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 11) = acc_1_11
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 12) = acc_1_12
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 13) = acc_1_13
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 14) = acc_1_14
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 16*m_tile + 15) = acc_1_15
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile) = acc_2_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 1) = acc_2_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 2) = acc_2_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 3) = acc_2_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 4) = acc_2_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 5) = acc_2_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 6) = acc_2_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 7) = acc_2_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 8) = acc_2_8
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 9) = acc_2_9
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 10) = acc_2_10
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 11) = acc_2_11
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 12) = acc_2_12
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 13) = acc_2_13
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 14) = acc_2_14
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 16*m_tile + 15) = acc_2_15
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile) = acc_3_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 1) = acc_3_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 2) = acc_3_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 3) = acc_3_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 4) = acc_3_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 5) = acc_3_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 6) = acc_3_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 7) = acc_3_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 8) = acc_3_8
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 9) = acc_3_9
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 10) = acc_3_10
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 11) = acc_3_11
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 12) = acc_3_12
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 13) = acc_3_13
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 14) = acc_3_14
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 16*m_tile + 15) = acc_3_15
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile) = acc_4_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 1) = acc_4_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 2) = acc_4_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 3) = acc_4_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 4) = acc_4_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 5) = acc_4_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 6) = acc_4_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 7) = acc_4_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 8) = acc_4_8
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 9) = acc_4_9
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 10) = acc_4_10
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 11) = acc_4_11
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 12) = acc_4_12
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 13) = acc_4_13
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 14) = acc_4_14
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 16*m_tile + 15) = acc_4_15
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile) = acc_5_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 1) = acc_5_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 2) = acc_5_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 3) = acc_5_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 4) = acc_5_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 5) = acc_5_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 6) = acc_5_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 7) = acc_5_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 8) = acc_5_8
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 9) = acc_5_9
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 10) = acc_5_10
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 11) = acc_5_11
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 12) = acc_5_12
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 13) = acc_5_13
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 14) = acc_5_14
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 16*m_tile + 15) = acc_5_15
         end do
       end do
     end do
@@ -10552,7 +10948,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m, b, i, over_b, ody)
     do h = 0, heads - 1
       do c = 0, dh - 1
-        do m = 8*((dm) / 8), dm - 1
+        do m = 16*((dm) / 16), dm - 1
           over_b = 0.0_c_float
           do b = 0, batch - 1
             ody = 0.0_c_float
@@ -14755,13 +15151,13 @@ contains
     ! for m_tile (parallel) / h / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WqT_panel_row, &
     !$omp& qkv_WqT_row)
-    do m_tile = 0, ((dm) / 8) - 1
+    do m_tile = 0, ((dm) / 16) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
-          qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
-          qkv_WqT_row = dm*(c + dh*h) + 8*m_tile
+          qkv_WqT_panel_row = 16*c + 16*dh*(h + heads*m_tile)
+          qkv_WqT_row = dm*(c + dh*h) + 16*m_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             qkv_WqT_panel(qkv_WqT_panel_row + lane) = qkv_WqT(qkv_WqT_row + lane)
           end do
         end do
@@ -14772,13 +15168,13 @@ contains
     ! for m_tile (parallel) / h / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WkT_panel_row, &
     !$omp& qkv_WkT_row)
-    do m_tile = 0, ((dm) / 8) - 1
+    do m_tile = 0, ((dm) / 16) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
-          qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
-          qkv_WkT_row = dm*(c + dh*h) + 8*m_tile
+          qkv_WkT_panel_row = 16*c + 16*dh*(h + heads*m_tile)
+          qkv_WkT_row = dm*(c + dh*h) + 16*m_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             qkv_WkT_panel(qkv_WkT_panel_row + lane) = qkv_WkT(qkv_WkT_row + lane)
           end do
         end do
@@ -14789,13 +15185,13 @@ contains
     ! for m_tile (parallel) / h / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WvT_panel_row, &
     !$omp& qkv_WvT_row)
-    do m_tile = 0, ((dm) / 8) - 1
+    do m_tile = 0, ((dm) / 16) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
-          qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
-          qkv_WvT_row = dm*(c + dh*h) + 8*m_tile
+          qkv_WvT_panel_row = 16*c + 16*dh*(h + heads*m_tile)
+          qkv_WvT_row = dm*(c + dh*h) + 16*m_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             qkv_WvT_panel(qkv_WvT_panel_row + lane) = qkv_WvT(qkv_WvT_row + lane)
           end do
         end do
@@ -14807,13 +15203,19 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
     !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
     !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
     do b = 0, batch - 1
-      do m_tile = 0, ((dm) / 8) - 1
+      do m_tile = 0, ((dm) / 16) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
@@ -14823,6 +15225,14 @@ contains
           acc_0_5 = 0.0_c_float
           acc_0_6 = 0.0_c_float
           acc_0_7 = 0.0_c_float
+          acc_0_8 = 0.0_c_float
+          acc_0_9 = 0.0_c_float
+          acc_0_10 = 0.0_c_float
+          acc_0_11 = 0.0_c_float
+          acc_0_12 = 0.0_c_float
+          acc_0_13 = 0.0_c_float
+          acc_0_14 = 0.0_c_float
+          acc_0_15 = 0.0_c_float
           acc_1_0 = 0.0_c_float
           acc_1_1 = 0.0_c_float
           acc_1_2 = 0.0_c_float
@@ -14831,6 +15241,14 @@ contains
           acc_1_5 = 0.0_c_float
           acc_1_6 = 0.0_c_float
           acc_1_7 = 0.0_c_float
+          acc_1_8 = 0.0_c_float
+          acc_1_9 = 0.0_c_float
+          acc_1_10 = 0.0_c_float
+          acc_1_11 = 0.0_c_float
+          acc_1_12 = 0.0_c_float
+          acc_1_13 = 0.0_c_float
+          acc_1_14 = 0.0_c_float
+          acc_1_15 = 0.0_c_float
           acc_2_0 = 0.0_c_float
           acc_2_1 = 0.0_c_float
           acc_2_2 = 0.0_c_float
@@ -14839,6 +15257,14 @@ contains
           acc_2_5 = 0.0_c_float
           acc_2_6 = 0.0_c_float
           acc_2_7 = 0.0_c_float
+          acc_2_8 = 0.0_c_float
+          acc_2_9 = 0.0_c_float
+          acc_2_10 = 0.0_c_float
+          acc_2_11 = 0.0_c_float
+          acc_2_12 = 0.0_c_float
+          acc_2_13 = 0.0_c_float
+          acc_2_14 = 0.0_c_float
+          acc_2_15 = 0.0_c_float
           acc_3_0 = 0.0_c_float
           acc_3_1 = 0.0_c_float
           acc_3_2 = 0.0_c_float
@@ -14847,6 +15273,14 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_3_8 = 0.0_c_float
+          acc_3_9 = 0.0_c_float
+          acc_3_10 = 0.0_c_float
+          acc_3_11 = 0.0_c_float
+          acc_3_12 = 0.0_c_float
+          acc_3_13 = 0.0_c_float
+          acc_3_14 = 0.0_c_float
+          acc_3_15 = 0.0_c_float
           acc_4_0 = 0.0_c_float
           acc_4_1 = 0.0_c_float
           acc_4_2 = 0.0_c_float
@@ -14855,6 +15289,14 @@ contains
           acc_4_5 = 0.0_c_float
           acc_4_6 = 0.0_c_float
           acc_4_7 = 0.0_c_float
+          acc_4_8 = 0.0_c_float
+          acc_4_9 = 0.0_c_float
+          acc_4_10 = 0.0_c_float
+          acc_4_11 = 0.0_c_float
+          acc_4_12 = 0.0_c_float
+          acc_4_13 = 0.0_c_float
+          acc_4_14 = 0.0_c_float
+          acc_4_15 = 0.0_c_float
           acc_5_0 = 0.0_c_float
           acc_5_1 = 0.0_c_float
           acc_5_2 = 0.0_c_float
@@ -14863,6 +15305,14 @@ contains
           acc_5_5 = 0.0_c_float
           acc_5_6 = 0.0_c_float
           acc_5_7 = 0.0_c_float
+          acc_5_8 = 0.0_c_float
+          acc_5_9 = 0.0_c_float
+          acc_5_10 = 0.0_c_float
+          acc_5_11 = 0.0_c_float
+          acc_5_12 = 0.0_c_float
+          acc_5_13 = 0.0_c_float
+          acc_5_14 = 0.0_c_float
+          acc_5_15 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
             dQ_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
@@ -14873,54 +15323,192 @@ contains
             dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_0_8 = acc_0_8 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_0_9 = acc_0_9 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_0_10 = acc_0_10 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_0_11 = acc_0_11 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_0_12 = acc_0_12 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_0_13 = acc_0_13 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_0_14 = acc_0_14 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_0_15 = acc_0_15 + dQ(dQ_row0 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_1_8 = acc_1_8 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_1_9 = acc_1_9 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_1_10 = acc_1_10 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_1_11 = acc_1_11 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_1_12 = acc_1_12 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_1_13 = acc_1_13 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_1_14 = acc_1_14 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_1_15 = acc_1_15 + dQ(dQ_row1 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_2_8 = acc_2_8 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_2_9 = acc_2_9 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_2_10 = acc_2_10 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_2_11 = acc_2_11 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_2_12 = acc_2_12 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_2_13 = acc_2_13 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_2_14 = acc_2_14 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_2_15 = acc_2_15 + dQ(dQ_row2 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_3_8 = acc_3_8 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_3_9 = acc_3_9 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_3_10 = acc_3_10 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_3_11 = acc_3_11 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_3_12 = acc_3_12 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_3_13 = acc_3_13 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_3_14 = acc_3_14 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_3_15 = acc_3_15 + dQ(dQ_row3 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_4_8 = acc_4_8 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_4_9 = acc_4_9 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_4_10 = acc_4_10 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_4_11 = acc_4_11 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_4_12 = acc_4_12 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_4_13 = acc_4_13 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_4_14 = acc_4_14 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_4_15 = acc_4_15 + dQ(dQ_row4 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_5_8 = acc_5_8 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_5_9 = acc_5_9 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_5_10 = acc_5_10 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_5_11 = acc_5_11 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_5_12 = acc_5_12 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_5_13 = acc_5_13 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_5_14 = acc_5_14 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_5_15 = acc_5_15 + dQ(dQ_row5 + c) * qkv_WqT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
             end do
           end do
           !GCC$ novector
@@ -14933,54 +15521,192 @@ contains
             dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_0_2 = acc_0_2 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_0_3 = acc_0_3 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_0_4 = acc_0_4 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_0_5 = acc_0_5 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_0_6 = acc_0_6 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_0_7 = acc_0_7 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_0_8 = acc_0_8 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_0_9 = acc_0_9 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_0_10 = acc_0_10 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_0_11 = acc_0_11 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_0_12 = acc_0_12 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_0_13 = acc_0_13 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_0_14 = acc_0_14 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_0_15 = acc_0_15 + dK(dK_row0 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_1_0 = acc_1_0 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_1_2 = acc_1_2 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_1_3 = acc_1_3 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_1_4 = acc_1_4 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_1_5 = acc_1_5 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_1_6 = acc_1_6 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_1_7 = acc_1_7 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_1_8 = acc_1_8 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_1_9 = acc_1_9 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_1_10 = acc_1_10 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_1_11 = acc_1_11 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_1_12 = acc_1_12 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_1_13 = acc_1_13 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_1_14 = acc_1_14 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_1_15 = acc_1_15 + dK(dK_row1 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_2_0 = acc_2_0 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_2_2 = acc_2_2 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_2_3 = acc_2_3 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_2_4 = acc_2_4 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_2_5 = acc_2_5 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_2_6 = acc_2_6 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_2_7 = acc_2_7 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_2_8 = acc_2_8 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_2_9 = acc_2_9 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_2_10 = acc_2_10 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_2_11 = acc_2_11 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_2_12 = acc_2_12 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_2_13 = acc_2_13 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_2_14 = acc_2_14 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_2_15 = acc_2_15 + dK(dK_row2 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_3_0 = acc_3_0 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_3_2 = acc_3_2 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_3_3 = acc_3_3 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_3_4 = acc_3_4 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_3_5 = acc_3_5 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_3_6 = acc_3_6 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_3_7 = acc_3_7 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_3_8 = acc_3_8 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_3_9 = acc_3_9 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_3_10 = acc_3_10 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_3_11 = acc_3_11 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_3_12 = acc_3_12 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_3_13 = acc_3_13 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_3_14 = acc_3_14 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_3_15 = acc_3_15 + dK(dK_row3 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_4_0 = acc_4_0 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_4_2 = acc_4_2 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_4_3 = acc_4_3 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_4_4 = acc_4_4 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_4_5 = acc_4_5 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_4_6 = acc_4_6 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_4_7 = acc_4_7 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_4_8 = acc_4_8 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_4_9 = acc_4_9 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_4_10 = acc_4_10 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_4_11 = acc_4_11 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_4_12 = acc_4_12 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_4_13 = acc_4_13 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_4_14 = acc_4_14 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_4_15 = acc_4_15 + dK(dK_row4 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_5_0 = acc_5_0 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_5_2 = acc_5_2 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_5_3 = acc_5_3 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_5_4 = acc_5_4 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_5_5 = acc_5_5 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_5_6 = acc_5_6 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_5_7 = acc_5_7 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_5_8 = acc_5_8 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_5_9 = acc_5_9 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_5_10 = acc_5_10 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_5_11 = acc_5_11 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_5_12 = acc_5_12 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_5_13 = acc_5_13 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_5_14 = acc_5_14 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_5_15 = acc_5_15 + dK(dK_row5 + c) * qkv_WkT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
             end do
           end do
           !GCC$ novector
@@ -14993,104 +15719,290 @@ contains
             dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_0_8 = acc_0_8 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_0_9 = acc_0_9 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_0_10 = acc_0_10 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_0_11 = acc_0_11 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_0_12 = acc_0_12 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_0_13 = acc_0_13 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_0_14 = acc_0_14 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_0_15 = acc_0_15 + dV(dV_row0 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_1_8 = acc_1_8 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_1_9 = acc_1_9 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_1_10 = acc_1_10 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_1_11 = acc_1_11 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_1_12 = acc_1_12 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_1_13 = acc_1_13 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_1_14 = acc_1_14 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_1_15 = acc_1_15 + dV(dV_row1 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_2_8 = acc_2_8 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_2_9 = acc_2_9 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_2_10 = acc_2_10 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_2_11 = acc_2_11 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_2_12 = acc_2_12 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_2_13 = acc_2_13 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_2_14 = acc_2_14 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_2_15 = acc_2_15 + dV(dV_row2 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_3_8 = acc_3_8 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_3_9 = acc_3_9 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_3_10 = acc_3_10 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_3_11 = acc_3_11 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_3_12 = acc_3_12 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_3_13 = acc_3_13 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_3_14 = acc_3_14 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_3_15 = acc_3_15 + dV(dV_row3 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_4_8 = acc_4_8 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_4_9 = acc_4_9 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_4_10 = acc_4_10 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_4_11 = acc_4_11 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_4_12 = acc_4_12 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_4_13 = acc_4_13 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_4_14 = acc_4_14 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_4_15 = acc_4_15 + dV(dV_row4 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 7)
+              acc_5_8 = acc_5_8 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 8)
+              acc_5_9 = acc_5_9 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + heads*m_tile) &
+                  & + 9)
+              acc_5_10 = acc_5_10 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_5_11 = acc_5_11 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_5_12 = acc_5_12 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_5_13 = acc_5_13 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_5_14 = acc_5_14 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_5_15 = acc_5_15 + dV(dV_row5 + c) * qkv_WvT_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
             end do
           end do
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
-          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
-          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile) = acc_0_0
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 1) = acc_0_1
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 2) = acc_0_2
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 3) = acc_0_3
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 4) = acc_0_4
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 5) = acc_0_5
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 6) = acc_0_6
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 7) = acc_0_7
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 8) = acc_0_8
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 9) = acc_0_9
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 10) = acc_0_10
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 11) = acc_0_11
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 12) = acc_0_12
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 13) = acc_0_13
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 14) = acc_0_14
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 15) = acc_0_15
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile) = acc_1_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 1) = acc_1_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 2) = acc_1_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 3) = acc_1_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 4) = acc_1_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 5) = acc_1_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 6) = acc_1_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 7) = acc_1_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 8) = acc_1_8
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 9) = acc_1_9
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 10) = acc_1_10
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 11) = acc_1_11
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 12) = acc_1_12
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 13) = acc_1_13
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 14) = acc_1_14
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 15) = acc_1_15
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile) = acc_2_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 1) = acc_2_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 2) = acc_2_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 3) = acc_2_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 4) = acc_2_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 5) = acc_2_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 6) = acc_2_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 7) = acc_2_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 8) = acc_2_8
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 9) = acc_2_9
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 10) = acc_2_10
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 11) = acc_2_11
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 12) = acc_2_12
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 13) = acc_2_13
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 14) = acc_2_14
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 15) = acc_2_15
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile) = acc_3_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 1) = acc_3_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 2) = acc_3_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 3) = acc_3_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 4) = acc_3_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 5) = acc_3_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 6) = acc_3_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 7) = acc_3_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 8) = acc_3_8
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 9) = acc_3_9
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 10) = acc_3_10
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 11) = acc_3_11
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 12) = acc_3_12
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 13) = acc_3_13
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 14) = acc_3_14
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 15) = acc_3_15
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile) = acc_4_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 1) = acc_4_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 2) = acc_4_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 3) = acc_4_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 4) = acc_4_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 5) = acc_4_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 6) = acc_4_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 7) = acc_4_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 8) = acc_4_8
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 9) = acc_4_9
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 10) = acc_4_10
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 11) = acc_4_11
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 12) = acc_4_12
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 13) = acc_4_13
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 14) = acc_4_14
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 15) = acc_4_15
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile) = acc_5_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 1) = acc_5_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 2) = acc_5_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 3) = acc_5_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 4) = acc_5_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 5) = acc_5_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 6) = acc_5_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 7) = acc_5_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 8) = acc_5_8
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 9) = acc_5_9
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 10) = acc_5_10
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 11) = acc_5_11
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 12) = acc_5_12
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 13) = acc_5_13
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 14) = acc_5_14
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 15) = acc_5_15
         end do
       end do
     end do
@@ -15101,7 +16013,7 @@ contains
     !$omp& over_h, dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do m = 8*((dm) / 8), dm - 1
+        do m = 16*((dm) / 16), dm - 1
           over_h = 0.0_c_float
           do h = 0, heads - 1
             dQ_row = dh*(i + n*(b*heads + h))
@@ -15125,13 +16037,13 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dQ_panel_row, &
     !$omp& dQ_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
-            qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
-            dQ_row = 8*c_tile + dh*(i + n*(b*heads + h))
+            qkv_dQ_panel_row = 16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))
+            dQ_row = 16*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
-            do lane = 0, 7
+            do lane = 0, 15
               qkv_dQ_panel(qkv_dQ_panel_row + lane) = dQ(dQ_row + lane)
             end do
           end do
@@ -15142,13 +16054,19 @@ contains
     ! qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
@@ -15158,6 +16076,14 @@ contains
           acc_0_5 = 0.0_c_float
           acc_0_6 = 0.0_c_float
           acc_0_7 = 0.0_c_float
+          acc_0_8 = 0.0_c_float
+          acc_0_9 = 0.0_c_float
+          acc_0_10 = 0.0_c_float
+          acc_0_11 = 0.0_c_float
+          acc_0_12 = 0.0_c_float
+          acc_0_13 = 0.0_c_float
+          acc_0_14 = 0.0_c_float
+          acc_0_15 = 0.0_c_float
           acc_1_0 = 0.0_c_float
           acc_1_1 = 0.0_c_float
           acc_1_2 = 0.0_c_float
@@ -15166,6 +16092,14 @@ contains
           acc_1_5 = 0.0_c_float
           acc_1_6 = 0.0_c_float
           acc_1_7 = 0.0_c_float
+          acc_1_8 = 0.0_c_float
+          acc_1_9 = 0.0_c_float
+          acc_1_10 = 0.0_c_float
+          acc_1_11 = 0.0_c_float
+          acc_1_12 = 0.0_c_float
+          acc_1_13 = 0.0_c_float
+          acc_1_14 = 0.0_c_float
+          acc_1_15 = 0.0_c_float
           acc_2_0 = 0.0_c_float
           acc_2_1 = 0.0_c_float
           acc_2_2 = 0.0_c_float
@@ -15174,6 +16108,14 @@ contains
           acc_2_5 = 0.0_c_float
           acc_2_6 = 0.0_c_float
           acc_2_7 = 0.0_c_float
+          acc_2_8 = 0.0_c_float
+          acc_2_9 = 0.0_c_float
+          acc_2_10 = 0.0_c_float
+          acc_2_11 = 0.0_c_float
+          acc_2_12 = 0.0_c_float
+          acc_2_13 = 0.0_c_float
+          acc_2_14 = 0.0_c_float
+          acc_2_15 = 0.0_c_float
           acc_3_0 = 0.0_c_float
           acc_3_1 = 0.0_c_float
           acc_3_2 = 0.0_c_float
@@ -15182,6 +16124,14 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_3_8 = 0.0_c_float
+          acc_3_9 = 0.0_c_float
+          acc_3_10 = 0.0_c_float
+          acc_3_11 = 0.0_c_float
+          acc_3_12 = 0.0_c_float
+          acc_3_13 = 0.0_c_float
+          acc_3_14 = 0.0_c_float
+          acc_3_15 = 0.0_c_float
           acc_4_0 = 0.0_c_float
           acc_4_1 = 0.0_c_float
           acc_4_2 = 0.0_c_float
@@ -15190,6 +16140,14 @@ contains
           acc_4_5 = 0.0_c_float
           acc_4_6 = 0.0_c_float
           acc_4_7 = 0.0_c_float
+          acc_4_8 = 0.0_c_float
+          acc_4_9 = 0.0_c_float
+          acc_4_10 = 0.0_c_float
+          acc_4_11 = 0.0_c_float
+          acc_4_12 = 0.0_c_float
+          acc_4_13 = 0.0_c_float
+          acc_4_14 = 0.0_c_float
+          acc_4_15 = 0.0_c_float
           acc_5_0 = 0.0_c_float
           acc_5_1 = 0.0_c_float
           acc_5_2 = 0.0_c_float
@@ -15198,156 +16156,308 @@ contains
           acc_5_5 = 0.0_c_float
           acc_5_6 = 0.0_c_float
           acc_5_7 = 0.0_c_float
+          acc_5_8 = 0.0_c_float
+          acc_5_9 = 0.0_c_float
+          acc_5_10 = 0.0_c_float
+          acc_5_11 = 0.0_c_float
+          acc_5_12 = 0.0_c_float
+          acc_5_13 = 0.0_c_float
+          acc_5_14 = 0.0_c_float
+          acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_0_8 = acc_0_8 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_0_9 = acc_0_9 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_0_10 = acc_0_10 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_0_11 = acc_0_11 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_0_12 = acc_0_12 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_0_13 = acc_0_13 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_0_14 = acc_0_14 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_0_15 = acc_0_15 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_1_8 = acc_1_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_1_9 = acc_1_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_1_10 = acc_1_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_1_11 = acc_1_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_1_12 = acc_1_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_1_13 = acc_1_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_1_14 = acc_1_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_1_15 = acc_1_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_2_8 = acc_2_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_2_9 = acc_2_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_2_10 = acc_2_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_2_11 = acc_2_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_2_12 = acc_2_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_2_13 = acc_2_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_2_14 = acc_2_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_2_15 = acc_2_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_3_8 = acc_3_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_3_9 = acc_3_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_3_10 = acc_3_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_3_11 = acc_3_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_3_12 = acc_3_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_3_13 = acc_3_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_3_14 = acc_3_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_3_15 = acc_3_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_4_8 = acc_4_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_4_9 = acc_4_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_4_10 = acc_4_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_4_11 = acc_4_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_4_12 = acc_4_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_4_13 = acc_4_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_4_14 = acc_4_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_4_15 = acc_4_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_5_8 = acc_5_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_5_9 = acc_5_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_5_10 = acc_5_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_5_11 = acc_5_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_5_12 = acc_5_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_5_13 = acc_5_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_5_14 = acc_5_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_5_15 = acc_5_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
             end do
           end do
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
-          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 8) = acc_0_8
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 9) = acc_0_9
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 10) = acc_0_10
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 11) = acc_0_11
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 12) = acc_0_12
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 13) = acc_0_13
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 14) = acc_0_14
+          dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 15) = acc_0_15
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 8) = acc_1_8
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 9) = acc_1_9
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 10) = acc_1_10
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 11) = acc_1_11
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 12) = acc_1_12
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 13) = acc_1_13
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 14) = acc_1_14
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 15) = acc_1_15
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 8) = acc_2_8
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 9) = acc_2_9
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 10) = acc_2_10
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 11) = acc_2_11
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 12) = acc_2_12
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 13) = acc_2_13
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 14) = acc_2_14
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 15) = acc_2_15
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 8) = acc_3_8
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 9) = acc_3_9
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 10) = acc_3_10
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 11) = acc_3_11
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 12) = acc_3_12
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 13) = acc_3_13
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 14) = acc_3_14
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 15) = acc_3_15
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 8) = acc_4_8
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 9) = acc_4_9
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 10) = acc_4_10
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 11) = acc_4_11
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 12) = acc_4_12
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 13) = acc_4_13
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 14) = acc_4_14
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 15) = acc_4_15
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 8) = acc_5_8
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 9) = acc_5_9
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 10) = acc_5_10
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 11) = acc_5_11
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 12) = acc_5_12
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 13) = acc_5_13
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 14) = acc_5_14
+          dWq(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 15) = acc_5_15
         end do
       end do
     end do
@@ -15357,7 +16467,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
       do m = 0, dm - 1
-        do c = 8*((dh) / 8), dh - 1
+        do c = 16*((dh) / 16), dh - 1
           over_b = 0.0_c_float
           do b = 0, batch - 1
             xdq = 0.0_c_float
@@ -15377,13 +16487,13 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dK_panel_row, &
     !$omp& dK_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
-            qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
-            dK_row = 8*c_tile + dh*(i + n*(b*heads + h))
+            qkv_dK_panel_row = 16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))
+            dK_row = 16*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
-            do lane = 0, 7
+            do lane = 0, 15
               qkv_dK_panel(qkv_dK_panel_row + lane) = dK(dK_row + lane)
             end do
           end do
@@ -15394,13 +16504,19 @@ contains
     ! qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
@@ -15410,6 +16526,14 @@ contains
           acc_0_5 = 0.0_c_float
           acc_0_6 = 0.0_c_float
           acc_0_7 = 0.0_c_float
+          acc_0_8 = 0.0_c_float
+          acc_0_9 = 0.0_c_float
+          acc_0_10 = 0.0_c_float
+          acc_0_11 = 0.0_c_float
+          acc_0_12 = 0.0_c_float
+          acc_0_13 = 0.0_c_float
+          acc_0_14 = 0.0_c_float
+          acc_0_15 = 0.0_c_float
           acc_1_0 = 0.0_c_float
           acc_1_1 = 0.0_c_float
           acc_1_2 = 0.0_c_float
@@ -15418,6 +16542,14 @@ contains
           acc_1_5 = 0.0_c_float
           acc_1_6 = 0.0_c_float
           acc_1_7 = 0.0_c_float
+          acc_1_8 = 0.0_c_float
+          acc_1_9 = 0.0_c_float
+          acc_1_10 = 0.0_c_float
+          acc_1_11 = 0.0_c_float
+          acc_1_12 = 0.0_c_float
+          acc_1_13 = 0.0_c_float
+          acc_1_14 = 0.0_c_float
+          acc_1_15 = 0.0_c_float
           acc_2_0 = 0.0_c_float
           acc_2_1 = 0.0_c_float
           acc_2_2 = 0.0_c_float
@@ -15426,6 +16558,14 @@ contains
           acc_2_5 = 0.0_c_float
           acc_2_6 = 0.0_c_float
           acc_2_7 = 0.0_c_float
+          acc_2_8 = 0.0_c_float
+          acc_2_9 = 0.0_c_float
+          acc_2_10 = 0.0_c_float
+          acc_2_11 = 0.0_c_float
+          acc_2_12 = 0.0_c_float
+          acc_2_13 = 0.0_c_float
+          acc_2_14 = 0.0_c_float
+          acc_2_15 = 0.0_c_float
           acc_3_0 = 0.0_c_float
           acc_3_1 = 0.0_c_float
           acc_3_2 = 0.0_c_float
@@ -15434,6 +16574,14 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_3_8 = 0.0_c_float
+          acc_3_9 = 0.0_c_float
+          acc_3_10 = 0.0_c_float
+          acc_3_11 = 0.0_c_float
+          acc_3_12 = 0.0_c_float
+          acc_3_13 = 0.0_c_float
+          acc_3_14 = 0.0_c_float
+          acc_3_15 = 0.0_c_float
           acc_4_0 = 0.0_c_float
           acc_4_1 = 0.0_c_float
           acc_4_2 = 0.0_c_float
@@ -15442,6 +16590,14 @@ contains
           acc_4_5 = 0.0_c_float
           acc_4_6 = 0.0_c_float
           acc_4_7 = 0.0_c_float
+          acc_4_8 = 0.0_c_float
+          acc_4_9 = 0.0_c_float
+          acc_4_10 = 0.0_c_float
+          acc_4_11 = 0.0_c_float
+          acc_4_12 = 0.0_c_float
+          acc_4_13 = 0.0_c_float
+          acc_4_14 = 0.0_c_float
+          acc_4_15 = 0.0_c_float
           acc_5_0 = 0.0_c_float
           acc_5_1 = 0.0_c_float
           acc_5_2 = 0.0_c_float
@@ -15450,156 +16606,308 @@ contains
           acc_5_5 = 0.0_c_float
           acc_5_6 = 0.0_c_float
           acc_5_7 = 0.0_c_float
+          acc_5_8 = 0.0_c_float
+          acc_5_9 = 0.0_c_float
+          acc_5_10 = 0.0_c_float
+          acc_5_11 = 0.0_c_float
+          acc_5_12 = 0.0_c_float
+          acc_5_13 = 0.0_c_float
+          acc_5_14 = 0.0_c_float
+          acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_0_8 = acc_0_8 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_0_9 = acc_0_9 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_0_10 = acc_0_10 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_0_11 = acc_0_11 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_0_12 = acc_0_12 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_0_13 = acc_0_13 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_0_14 = acc_0_14 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_0_15 = acc_0_15 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_1_8 = acc_1_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_1_9 = acc_1_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_1_10 = acc_1_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_1_11 = acc_1_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_1_12 = acc_1_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_1_13 = acc_1_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_1_14 = acc_1_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_1_15 = acc_1_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_2_8 = acc_2_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_2_9 = acc_2_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_2_10 = acc_2_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_2_11 = acc_2_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_2_12 = acc_2_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_2_13 = acc_2_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_2_14 = acc_2_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_2_15 = acc_2_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_3_8 = acc_3_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_3_9 = acc_3_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_3_10 = acc_3_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_3_11 = acc_3_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_3_12 = acc_3_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_3_13 = acc_3_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_3_14 = acc_3_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_3_15 = acc_3_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_4_8 = acc_4_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_4_9 = acc_4_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_4_10 = acc_4_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_4_11 = acc_4_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_4_12 = acc_4_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_4_13 = acc_4_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_4_14 = acc_4_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_4_15 = acc_4_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_5_8 = acc_5_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_5_9 = acc_5_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_5_10 = acc_5_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_5_11 = acc_5_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_5_12 = acc_5_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_5_13 = acc_5_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_5_14 = acc_5_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_5_15 = acc_5_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
             end do
           end do
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
-          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 8) = acc_0_8
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 9) = acc_0_9
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 10) = acc_0_10
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 11) = acc_0_11
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 12) = acc_0_12
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 13) = acc_0_13
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 14) = acc_0_14
+          dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 15) = acc_0_15
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 8) = acc_1_8
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 9) = acc_1_9
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 10) = acc_1_10
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 11) = acc_1_11
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 12) = acc_1_12
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 13) = acc_1_13
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 14) = acc_1_14
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 15) = acc_1_15
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 8) = acc_2_8
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 9) = acc_2_9
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 10) = acc_2_10
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 11) = acc_2_11
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 12) = acc_2_12
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 13) = acc_2_13
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 14) = acc_2_14
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 15) = acc_2_15
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 8) = acc_3_8
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 9) = acc_3_9
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 10) = acc_3_10
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 11) = acc_3_11
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 12) = acc_3_12
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 13) = acc_3_13
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 14) = acc_3_14
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 15) = acc_3_15
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 8) = acc_4_8
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 9) = acc_4_9
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 10) = acc_4_10
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 11) = acc_4_11
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 12) = acc_4_12
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 13) = acc_4_13
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 14) = acc_4_14
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 15) = acc_4_15
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 8) = acc_5_8
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 9) = acc_5_9
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 10) = acc_5_10
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 11) = acc_5_11
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 12) = acc_5_12
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 13) = acc_5_13
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 14) = acc_5_14
+          dWk(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 15) = acc_5_15
         end do
       end do
     end do
@@ -15609,7 +16917,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
       do m = 0, dm - 1
-        do c = 8*((dh) / 8), dh - 1
+        do c = 16*((dh) / 16), dh - 1
           over_b = 0.0_c_float
           do b = 0, batch - 1
             xdk = 0.0_c_float
@@ -15629,13 +16937,13 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dV_panel_row, &
     !$omp& dV_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
-            qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
-            dV_row = 8*c_tile + dh*(i + n*(b*heads + h))
+            qkv_dV_panel_row = 16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))
+            dV_row = 16*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
-            do lane = 0, 7
+            do lane = 0, 15
               qkv_dV_panel(qkv_dV_panel_row + lane) = dV(dV_row + lane)
             end do
           end do
@@ -15646,13 +16954,19 @@ contains
     ! qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
@@ -15662,6 +16976,14 @@ contains
           acc_0_5 = 0.0_c_float
           acc_0_6 = 0.0_c_float
           acc_0_7 = 0.0_c_float
+          acc_0_8 = 0.0_c_float
+          acc_0_9 = 0.0_c_float
+          acc_0_10 = 0.0_c_float
+          acc_0_11 = 0.0_c_float
+          acc_0_12 = 0.0_c_float
+          acc_0_13 = 0.0_c_float
+          acc_0_14 = 0.0_c_float
+          acc_0_15 = 0.0_c_float
           acc_1_0 = 0.0_c_float
           acc_1_1 = 0.0_c_float
           acc_1_2 = 0.0_c_float
@@ -15670,6 +16992,14 @@ contains
           acc_1_5 = 0.0_c_float
           acc_1_6 = 0.0_c_float
           acc_1_7 = 0.0_c_float
+          acc_1_8 = 0.0_c_float
+          acc_1_9 = 0.0_c_float
+          acc_1_10 = 0.0_c_float
+          acc_1_11 = 0.0_c_float
+          acc_1_12 = 0.0_c_float
+          acc_1_13 = 0.0_c_float
+          acc_1_14 = 0.0_c_float
+          acc_1_15 = 0.0_c_float
           acc_2_0 = 0.0_c_float
           acc_2_1 = 0.0_c_float
           acc_2_2 = 0.0_c_float
@@ -15678,6 +17008,14 @@ contains
           acc_2_5 = 0.0_c_float
           acc_2_6 = 0.0_c_float
           acc_2_7 = 0.0_c_float
+          acc_2_8 = 0.0_c_float
+          acc_2_9 = 0.0_c_float
+          acc_2_10 = 0.0_c_float
+          acc_2_11 = 0.0_c_float
+          acc_2_12 = 0.0_c_float
+          acc_2_13 = 0.0_c_float
+          acc_2_14 = 0.0_c_float
+          acc_2_15 = 0.0_c_float
           acc_3_0 = 0.0_c_float
           acc_3_1 = 0.0_c_float
           acc_3_2 = 0.0_c_float
@@ -15686,6 +17024,14 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_3_8 = 0.0_c_float
+          acc_3_9 = 0.0_c_float
+          acc_3_10 = 0.0_c_float
+          acc_3_11 = 0.0_c_float
+          acc_3_12 = 0.0_c_float
+          acc_3_13 = 0.0_c_float
+          acc_3_14 = 0.0_c_float
+          acc_3_15 = 0.0_c_float
           acc_4_0 = 0.0_c_float
           acc_4_1 = 0.0_c_float
           acc_4_2 = 0.0_c_float
@@ -15694,6 +17040,14 @@ contains
           acc_4_5 = 0.0_c_float
           acc_4_6 = 0.0_c_float
           acc_4_7 = 0.0_c_float
+          acc_4_8 = 0.0_c_float
+          acc_4_9 = 0.0_c_float
+          acc_4_10 = 0.0_c_float
+          acc_4_11 = 0.0_c_float
+          acc_4_12 = 0.0_c_float
+          acc_4_13 = 0.0_c_float
+          acc_4_14 = 0.0_c_float
+          acc_4_15 = 0.0_c_float
           acc_5_0 = 0.0_c_float
           acc_5_1 = 0.0_c_float
           acc_5_2 = 0.0_c_float
@@ -15702,156 +17056,308 @@ contains
           acc_5_5 = 0.0_c_float
           acc_5_6 = 0.0_c_float
           acc_5_7 = 0.0_c_float
+          acc_5_8 = 0.0_c_float
+          acc_5_9 = 0.0_c_float
+          acc_5_10 = 0.0_c_float
+          acc_5_11 = 0.0_c_float
+          acc_5_12 = 0.0_c_float
+          acc_5_13 = 0.0_c_float
+          acc_5_14 = 0.0_c_float
+          acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_0_8 = acc_0_8 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_0_9 = acc_0_9 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
+                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_0_10 = acc_0_10 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_0_11 = acc_0_11 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_0_12 = acc_0_12 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_0_13 = acc_0_13 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_0_14 = acc_0_14 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_0_15 = acc_0_15 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
+                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_1_8 = acc_1_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_1_9 = acc_1_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_1_10 = acc_1_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_1_11 = acc_1_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_1_12 = acc_1_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_1_13 = acc_1_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_1_14 = acc_1_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_1_15 = acc_1_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_2_8 = acc_2_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_2_9 = acc_2_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_2_10 = acc_2_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_2_11 = acc_2_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_2_12 = acc_2_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_2_13 = acc_2_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_2_14 = acc_2_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_2_15 = acc_2_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_3_8 = acc_3_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_3_9 = acc_3_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_3_10 = acc_3_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_3_11 = acc_3_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_3_12 = acc_3_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_3_13 = acc_3_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_3_14 = acc_3_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_3_15 = acc_3_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_4_8 = acc_4_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_4_9 = acc_4_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_4_10 = acc_4_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_4_11 = acc_4_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_4_12 = acc_4_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_4_13 = acc_4_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_4_14 = acc_4_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_4_15 = acc_4_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
               acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
               acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
               acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
               acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
               acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
               acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
               acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
               acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_5_8 = acc_5_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_5_9 = acc_5_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_5_10 = acc_5_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_5_11 = acc_5_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_5_12 = acc_5_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_5_13 = acc_5_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_5_14 = acc_5_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_5_15 = acc_5_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
             end do
           end do
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
-          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 8) = acc_0_8
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 9) = acc_0_9
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 10) = acc_0_10
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 11) = acc_0_11
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 12) = acc_0_12
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 13) = acc_0_13
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 14) = acc_0_14
+          dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 15) = acc_0_15
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 8) = acc_1_8
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 9) = acc_1_9
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 10) = acc_1_10
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 11) = acc_1_11
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 12) = acc_1_12
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 13) = acc_1_13
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 14) = acc_1_14
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 15) = acc_1_15
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 8) = acc_2_8
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 9) = acc_2_9
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 10) = acc_2_10
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 11) = acc_2_11
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 12) = acc_2_12
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 13) = acc_2_13
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 14) = acc_2_14
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 15) = acc_2_15
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 8) = acc_3_8
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 9) = acc_3_9
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 10) = acc_3_10
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 11) = acc_3_11
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 12) = acc_3_12
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 13) = acc_3_13
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 14) = acc_3_14
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 15) = acc_3_15
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 8) = acc_4_8
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 9) = acc_4_9
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 10) = acc_4_10
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 11) = acc_4_11
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 12) = acc_4_12
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 13) = acc_4_13
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 14) = acc_4_14
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 15) = acc_4_15
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 8) = acc_5_8
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 9) = acc_5_9
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 10) = acc_5_10
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 11) = acc_5_11
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 12) = acc_5_12
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 13) = acc_5_13
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 14) = acc_5_14
+          dWv(16*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 15) = acc_5_15
         end do
       end do
     end do
@@ -15861,7 +17367,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
       do m = 0, dm - 1
-        do c = 8*((dh) / 8), dh - 1
+        do c = 16*((dh) / 16), dh - 1
           over_b = 0.0_c_float
           do b = 0, batch - 1
             xdv = 0.0_c_float

@@ -3411,12 +3411,12 @@ contains
     real(c_float), intent(out) :: xn1(0:batch * n * dm - 1)
     real(c_float), intent(out) :: xn2(0:batch * n * dm - 1)
     real(c_float), intent(out) :: mlp_out(0:batch * n * dm - 1)
-    real(c_float), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 32) * dh * 32 - 1)
-    real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 16) * heads * dh * 16 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 16) * dm * 16 - 1)
@@ -3429,72 +3429,71 @@ contains
         & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, &
         & mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_float) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-        & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-        & acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-        & acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-        & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, &
-        & row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, &
-        & row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, &
-        & qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, &
-        & qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_0_16, qk_0_17, qk_0_18, qk_0_19, qk_0_20, &
-        & qk_0_21, qk_0_22, qk_0_23, qk_0_24, qk_0_25, qk_0_26, qk_0_27, qk_0_28, qk_0_29, &
-        & qk_0_30, qk_0_31, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_1_16, qk_1_17, &
-        & qk_1_18, qk_1_19, qk_1_20, qk_1_21, qk_1_22, qk_1_23, qk_1_24, qk_1_25, qk_1_26, &
-        & qk_1_27, qk_1_28, qk_1_29, qk_1_30, qk_1_31, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, &
-        & qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, &
-        & qk_2_15, qk_2_16, qk_2_17, qk_2_18, qk_2_19, qk_2_20, qk_2_21, qk_2_22, qk_2_23, &
-        & qk_2_24, qk_2_25, qk_2_26, qk_2_27, qk_2_28, qk_2_29, qk_2_30, qk_2_31, qk_3_0, qk_3_1, &
-        & qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, &
-        & qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_3_16, qk_3_17, qk_3_18, qk_3_19, qk_3_20, &
-        & qk_3_21, qk_3_22, qk_3_23, qk_3_24, qk_3_25, qk_3_26, qk_3_27, qk_3_28, qk_3_29, &
-        & qk_3_30, qk_3_31, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, &
-        & qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_4_16, qk_4_17, &
-        & qk_4_18, qk_4_19, qk_4_20, qk_4_21, qk_4_22, qk_4_23, qk_4_24, qk_4_25, qk_4_26, &
-        & qk_4_27, qk_4_28, qk_4_29, qk_4_30, qk_4_31, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
-        & qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, &
-        & qk_5_15, qk_5_16, qk_5_17, qk_5_18, qk_5_19, qk_5_20, qk_5_21, qk_5_22, qk_5_23, &
-        & qk_5_24, qk_5_25, qk_5_26, qk_5_27, qk_5_28, qk_5_29, qk_5_30, qk_5_31, qk_6_0, qk_6_1, &
-        & qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, &
-        & qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_6_16, qk_6_17, qk_6_18, qk_6_19, qk_6_20, &
-        & qk_6_21, qk_6_22, qk_6_23, qk_6_24, qk_6_25, qk_6_26, qk_6_27, qk_6_28, qk_6_29, &
-        & qk_6_30, qk_6_31, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, &
-        & qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_7_16, qk_7_17, &
-        & qk_7_18, qk_7_19, qk_7_20, qk_7_21, qk_7_22, qk_7_23, qk_7_24, qk_7_25, qk_7_26, &
-        & qk_7_27, qk_7_28, qk_7_29, qk_7_30, qk_7_31, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, &
-        & qk_7, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
-        & block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
-        & new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, &
-        & rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
-        & block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, o_4, o_5, o_6, &
-        & o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_16, o_17, o_18, o_19, o_20, o_21, &
-        & o_22, o_23, o_24, o_25, o_26, o_27, o_28, o_29, o_30, o_31, o_0b, o_1b, o_2b, o_3b, &
-        & o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_16b, &
-        & o_17b, o_18b, o_19b, o_20b, o_21b, o_22b, o_23b, o_24b, o_25b, o_26b, o_27b, o_28b, &
-        & o_29b, o_30b, o_31b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, &
-        & o_11c, o_12c, o_13c, o_14c, o_15c, o_16c, o_17c, o_18c, o_19c, o_20c, o_21c, o_22c, &
-        & o_23c, o_24c, o_25c, o_26c, o_27c, o_28c, o_29c, o_30c, o_31c, o_0d, o_1d, o_2d, o_3d, &
-        & o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_16d, &
-        & o_17d, o_18d, o_19d, o_20d, o_21d, o_22d, o_23d, o_24d, o_25d, o_26d, o_27d, o_28d, &
-        & o_29d, o_30d, o_31d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, &
-        & o_11e, o_12e, o_13e, o_14e, o_15e, o_16e, o_17e, o_18e, o_19e, o_20e, o_21e, o_22e, &
-        & o_23e, o_24e, o_25e, o_26e, o_27e, o_28e, o_29e, o_30e, o_31e, o_0f, o_1f, o_2f, o_3f, &
-        & o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_16f, &
-        & o_17f, o_18f, o_19f, o_20f, o_21f, o_22f, o_23f, o_24f, o_25f, o_26f, o_27f, o_28f, &
-        & o_29f, o_30f, o_31f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, &
-        & o_11g, o_12g, o_13g, o_14g, o_15g, o_16g, o_17g, o_18g, o_19g, o_20g, o_21g, o_22g, &
-        & o_23g, o_24g, o_25g, o_26g, o_27g, o_28g, o_29g, o_30g, o_31g, o_0h, o_1h, o_2h, o_3h, &
-        & o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, o_16h, &
-        & o_17h, o_18h, o_19h, o_20h, o_21h, o_22h, o_23h, o_24h, o_25h, o_26h, o_27h, o_28h, &
-        & o_29h, o_30h, o_31h, t_0, t_1, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, &
-        & block_max, new_max, rescale, block_sum, t, heads_sum, ow, acc_0_8, acc_0_9, acc_0_10, &
-        & acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_8, acc_1_9, acc_1_10, acc_1_11, &
-        & acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, &
-        & acc_2_13, acc_2_14, acc_2_15, acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, &
-        & acc_3_14, acc_3_15, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, &
-        & acc_4_15, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, &
-        & xg, xu, hw
+        & acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, &
+        & acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+        & acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, &
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, &
+        & acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, &
+        & acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, &
+        & acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, &
+        & acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, &
+        & acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, &
+        & acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, &
+        & xw, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
+        & row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
+        & row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, &
+        & qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_0_16, qk_0_17, &
+        & qk_0_18, qk_0_19, qk_0_20, qk_0_21, qk_0_22, qk_0_23, qk_0_24, qk_0_25, qk_0_26, &
+        & qk_0_27, qk_0_28, qk_0_29, qk_0_30, qk_0_31, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, &
+        & qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, &
+        & qk_1_15, qk_1_16, qk_1_17, qk_1_18, qk_1_19, qk_1_20, qk_1_21, qk_1_22, qk_1_23, &
+        & qk_1_24, qk_1_25, qk_1_26, qk_1_27, qk_1_28, qk_1_29, qk_1_30, qk_1_31, qk_2_0, qk_2_1, &
+        & qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
+        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_2_16, qk_2_17, qk_2_18, qk_2_19, qk_2_20, &
+        & qk_2_21, qk_2_22, qk_2_23, qk_2_24, qk_2_25, qk_2_26, qk_2_27, qk_2_28, qk_2_29, &
+        & qk_2_30, qk_2_31, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, &
+        & qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_3_16, qk_3_17, &
+        & qk_3_18, qk_3_19, qk_3_20, qk_3_21, qk_3_22, qk_3_23, qk_3_24, qk_3_25, qk_3_26, &
+        & qk_3_27, qk_3_28, qk_3_29, qk_3_30, qk_3_31, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, &
+        & qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, &
+        & qk_4_15, qk_4_16, qk_4_17, qk_4_18, qk_4_19, qk_4_20, qk_4_21, qk_4_22, qk_4_23, &
+        & qk_4_24, qk_4_25, qk_4_26, qk_4_27, qk_4_28, qk_4_29, qk_4_30, qk_4_31, qk_5_0, qk_5_1, &
+        & qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, &
+        & qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_5_16, qk_5_17, qk_5_18, qk_5_19, qk_5_20, &
+        & qk_5_21, qk_5_22, qk_5_23, qk_5_24, qk_5_25, qk_5_26, qk_5_27, qk_5_28, qk_5_29, &
+        & qk_5_30, qk_5_31, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, &
+        & qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_6_16, qk_6_17, &
+        & qk_6_18, qk_6_19, qk_6_20, qk_6_21, qk_6_22, qk_6_23, qk_6_24, qk_6_25, qk_6_26, &
+        & qk_6_27, qk_6_28, qk_6_29, qk_6_30, qk_6_31, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, &
+        & qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, &
+        & qk_7_15, qk_7_16, qk_7_17, qk_7_18, qk_7_19, qk_7_20, qk_7_21, qk_7_22, qk_7_23, &
+        & qk_7_24, qk_7_25, qk_7_26, qk_7_27, qk_7_28, qk_7_29, qk_7_30, qk_7_31, qk_0, qk_1, &
+        & qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, block_max_2, block_max_3, &
+        & block_max_4, block_max_5, block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, &
+        & new_max_3, new_max_4, new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, &
+        & rescale_3, rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, &
+        & block_sum_2, block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, &
+        & o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_16, o_17, &
+        & o_18, o_19, o_20, o_21, o_22, o_23, o_24, o_25, o_26, o_27, o_28, o_29, o_30, o_31, &
+        & o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, &
+        & o_14b, o_15b, o_16b, o_17b, o_18b, o_19b, o_20b, o_21b, o_22b, o_23b, o_24b, o_25b, &
+        & o_26b, o_27b, o_28b, o_29b, o_30b, o_31b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
+        & o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_16c, o_17c, o_18c, o_19c, &
+        & o_20c, o_21c, o_22c, o_23c, o_24c, o_25c, o_26c, o_27c, o_28c, o_29c, o_30c, o_31c, &
+        & o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, &
+        & o_14d, o_15d, o_16d, o_17d, o_18d, o_19d, o_20d, o_21d, o_22d, o_23d, o_24d, o_25d, &
+        & o_26d, o_27d, o_28d, o_29d, o_30d, o_31d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, &
+        & o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_16e, o_17e, o_18e, o_19e, &
+        & o_20e, o_21e, o_22e, o_23e, o_24e, o_25e, o_26e, o_27e, o_28e, o_29e, o_30e, o_31e, &
+        & o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, &
+        & o_14f, o_15f, o_16f, o_17f, o_18f, o_19f, o_20f, o_21f, o_22f, o_23f, o_24f, o_25f, &
+        & o_26f, o_27f, o_28f, o_29f, o_30f, o_31f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, &
+        & o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_16g, o_17g, o_18g, o_19g, &
+        & o_20g, o_21g, o_22g, o_23g, o_24g, o_25g, o_26g, o_27g, o_28g, o_29g, o_30g, o_31g, &
+        & o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, &
+        & o_14h, o_15h, o_16h, o_17h, o_18h, o_19h, o_20h, o_21h, o_22h, o_23h, o_24h, o_25h, &
+        & o_26h, o_27h, o_28h, o_29h, o_30h, o_31h, t_0, t_1, t_2, t_3, t_4, t_5, t_6, t_7, &
+        & row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t, heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -3523,12 +3522,12 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wq_panel_row, &
     !$omp& Wq_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m = 0, dm - 1
-          qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
-          Wq_row = 8*c_tile + dh*(h + heads*m)
+          qkv_Wq_panel_row = 16*dm*(c_tile + h*((dh) / 16)) + 16*m
+          Wq_row = 16*c_tile + dh*(h + heads*m)
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             qkv_Wq_panel(qkv_Wq_panel_row + lane) = Wq(Wq_row + lane)
           end do
         end do
@@ -3539,14 +3538,20 @@ contains
     ! for b, h, c_tile (parallel) / i_tile / m (register tile)
     !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
     !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do c_tile = 0, ((dh) / 8) - 1
+        do c_tile = 0, ((dh) / 16) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
             xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
             xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -3562,6 +3567,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -3570,6 +3583,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -3578,6 +3599,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -3586,6 +3615,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -3594,6 +3631,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -3602,153 +3647,305 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_0_8 = acc_0_8 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_0_9 = acc_0_9 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_0_10 = acc_0_10 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_0_11 = acc_0_11 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_0_12 = acc_0_12 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_0_13 = acc_0_13 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_0_14 = acc_0_14 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_0_15 = acc_0_15 + xn1(xn1_row0 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_1_8 = acc_1_8 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_1_9 = acc_1_9 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_1_10 = acc_1_10 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_1_11 = acc_1_11 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_1_12 = acc_1_12 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_1_13 = acc_1_13 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_1_14 = acc_1_14 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_1_15 = acc_1_15 + xn1(xn1_row1 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_2_8 = acc_2_8 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_2_9 = acc_2_9 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_2_10 = acc_2_10 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_2_11 = acc_2_11 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_2_12 = acc_2_12 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_2_13 = acc_2_13 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_2_14 = acc_2_14 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_2_15 = acc_2_15 + xn1(xn1_row2 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_3_8 = acc_3_8 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_3_9 = acc_3_9 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_3_10 = acc_3_10 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_3_11 = acc_3_11 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_3_12 = acc_3_12 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_3_13 = acc_3_13 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_3_14 = acc_3_14 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_3_15 = acc_3_15 + xn1(xn1_row3 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_4_8 = acc_4_8 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_4_9 = acc_4_9 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_4_10 = acc_4_10 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_4_11 = acc_4_11 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_4_12 = acc_4_12 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_4_13 = acc_4_13 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_4_14 = acc_4_14 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_4_15 = acc_4_15 + xn1(xn1_row4 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_5_8 = acc_5_8 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_5_9 = acc_5_9 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_5_10 = acc_5_10 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_5_11 = acc_5_11 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_5_12 = acc_5_12 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_5_13 = acc_5_13 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_5_14 = acc_5_14 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_5_15 = acc_5_15 + xn1(xn1_row5 + m) * qkv_Wq_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
             end do
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 8) = acc_0_8
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 9) = acc_0_9
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 10) = acc_0_10
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 11) = acc_0_11
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 12) = acc_0_12
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 13) = acc_0_13
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 14) = acc_0_14
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 15) = acc_0_15
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 8) = acc_1_8
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 9) = acc_1_9
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 10) = acc_1_10
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 11) = acc_1_11
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 12) = acc_1_12
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 13) = acc_1_13
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 14) = acc_1_14
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 15) = acc_1_15
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 8) = acc_2_8
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 9) = acc_2_9
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 10) = acc_2_10
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 11) = acc_2_11
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 12) = acc_2_12
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 13) = acc_2_13
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 14) = acc_2_14
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 15) = acc_2_15
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 8) = acc_3_8
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 9) = acc_3_9
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 10) = acc_3_10
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 11) = acc_3_11
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 12) = acc_3_12
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 13) = acc_3_13
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 14) = acc_3_14
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 15) = acc_3_15
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 8) = acc_4_8
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 9) = acc_4_9
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 10) = acc_4_10
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 11) = acc_4_11
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 12) = acc_4_12
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 13) = acc_4_13
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 14) = acc_4_14
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 15) = acc_4_15
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 8) = acc_5_8
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 9) = acc_5_9
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 10) = acc_5_10
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 11) = acc_5_11
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 12) = acc_5_12
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 13) = acc_5_13
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 14) = acc_5_14
+            Q(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 15) = acc_5_15
           end do
         end do
       end do
@@ -3761,7 +3958,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           Q_row = dh*(i + n*(b*heads + h))
-          do c = 8*((dh) / 8), dh - 1
+          do c = 16*((dh) / 16), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
@@ -3778,12 +3975,12 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wk_panel_row, &
     !$omp& Wk_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m = 0, dm - 1
-          qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
-          Wk_row = 8*c_tile + dh*(h + heads*m)
+          qkv_Wk_panel_row = 16*dm*(c_tile + h*((dh) / 16)) + 16*m
+          Wk_row = 16*c_tile + dh*(h + heads*m)
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             qkv_Wk_panel(qkv_Wk_panel_row + lane) = Wk(Wk_row + lane)
           end do
         end do
@@ -3794,14 +3991,20 @@ contains
     ! for b, h, c_tile (parallel) / i_tile / m (register tile)
     !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
     !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do c_tile = 0, ((dh) / 8) - 1
+        do c_tile = 0, ((dh) / 16) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
             xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
             xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -3817,6 +4020,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -3825,6 +4036,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -3833,6 +4052,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -3841,6 +4068,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -3849,6 +4084,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -3857,153 +4100,305 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_0_8 = acc_0_8 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_0_9 = acc_0_9 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_0_10 = acc_0_10 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_0_11 = acc_0_11 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_0_12 = acc_0_12 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_0_13 = acc_0_13 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_0_14 = acc_0_14 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_0_15 = acc_0_15 + xn1(xn1_row0 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_1_8 = acc_1_8 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_1_9 = acc_1_9 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_1_10 = acc_1_10 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_1_11 = acc_1_11 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_1_12 = acc_1_12 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_1_13 = acc_1_13 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_1_14 = acc_1_14 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_1_15 = acc_1_15 + xn1(xn1_row1 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_2_8 = acc_2_8 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_2_9 = acc_2_9 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_2_10 = acc_2_10 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_2_11 = acc_2_11 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_2_12 = acc_2_12 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_2_13 = acc_2_13 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_2_14 = acc_2_14 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_2_15 = acc_2_15 + xn1(xn1_row2 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_3_8 = acc_3_8 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_3_9 = acc_3_9 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_3_10 = acc_3_10 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_3_11 = acc_3_11 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_3_12 = acc_3_12 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_3_13 = acc_3_13 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_3_14 = acc_3_14 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_3_15 = acc_3_15 + xn1(xn1_row3 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_4_8 = acc_4_8 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_4_9 = acc_4_9 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_4_10 = acc_4_10 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_4_11 = acc_4_11 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_4_12 = acc_4_12 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_4_13 = acc_4_13 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_4_14 = acc_4_14 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_4_15 = acc_4_15 + xn1(xn1_row4 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_5_8 = acc_5_8 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_5_9 = acc_5_9 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_5_10 = acc_5_10 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_5_11 = acc_5_11 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_5_12 = acc_5_12 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_5_13 = acc_5_13 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_5_14 = acc_5_14 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_5_15 = acc_5_15 + xn1(xn1_row5 + m) * qkv_Wk_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
             end do
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 8) = acc_0_8
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 9) = acc_0_9
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 10) = acc_0_10
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 11) = acc_0_11
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 12) = acc_0_12
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 13) = acc_0_13
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 14) = acc_0_14
+            K(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 15) = acc_0_15
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 8) = acc_1_8
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 9) = acc_1_9
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 10) = acc_1_10
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 11) = acc_1_11
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 12) = acc_1_12
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 13) = acc_1_13
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 14) = acc_1_14
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 15) = acc_1_15
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 8) = acc_2_8
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 9) = acc_2_9
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 10) = acc_2_10
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 11) = acc_2_11
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 12) = acc_2_12
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 13) = acc_2_13
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 14) = acc_2_14
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 15) = acc_2_15
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 8) = acc_3_8
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 9) = acc_3_9
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 10) = acc_3_10
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 11) = acc_3_11
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 12) = acc_3_12
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 13) = acc_3_13
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 14) = acc_3_14
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 15) = acc_3_15
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 8) = acc_4_8
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 9) = acc_4_9
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 10) = acc_4_10
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 11) = acc_4_11
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 12) = acc_4_12
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 13) = acc_4_13
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 14) = acc_4_14
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 15) = acc_4_15
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 8) = acc_5_8
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 9) = acc_5_9
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 10) = acc_5_10
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 11) = acc_5_11
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 12) = acc_5_12
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 13) = acc_5_13
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 14) = acc_5_14
+            K(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 15) = acc_5_15
           end do
         end do
       end do
@@ -4016,7 +4411,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           K_row = dh*(i + n*(b*heads + h))
-          do c = 8*((dh) / 8), dh - 1
+          do c = 16*((dh) / 16), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
@@ -4033,12 +4428,12 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wv_panel_row, &
     !$omp& Wv_row)
     do h = 0, heads - 1
-      do c_tile = 0, ((dh) / 8) - 1
+      do c_tile = 0, ((dh) / 16) - 1
         do m = 0, dm - 1
-          qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
-          Wv_row = 8*c_tile + dh*(h + heads*m)
+          qkv_Wv_panel_row = 16*dm*(c_tile + h*((dh) / 16)) + 16*m
+          Wv_row = 16*c_tile + dh*(h + heads*m)
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             qkv_Wv_panel(qkv_Wv_panel_row + lane) = Wv(Wv_row + lane)
           end do
         end do
@@ -4049,14 +4444,20 @@ contains
     ! for b, h, c_tile (parallel) / i_tile / m (register tile)
     !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
     !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do c_tile = 0, ((dh) / 8) - 1
+        do c_tile = 0, ((dh) / 16) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
             xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
             xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -4072,6 +4473,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -4080,6 +4489,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -4088,6 +4505,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -4096,6 +4521,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -4104,6 +4537,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -4112,153 +4553,305 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m)
-              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
-                  & 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_0_8 = acc_0_8 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_0_9 = acc_0_9 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_0_10 = acc_0_10 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_0_11 = acc_0_11 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_0_12 = acc_0_12 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_0_13 = acc_0_13 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_0_14 = acc_0_14 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_0_15 = acc_0_15 + xn1(xn1_row0 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_1_8 = acc_1_8 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_1_9 = acc_1_9 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_1_10 = acc_1_10 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_1_11 = acc_1_11 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_1_12 = acc_1_12 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_1_13 = acc_1_13 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_1_14 = acc_1_14 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_1_15 = acc_1_15 + xn1(xn1_row1 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_2_8 = acc_2_8 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_2_9 = acc_2_9 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_2_10 = acc_2_10 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_2_11 = acc_2_11 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_2_12 = acc_2_12 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_2_13 = acc_2_13 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_2_14 = acc_2_14 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_2_15 = acc_2_15 + xn1(xn1_row2 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_3_8 = acc_3_8 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_3_9 = acc_3_9 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_3_10 = acc_3_10 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_3_11 = acc_3_11 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_3_12 = acc_3_12 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_3_13 = acc_3_13 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_3_14 = acc_3_14 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_3_15 = acc_3_15 + xn1(xn1_row3 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_4_8 = acc_4_8 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_4_9 = acc_4_9 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_4_10 = acc_4_10 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_4_11 = acc_4_11 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_4_12 = acc_4_12 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_4_13 = acc_4_13 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_4_14 = acc_4_14 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_4_15 = acc_4_15 + xn1(xn1_row4 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 7)
+              acc_5_8 = acc_5_8 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 8)
+              acc_5_9 = acc_5_9 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / 16)) &
+                  & + 16*m + 9)
+              acc_5_10 = acc_5_10 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 10)
+              acc_5_11 = acc_5_11 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 11)
+              acc_5_12 = acc_5_12 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 12)
+              acc_5_13 = acc_5_13 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 13)
+              acc_5_14 = acc_5_14 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 14)
+              acc_5_15 = acc_5_15 + xn1(xn1_row5 + m) * qkv_Wv_panel(16*dm*(c_tile + h*((dh) / &
+                  & 16)) + 16*m + 15)
             end do
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 8) = acc_0_8
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 9) = acc_0_9
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 10) = acc_0_10
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 11) = acc_0_11
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 12) = acc_0_12
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 13) = acc_0_13
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 14) = acc_0_14
+            V(16*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 15) = acc_0_15
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 8) = acc_1_8
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 9) = acc_1_9
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 10) = acc_1_10
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 11) = acc_1_11
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 12) = acc_1_12
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 13) = acc_1_13
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 14) = acc_1_14
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 15) = acc_1_15
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 8) = acc_2_8
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 9) = acc_2_9
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 10) = acc_2_10
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 11) = acc_2_11
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 12) = acc_2_12
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 13) = acc_2_13
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 14) = acc_2_14
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 15) = acc_2_15
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 8) = acc_3_8
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 9) = acc_3_9
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 10) = acc_3_10
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 11) = acc_3_11
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 12) = acc_3_12
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 13) = acc_3_13
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 14) = acc_3_14
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 15) = acc_3_15
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 8) = acc_4_8
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 9) = acc_4_9
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 10) = acc_4_10
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 11) = acc_4_11
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 12) = acc_4_12
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 13) = acc_4_13
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 14) = acc_4_14
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 15) = acc_4_15
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 8) = acc_5_8
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 9) = acc_5_9
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 10) = acc_5_10
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 11) = acc_5_11
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 12) = acc_5_12
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 13) = acc_5_13
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 14) = acc_5_14
+            V(16*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 15) = acc_5_15
           end do
         end do
       end do
@@ -4271,7 +4864,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           V_row = dh*(i + n*(b*heads + h))
-          do c = 8*((dh) / 8), dh - 1
+          do c = 16*((dh) / 16), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
@@ -6994,13 +7587,13 @@ contains
     ! out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
     ! for m_tile (parallel) / h / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(h, c, lane, out_Wo_panel_row, Wo_row)
-    do m_tile = 0, ((dm) / 8) - 1
+    do m_tile = 0, ((dm) / 16) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
-          out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile)
-          Wo_row = dm*(c + dh*h) + 8*m_tile
+          out_Wo_panel_row = 16*c + 16*dh*(h + heads*m_tile)
+          Wo_row = dm*(c + dh*h) + 16*m_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             out_Wo_panel(out_Wo_panel_row + lane) = Wo(Wo_row + lane)
           end do
         end do
@@ -7011,13 +7604,19 @@ contains
     ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, attn_row0, attn_row1, &
     !$omp& attn_row2, attn_row3, attn_row4, attn_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, &
-    !$omp& acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
-    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
-    !$omp& acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, &
-    !$omp& acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, &
-    !$omp& acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, &
+    !$omp& acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, &
+    !$omp& acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, &
+    !$omp& acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, &
+    !$omp& acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, &
+    !$omp& acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, &
+    !$omp& acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, &
+    !$omp& acc_5_14, acc_5_15)
     do b = 0, batch - 1
-      do m_tile = 0, ((dm) / 8) - 1
+      do m_tile = 0, ((dm) / 16) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
@@ -7027,6 +7626,14 @@ contains
           acc_0_5 = 0.0_c_float
           acc_0_6 = 0.0_c_float
           acc_0_7 = 0.0_c_float
+          acc_0_8 = 0.0_c_float
+          acc_0_9 = 0.0_c_float
+          acc_0_10 = 0.0_c_float
+          acc_0_11 = 0.0_c_float
+          acc_0_12 = 0.0_c_float
+          acc_0_13 = 0.0_c_float
+          acc_0_14 = 0.0_c_float
+          acc_0_15 = 0.0_c_float
           acc_1_0 = 0.0_c_float
           acc_1_1 = 0.0_c_float
           acc_1_2 = 0.0_c_float
@@ -7035,6 +7642,14 @@ contains
           acc_1_5 = 0.0_c_float
           acc_1_6 = 0.0_c_float
           acc_1_7 = 0.0_c_float
+          acc_1_8 = 0.0_c_float
+          acc_1_9 = 0.0_c_float
+          acc_1_10 = 0.0_c_float
+          acc_1_11 = 0.0_c_float
+          acc_1_12 = 0.0_c_float
+          acc_1_13 = 0.0_c_float
+          acc_1_14 = 0.0_c_float
+          acc_1_15 = 0.0_c_float
           acc_2_0 = 0.0_c_float
           acc_2_1 = 0.0_c_float
           acc_2_2 = 0.0_c_float
@@ -7043,6 +7658,14 @@ contains
           acc_2_5 = 0.0_c_float
           acc_2_6 = 0.0_c_float
           acc_2_7 = 0.0_c_float
+          acc_2_8 = 0.0_c_float
+          acc_2_9 = 0.0_c_float
+          acc_2_10 = 0.0_c_float
+          acc_2_11 = 0.0_c_float
+          acc_2_12 = 0.0_c_float
+          acc_2_13 = 0.0_c_float
+          acc_2_14 = 0.0_c_float
+          acc_2_15 = 0.0_c_float
           acc_3_0 = 0.0_c_float
           acc_3_1 = 0.0_c_float
           acc_3_2 = 0.0_c_float
@@ -7051,6 +7674,14 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_3_8 = 0.0_c_float
+          acc_3_9 = 0.0_c_float
+          acc_3_10 = 0.0_c_float
+          acc_3_11 = 0.0_c_float
+          acc_3_12 = 0.0_c_float
+          acc_3_13 = 0.0_c_float
+          acc_3_14 = 0.0_c_float
+          acc_3_15 = 0.0_c_float
           acc_4_0 = 0.0_c_float
           acc_4_1 = 0.0_c_float
           acc_4_2 = 0.0_c_float
@@ -7059,6 +7690,14 @@ contains
           acc_4_5 = 0.0_c_float
           acc_4_6 = 0.0_c_float
           acc_4_7 = 0.0_c_float
+          acc_4_8 = 0.0_c_float
+          acc_4_9 = 0.0_c_float
+          acc_4_10 = 0.0_c_float
+          acc_4_11 = 0.0_c_float
+          acc_4_12 = 0.0_c_float
+          acc_4_13 = 0.0_c_float
+          acc_4_14 = 0.0_c_float
+          acc_4_15 = 0.0_c_float
           acc_5_0 = 0.0_c_float
           acc_5_1 = 0.0_c_float
           acc_5_2 = 0.0_c_float
@@ -7067,6 +7706,14 @@ contains
           acc_5_5 = 0.0_c_float
           acc_5_6 = 0.0_c_float
           acc_5_7 = 0.0_c_float
+          acc_5_8 = 0.0_c_float
+          acc_5_9 = 0.0_c_float
+          acc_5_10 = 0.0_c_float
+          acc_5_11 = 0.0_c_float
+          acc_5_12 = 0.0_c_float
+          acc_5_13 = 0.0_c_float
+          acc_5_14 = 0.0_c_float
+          acc_5_15 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
             attn_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
@@ -7077,146 +7724,296 @@ contains
             attn_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_0 = acc_0_0 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile))
+              acc_0_1 = acc_0_1 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_2 = acc_0_2 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_3 = acc_0_3 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_4 = acc_0_4 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_5 = acc_0_5 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_6 = acc_0_6 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_7 = acc_0_7 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_0_8 = acc_0_8 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 8)
+              acc_0_9 = acc_0_9 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 9)
+              acc_0_10 = acc_0_10 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_0_11 = acc_0_11 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_0_12 = acc_0_12 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_0_13 = acc_0_13 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_0_14 = acc_0_14 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_0_15 = acc_0_15 + attn(attn_row0 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_1_0 = acc_1_0 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile))
+              acc_1_1 = acc_1_1 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_2 = acc_1_2 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_3 = acc_1_3 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_4 = acc_1_4 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_5 = acc_1_5 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_6 = acc_1_6 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_7 = acc_1_7 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_1_8 = acc_1_8 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 8)
+              acc_1_9 = acc_1_9 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 9)
+              acc_1_10 = acc_1_10 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_1_11 = acc_1_11 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_1_12 = acc_1_12 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_1_13 = acc_1_13 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_1_14 = acc_1_14 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_1_15 = acc_1_15 + attn(attn_row1 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_2_0 = acc_2_0 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile))
+              acc_2_1 = acc_2_1 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_2 = acc_2_2 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_3 = acc_2_3 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_4 = acc_2_4 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_5 = acc_2_5 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_6 = acc_2_6 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_7 = acc_2_7 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_2_8 = acc_2_8 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 8)
+              acc_2_9 = acc_2_9 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 9)
+              acc_2_10 = acc_2_10 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_2_11 = acc_2_11 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_2_12 = acc_2_12 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_2_13 = acc_2_13 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_2_14 = acc_2_14 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_2_15 = acc_2_15 + attn(attn_row2 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_3_0 = acc_3_0 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile))
+              acc_3_1 = acc_3_1 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_2 = acc_3_2 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_3 = acc_3_3 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_4 = acc_3_4 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_5 = acc_3_5 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_6 = acc_3_6 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_7 = acc_3_7 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_3_8 = acc_3_8 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 8)
+              acc_3_9 = acc_3_9 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 9)
+              acc_3_10 = acc_3_10 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_3_11 = acc_3_11 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_3_12 = acc_3_12 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_3_13 = acc_3_13 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_3_14 = acc_3_14 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_3_15 = acc_3_15 + attn(attn_row3 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_4_0 = acc_4_0 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile))
+              acc_4_1 = acc_4_1 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_2 = acc_4_2 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_3 = acc_4_3 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_4 = acc_4_4 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_5 = acc_4_5 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_6 = acc_4_6 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_7 = acc_4_7 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_4_8 = acc_4_8 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 8)
+              acc_4_9 = acc_4_9 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 9)
+              acc_4_10 = acc_4_10 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_4_11 = acc_4_11 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_4_12 = acc_4_12 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_4_13 = acc_4_13 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_4_14 = acc_4_14 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_4_15 = acc_4_15 + attn(attn_row4 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
+              acc_5_0 = acc_5_0 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile))
+              acc_5_1 = acc_5_1 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_5_2 = acc_5_2 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_5_3 = acc_5_3 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_5_4 = acc_5_4 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_5_5 = acc_5_5 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_5_6 = acc_5_6 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+              acc_5_7 = acc_5_7 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
                   & heads*m_tile) + 7)
+              acc_5_8 = acc_5_8 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 8)
+              acc_5_9 = acc_5_9 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 9)
+              acc_5_10 = acc_5_10 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 10)
+              acc_5_11 = acc_5_11 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 11)
+              acc_5_12 = acc_5_12 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 12)
+              acc_5_13 = acc_5_13 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 13)
+              acc_5_14 = acc_5_14 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 14)
+              acc_5_15 = acc_5_15 + attn(attn_row5 + c) * out_Wo_panel(16*c + 16*dh*(h + &
+                  & heads*m_tile) + 15)
             end do
           end do
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile) = acc_0_0
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 1) = acc_0_1
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 2) = acc_0_2
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 3) = acc_0_3
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 4) = acc_0_4
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 5) = acc_0_5
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 6) = acc_0_6
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 7) = acc_0_7
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 8) = acc_0_8
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 9) = acc_0_9
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 10) = acc_0_10
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 11) = acc_0_11
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 12) = acc_0_12
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 13) = acc_0_13
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 14) = acc_0_14
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 16*m_tile + 15) = acc_0_15
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile) = acc_1_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 1) = acc_1_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 2) = acc_1_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 3) = acc_1_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 4) = acc_1_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 5) = acc_1_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 6) = acc_1_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 7) = acc_1_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 8) = acc_1_8
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 9) = acc_1_9
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 10) = acc_1_10
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 11) = acc_1_11
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 12) = acc_1_12
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 13) = acc_1_13
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 14) = acc_1_14
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 16*m_tile + 15) = acc_1_15
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile) = acc_2_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 1) = acc_2_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 2) = acc_2_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 3) = acc_2_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 4) = acc_2_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 5) = acc_2_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 6) = acc_2_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 7) = acc_2_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 8) = acc_2_8
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 9) = acc_2_9
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 10) = acc_2_10
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 11) = acc_2_11
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 12) = acc_2_12
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 13) = acc_2_13
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 14) = acc_2_14
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 16*m_tile + 15) = acc_2_15
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile) = acc_3_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 1) = acc_3_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 2) = acc_3_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 3) = acc_3_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 4) = acc_3_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 5) = acc_3_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 6) = acc_3_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 7) = acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 8) = acc_3_8
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 9) = acc_3_9
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 10) = acc_3_10
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 11) = acc_3_11
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 12) = acc_3_12
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 13) = acc_3_13
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 14) = acc_3_14
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 16*m_tile + 15) = acc_3_15
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile) = acc_4_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 1) = acc_4_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 2) = acc_4_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 3) = acc_4_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 4) = acc_4_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 5) = acc_4_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 6) = acc_4_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 7) = acc_4_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 8) = acc_4_8
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 9) = acc_4_9
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 10) = acc_4_10
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 11) = acc_4_11
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 12) = acc_4_12
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 13) = acc_4_13
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 14) = acc_4_14
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 16*m_tile + 15) = acc_4_15
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile) = acc_5_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 1) = acc_5_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 2) = acc_5_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 3) = acc_5_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 4) = acc_5_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 5) = acc_5_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 6) = acc_5_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 7) = acc_5_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 8) = acc_5_8
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 9) = acc_5_9
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 10) = acc_5_10
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 11) = acc_5_11
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 12) = acc_5_12
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 13) = acc_5_13
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 14) = acc_5_14
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 16*m_tile + 15) = acc_5_15
         end do
       end do
     end do
@@ -7228,7 +8025,7 @@ contains
       do i = 0, n - 1
         resid_row = dm*(b*n + i)
         !$omp simd
-        do m = 0, 8*((dm) / 8) - 1
+        do m = 0, 16*((dm) / 16) - 1
           resid(resid_row + m) = x(dm*(b*n + i) + m) + resid(resid_row + m)
         end do
       end do
@@ -7239,7 +8036,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m, h, c, attn_row, heads_sum, ow)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do m = 8*((dm) / 8), dm - 1
+        do m = 16*((dm) / 16), dm - 1
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
             attn_row = dh*(i + n*(b*heads + h))

@@ -9,22 +9,23 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
     dO[h] = dY Wo[h]^T,                     dWo[h] = sum_b O[h]^T dY
 
 The backwards are derived from the forwards (moagen.moa.grad). Every product is register
-tiled (moagen.onf.tiling); a weight that would be read across its rows is first stored
-transposed, once, so that every tile reads contiguous rows.
+tiled (moagen.onf.tiling), mr x nr as the MLP's tiles and with their per-dtype defaults (in
+float32 16 columns: a row of the tile in as many vector registers as float64's 8 take); a
+weight that would be read across its rows is first stored transposed, once, so that every
+tile reads contiguous rows.
 """
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
 from moagen.kernels.layers import Layers, cpu
-from moagen.kernels.mlp import TILE_DEFAULTS
+from moagen.kernels.mlp import TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Parallel, Reorder
 from moagen.onf.tiling import RegisterTile
-
-MR, NR = TILE_DEFAULTS["mr"], TILE_DEFAULTS["nr"]
 
 X = array("X", "batch", "n", "dm")
 R = array("R", "batch", "n", "dm")
@@ -45,11 +46,11 @@ def _sum_heads(per_head):
     return reduce("+", lift(("h",), ("heads",), per_head), axis=0, var="h", name="heads_sum")
 
 
-def _row_tiles(nest, cols, outer=None):
+def _row_tiles(nest, cols, mr, nr):
     """A product over rows i of a (b[, h]) slice: tiled, parallel over b[, h] and column
     tiles (its tail over b[, h] and rows)."""
-    outer = outer or (("b", "h") if cols == "c" else ("b",))
-    return _tiles(RegisterTile(nest, "i", cols, MR, NR), outer)
+    outer = ("b", "h") if cols == "c" else ("b",)
+    return _tiles(RegisterTile(nest, "i", cols, mr, nr), outer)
 
 
 def _tiles(tile, outer):
@@ -66,6 +67,19 @@ def _layers(*tiled, reorder=(), mapping=()):
                   mapping=cpu(*(m for _, ms in tiled for m in ms), *mapping))
 
 
+# the MLP's tile parameters but its row blocks (these products' rows are a head's or a
+# batch entry's, not blocked); AVX-512's wider tiles are the MLP's alone so far (not
+# measured on these products)
+TILE_PARAMS = ("mr", "nr")
+
+
+def _tunable(temps, layers):
+    """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers."""
+    pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
+    return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
+                   dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()})
+
+
 QKV = KernelSpec(
     name="qkv_proj",
     inputs=(X, WQ, WK, WV),
@@ -75,7 +89,8 @@ QKV = KernelSpec(
                                                           name="xw")), HEAD_ROWS)
                   for name, w in (("Q", WQ), ("K", WK), ("V", WV))),
 )
-QKV_VARIANTS = {"tiled": (frozenset(), _layers(*(_row_tiles(o, "c") for o in ("Q", "K", "V"))))}
+QKV_VARIANTS = {"tiled": _tunable(frozenset(), lambda mr, nr: _layers(
+    *(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V"))))}
 
 
 # how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
@@ -99,9 +114,9 @@ def _derived(forward, weights, head, perm, index):
 QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2, 0),
                    ("h", "c", "m"))
 WEIGHT_ORDER = ("h", "m", "c")  # a weight gradient's loops: head outermost, then its rows
-QKV_BWD_VARIANTS = {"tiled": (frozenset({"WqT", "WkT", "WvT"}), _layers(
-    _row_tiles("dX", "m"),
-    *(_tiles(RegisterTile(f"d{w}", "m", "c", MR, NR), ("h",)) for w in ("Wq", "Wk", "Wv")),
+QKV_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WqT", "WkT", "WvT"}), lambda mr, nr: _layers(
+    _row_tiles("dX", "m", mr, nr),
+    *(_tiles(RegisterTile(f"d{w}", "m", "c", mr, nr), ("h",)) for w in ("Wq", "Wk", "Wv")),
     reorder=tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv")),
     mapping=tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv"))))}
 
@@ -113,14 +128,15 @@ OUT = KernelSpec(
     outputs=(Output("Y", lift(("b",), ("batch",), psi(("b",), R) + _sum_heads(
         inner(psi(("b", "h"), O), psi(("h",), WO), var="c", name="ow"))), ("b", "i", "m")),),
 )
-OUT_VARIANTS = {"tiled": (frozenset(), _layers(_row_tiles("Y", "m")))}
+OUT_VARIANTS = {"tiled": _tunable(frozenset(),
+                                  lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr)))}
 
 
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))
 
 
-OUT_BWD_VARIANTS = {"tiled": (frozenset({"WoT"}), _layers(
-    _row_tiles("dO", "c"), _tiles(RegisterTile("dWo", "c", "m", MR, NR), ("h",)),
+OUT_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WoT"}), lambda mr, nr: _layers(
+    _row_tiles("dO", "c", mr, nr), _tiles(RegisterTile("dWo", "c", "m", mr, nr), ("h",)),
     mapping=(Parallel(("h",), nest="WoT"),)))}
 
 
