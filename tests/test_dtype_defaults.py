@@ -119,3 +119,25 @@ def test_the_float32_defaults_keep_the_value():
     got = run_onf(onf_of("mlp_fwd", "tiled", dtype="float32"), mlp, {})
     for name, want in zip(("F", "U", "V"), reference_block.mlp_fwd_numpy(*mlp.values())):
         np.testing.assert_allclose(got[name], want, rtol=1e-12, atol=1e-13)
+
+
+def test_the_projections_take_the_mlps_tiles_per_dtype():
+    """qkv_proj, out_proj and their backwards: the MLP's mr and nr, its float32 nr too; the
+    float32 schedule run by the ONF interpreter against numpy, head columns past a tile."""
+    from moagen.kernels.mlp import TILE_DEFAULTS, TILE_DTYPE_DEFAULTS
+    f64 = {k: TILE_DEFAULTS[k] for k in ("mr", "nr")}
+    f32 = dict(f64, **TILE_DTYPE_DEFAULTS["float32"])
+    assert f32["nr"] > f64["nr"]  # what the check below relies on
+    for kernel in ("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd"):
+        tiled = get_kernel(kernel).variant("tiled")
+        assert (tiled.defaults_for("cpu", "float64"), tiled.defaults_for("cpu", "float32")) == \
+            (f64, f32), kernel
+    rng = np.random.default_rng(3)
+    dh = f32["nr"] + 3
+    arrays = dict(X=rng.standard_normal((1, 7, 13)),
+                  **{w: rng.standard_normal((13, 2, dh)) for w in ("Wq", "Wk", "Wv")},
+                  **{g: rng.standard_normal((1, 2, 7, dh)) for g in ("dQ", "dK", "dV")})
+    got = run_onf(onf_of("qkv_proj_bwd", "tiled", dtype="float32"), arrays, {})
+    want = reference_block.qkv_proj_bwd_numpy(*arrays.values())
+    for name, value in zip(("dX", "dWq", "dWk", "dWv"), want):
+        np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)

@@ -67,7 +67,7 @@ def _layers(*tiled, reorder=(), mapping=()):
                   mapping=cpu(*(m for _, ms in tiled for m in ms), *mapping))
 
 
-# the MLP's tile parameters but its row blocks (these products' rows are a head's or a
+# the MLP's tile parameters except its row blocks (these products' rows are a head's or a
 # batch entry's, not blocked); AVX-512's wider tiles are the MLP's alone so far (not
 # measured on these products)
 TILE_PARAMS = ("mr", "nr")
