@@ -78,9 +78,10 @@
  *                   + sum[c3 < dh]((<b h2 i c3> psi dK) * (<h2 c3 m> psi WkT))
  *                   + sum[c4 < dh]((<b h2 i c4> psi dV) * (<h2 c4 m> psi WvT))
  *               )
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ * XT[b, m, i] = (<b i m> psi X)
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 m i2> psi XT) * (<b2 h i2 c> psi dQ)))
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 m i3> psi XT) * (<b3 h i3 c> psi dK)))
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 m i4> psi XT) * (<b4 h i4 c> psi dV)))
  * stage norm1: rmsnorm_bwd dnf
  * stage sum_x: residual_add dnf
  */
@@ -171,6 +172,7 @@ __global__ void block_bwd_causal_composed_f64_norm2_recompute_z(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -273,6 +275,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_WdT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -373,6 +376,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dH_pack_WdT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -476,6 +480,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dH(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -730,6 +735,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dH_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -835,6 +841,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dU_dV_H(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -944,6 +951,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_WgT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1044,6 +1052,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_WuT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1144,6 +1153,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dX_pack_WgT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1247,6 +1257,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dX_pack_WuT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1350,6 +1361,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dX(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1660,6 +1672,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dX_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1765,6 +1778,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_XT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1866,6 +1880,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWg_pack_dU(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -1972,6 +1987,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWg(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -2225,6 +2241,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWg_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -2333,6 +2350,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWu_pack_dV(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -2439,6 +2457,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWu(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -2692,6 +2711,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWu_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -2800,6 +2820,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_HT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -2901,6 +2922,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWd_pack_dF(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3007,6 +3029,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWd(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3260,6 +3283,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWd_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3368,6 +3392,7 @@ __global__ void block_bwd_causal_composed_f64_norm2_dweight_partial(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3483,6 +3508,7 @@ __global__ void block_bwd_causal_composed_f64_norm2_dweight(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3586,6 +3612,7 @@ __global__ void block_bwd_causal_composed_f64_sum_resid_y(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3687,6 +3714,7 @@ __global__ void block_bwd_causal_composed_f64_out_WoT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3789,6 +3817,7 @@ __global__ void block_bwd_causal_composed_f64_out_dO_pack_WoT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -3895,6 +3924,7 @@ __global__ void block_bwd_causal_composed_f64_out_dO(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -4148,6 +4178,7 @@ __global__ void block_bwd_causal_composed_f64_out_dO_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -4255,6 +4286,7 @@ __global__ void block_bwd_causal_composed_f64_out_dWo_pack_dY(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -4361,6 +4393,7 @@ __global__ void block_bwd_causal_composed_f64_out_dWo(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -4609,6 +4642,7 @@ __global__ void block_bwd_causal_composed_f64_out_dWo_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -4718,6 +4752,7 @@ __global__ void block_bwd_causal_composed_f64_attn_delta(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -4824,6 +4859,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5030,6 +5066,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5176,6 +5213,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5423,6 +5461,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5586,6 +5625,7 @@ __global__ void block_bwd_causal_composed_f64_norm1_recompute_z(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5688,6 +5728,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_WqT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5790,6 +5831,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_WkT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5892,6 +5934,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_WvT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -5994,6 +6037,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dX_pack_WqT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6100,6 +6144,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dX_pack_WkT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6206,6 +6251,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dX_pack_WvT(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6312,6 +6358,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dX(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6682,6 +6729,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dX_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6715,6 +6763,108 @@ __global__ void block_bwd_causal_composed_f64_qkv_dX_edge(
             over_h += dqwq;
         }
         dxn1[dm*(b*n + i) + m] = over_h;
+    }
+}
+
+/* qkv.XT: scratch qkv_XT, xn1
+ * for b, m (parallel) / i (simd)
+ */
+__global__ void block_bwd_causal_composed_f64_qkv_XT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ Vu,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm2,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm1,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_HT,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ attn_qk_block,
+    double *__restrict__ attn_dov_block,
+    double *__restrict__ attn_t_block,
+    double *__restrict__ attn_qk_block2,
+    double *__restrict__ attn_dov_block2,
+    double *__restrict__ attn_t2_block,
+    double *__restrict__ attn_t3_block,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*dm) return;
+    const int64_t m = tid % dm;
+    const int64_t b = (tid / dm);
+    for (int64_t i = 0; i < n; ++i) {
+        qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
     }
 }
 
@@ -6794,6 +6944,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq_pack_dQ(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6826,7 +6977,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq_pack_dQ(
     }
 }
 
-/* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+/* qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
  * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_causal_composed_f64_qkv_dWq(
@@ -6902,6 +7053,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -6972,55 +7124,61 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
         dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -7074,7 +7232,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq(
     }
 }
 
-/* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+/* qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_causal_composed_f64_qkv_dWq_edge(
@@ -7150,6 +7308,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -7175,7 +7334,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWq_edge(
         for (int64_t b = 0; b < batch; ++b) {
             double xdq = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                xdq += qkv_XT[i + n*(b*dm + m)] * dQ[c + dh*(i + n*(b*heads + h))];
             }
             over_b += xdq;
         }
@@ -7259,6 +7418,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk_pack_dK(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -7291,7 +7451,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk_pack_dK(
     }
 }
 
-/* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+/* qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
  * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_causal_composed_f64_qkv_dWk(
@@ -7367,6 +7527,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -7437,55 +7598,61 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
         dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -7539,7 +7706,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk(
     }
 }
 
-/* qkv.dWk.edge: writes dWk; scratch xn1, dK
+/* qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_causal_composed_f64_qkv_dWk_edge(
@@ -7615,6 +7782,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -7640,7 +7808,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWk_edge(
         for (int64_t b = 0; b < batch; ++b) {
             double xdk = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                xdk += qkv_XT[i + n*(b*dm + m)] * dK[c + dh*(i + n*(b*heads + h))];
             }
             over_b += xdk;
         }
@@ -7724,6 +7892,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv_pack_dV(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -7756,7 +7925,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv_pack_dV(
     }
 }
 
-/* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+/* qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
  * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_causal_composed_f64_qkv_dWv(
@@ -7832,6 +8001,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -7902,55 +8072,61 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
         dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -8004,7 +8180,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv(
     }
 }
 
-/* qkv.dWv.edge: writes dWv; scratch xn1, dV
+/* qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_causal_composed_f64_qkv_dWv_edge(
@@ -8080,6 +8256,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv_edge(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -8105,7 +8282,7 @@ __global__ void block_bwd_causal_composed_f64_qkv_dWv_edge(
         for (int64_t b = 0; b < batch; ++b) {
             double xdv = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                xdv += qkv_XT[i + n*(b*dm + m)] * dV[c + dh*(i + n*(b*heads + h))];
             }
             over_b += xdv;
         }
@@ -8189,6 +8366,7 @@ __global__ void block_bwd_causal_composed_f64_norm1_dweight_partial(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -8304,6 +8482,7 @@ __global__ void block_bwd_causal_composed_f64_norm1_dweight(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -8407,6 +8586,7 @@ __global__ void block_bwd_causal_composed_f64_sum_x_y(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -8507,6 +8687,7 @@ extern "C" int block_bwd_causal_composed_f64(
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_XT,
     double *__restrict__ qkv_WqT_panel,
     double *__restrict__ qkv_WkT_panel,
     double *__restrict__ qkv_WvT_panel,
@@ -8527,7 +8708,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8536,7 +8717,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8545,7 +8726,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8554,7 +8735,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8563,7 +8744,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8572,7 +8753,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8581,7 +8762,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8590,7 +8771,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8599,7 +8780,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8608,7 +8789,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8617,7 +8798,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8626,7 +8807,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8635,7 +8816,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8644,7 +8825,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8653,7 +8834,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8662,7 +8843,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8671,7 +8852,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8680,7 +8861,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8689,7 +8870,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8698,7 +8879,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8707,7 +8888,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8716,7 +8897,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8725,7 +8906,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8734,7 +8915,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8743,7 +8924,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8752,7 +8933,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8761,7 +8942,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8770,7 +8951,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8779,7 +8960,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8788,7 +8969,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8797,7 +8978,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8806,7 +8987,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8815,7 +8996,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8824,7 +9005,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8833,7 +9014,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8842,7 +9023,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8851,7 +9032,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8860,7 +9041,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8869,7 +9050,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8878,7 +9059,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8887,7 +9068,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8896,7 +9077,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8905,7 +9086,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8914,7 +9095,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8923,7 +9104,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8932,7 +9113,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8941,7 +9122,16 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*dm, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8950,7 +9140,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8959,7 +9149,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8968,7 +9158,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8977,7 +9167,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8986,7 +9176,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -8995,7 +9185,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9004,7 +9194,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9013,7 +9203,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9022,7 +9212,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9031,7 +9221,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9040,7 +9230,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9049,7 +9239,7 @@ extern "C" int block_bwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9133,6 +9323,7 @@ __global__ void block_bwd_causal_composed_f32_norm2_recompute_z(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -9235,6 +9426,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_WdT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -9335,6 +9527,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dH_pack_WdT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -9438,6 +9631,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dH(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -9692,6 +9886,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dH_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -9797,6 +9992,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dU_dV_H(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -9906,6 +10102,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_WgT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10006,6 +10203,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_WuT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10106,6 +10304,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dX_pack_WgT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10209,6 +10408,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dX_pack_WuT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10312,6 +10512,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dX(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10622,6 +10823,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dX_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10727,6 +10929,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_XT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10828,6 +11031,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWg_pack_dU(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -10934,6 +11138,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWg(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11187,6 +11392,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWg_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11295,6 +11501,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWu_pack_dV(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11401,6 +11608,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWu(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11654,6 +11862,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWu_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11762,6 +11971,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_HT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11863,6 +12073,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWd_pack_dF(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -11969,6 +12180,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWd(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12222,6 +12434,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWd_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12330,6 +12543,7 @@ __global__ void block_bwd_causal_composed_f32_norm2_dweight_partial(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12445,6 +12659,7 @@ __global__ void block_bwd_causal_composed_f32_norm2_dweight(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12548,6 +12763,7 @@ __global__ void block_bwd_causal_composed_f32_sum_resid_y(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12649,6 +12865,7 @@ __global__ void block_bwd_causal_composed_f32_out_WoT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12751,6 +12968,7 @@ __global__ void block_bwd_causal_composed_f32_out_dO_pack_WoT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -12857,6 +13075,7 @@ __global__ void block_bwd_causal_composed_f32_out_dO(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13110,6 +13329,7 @@ __global__ void block_bwd_causal_composed_f32_out_dO_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13217,6 +13437,7 @@ __global__ void block_bwd_causal_composed_f32_out_dWo_pack_dY(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13323,6 +13544,7 @@ __global__ void block_bwd_causal_composed_f32_out_dWo(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13571,6 +13793,7 @@ __global__ void block_bwd_causal_composed_f32_out_dWo_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13680,6 +13903,7 @@ __global__ void block_bwd_causal_composed_f32_attn_delta(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13786,6 +14010,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -13992,6 +14217,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14138,6 +14364,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14385,6 +14612,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14548,6 +14776,7 @@ __global__ void block_bwd_causal_composed_f32_norm1_recompute_z(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14650,6 +14879,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_WqT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14752,6 +14982,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_WkT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14854,6 +15085,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_WvT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -14956,6 +15188,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dX_pack_WqT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15062,6 +15295,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dX_pack_WkT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15168,6 +15402,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dX_pack_WvT(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15274,6 +15509,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dX(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15644,6 +15880,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dX_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15677,6 +15914,108 @@ __global__ void block_bwd_causal_composed_f32_qkv_dX_edge(
             over_h += dqwq;
         }
         dxn1[dm*(b*n + i) + m] = over_h;
+    }
+}
+
+/* qkv.XT: scratch qkv_XT, xn1
+ * for b, m (parallel) / i (simd)
+ */
+__global__ void block_bwd_causal_composed_f32_qkv_XT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ Vu,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm2,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm1,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_HT,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ attn_qk_block,
+    float *__restrict__ attn_dov_block,
+    float *__restrict__ attn_t_block,
+    float *__restrict__ attn_qk_block2,
+    float *__restrict__ attn_dov_block2,
+    float *__restrict__ attn_t2_block,
+    float *__restrict__ attn_t3_block,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*dm) return;
+    const int64_t m = tid % dm;
+    const int64_t b = (tid / dm);
+    for (int64_t i = 0; i < n; ++i) {
+        qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
     }
 }
 
@@ -15756,6 +16095,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq_pack_dQ(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15788,7 +16128,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq_pack_dQ(
     }
 }
 
-/* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+/* qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
  * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_causal_composed_f32_qkv_dWq(
@@ -15864,6 +16204,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -15934,55 +16275,61 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
         dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -16036,7 +16383,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq(
     }
 }
 
-/* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+/* qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_causal_composed_f32_qkv_dWq_edge(
@@ -16112,6 +16459,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -16137,7 +16485,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWq_edge(
         for (int64_t b = 0; b < batch; ++b) {
             float xdq = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                xdq += qkv_XT[i + n*(b*dm + m)] * dQ[c + dh*(i + n*(b*heads + h))];
             }
             over_b += xdq;
         }
@@ -16221,6 +16569,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk_pack_dK(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -16253,7 +16602,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk_pack_dK(
     }
 }
 
-/* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+/* qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
  * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_causal_composed_f32_qkv_dWk(
@@ -16329,6 +16678,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -16399,55 +16749,61 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
         dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -16501,7 +16857,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk(
     }
 }
 
-/* qkv.dWk.edge: writes dWk; scratch xn1, dK
+/* qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_causal_composed_f32_qkv_dWk_edge(
@@ -16577,6 +16933,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -16602,7 +16959,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWk_edge(
         for (int64_t b = 0; b < batch; ++b) {
             float xdk = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                xdk += qkv_XT[i + n*(b*dm + m)] * dK[c + dh*(i + n*(b*heads + h))];
             }
             over_b += xdk;
         }
@@ -16686,6 +17043,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv_pack_dV(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -16718,7 +17076,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv_pack_dV(
     }
 }
 
-/* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+/* qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
  * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_causal_composed_f32_qkv_dWv(
@@ -16794,6 +17152,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -16864,55 +17223,61 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
         dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -16966,7 +17331,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv(
     }
 }
 
-/* qkv.dWv.edge: writes dWv; scratch xn1, dV
+/* qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_causal_composed_f32_qkv_dWv_edge(
@@ -17042,6 +17407,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv_edge(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -17067,7 +17433,7 @@ __global__ void block_bwd_causal_composed_f32_qkv_dWv_edge(
         for (int64_t b = 0; b < batch; ++b) {
             float xdv = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                xdv += qkv_XT[i + n*(b*dm + m)] * dV[c + dh*(i + n*(b*heads + h))];
             }
             over_b += xdv;
         }
@@ -17151,6 +17517,7 @@ __global__ void block_bwd_causal_composed_f32_norm1_dweight_partial(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -17266,6 +17633,7 @@ __global__ void block_bwd_causal_composed_f32_norm1_dweight(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -17369,6 +17737,7 @@ __global__ void block_bwd_causal_composed_f32_sum_x_y(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -17469,6 +17838,7 @@ extern "C" int block_bwd_causal_composed_f32(
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_XT,
     float *__restrict__ qkv_WqT_panel,
     float *__restrict__ qkv_WkT_panel,
     float *__restrict__ qkv_WvT_panel,
@@ -17489,7 +17859,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17498,7 +17868,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17507,7 +17877,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17516,7 +17886,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17525,7 +17895,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17534,7 +17904,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17543,7 +17913,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17552,7 +17922,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17561,7 +17931,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17570,7 +17940,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17579,7 +17949,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17588,7 +17958,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17597,7 +17967,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17606,7 +17976,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17615,7 +17985,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17624,7 +17994,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17633,7 +18003,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17642,7 +18012,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17651,7 +18021,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17660,7 +18030,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17669,7 +18039,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17678,7 +18048,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17687,7 +18057,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17696,7 +18066,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17705,7 +18075,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17714,7 +18084,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17723,7 +18093,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17732,7 +18102,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17741,7 +18111,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17750,7 +18120,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17759,7 +18129,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17768,7 +18138,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17777,7 +18147,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17786,7 +18156,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17795,7 +18165,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17804,7 +18174,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17813,7 +18183,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17822,7 +18192,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17831,7 +18201,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17840,7 +18210,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17849,7 +18219,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17858,7 +18228,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17867,7 +18237,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17876,7 +18246,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17885,7 +18255,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17894,7 +18264,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17903,7 +18273,16 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*dm, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17912,7 +18291,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17921,7 +18300,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17930,7 +18309,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17939,7 +18318,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17948,7 +18327,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17957,7 +18336,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17966,7 +18345,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17975,7 +18354,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17984,7 +18363,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -17993,7 +18372,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18002,7 +18381,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18011,7 +18390,7 @@ extern "C" int block_bwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

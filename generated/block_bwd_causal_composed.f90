@@ -79,9 +79,10 @@
 !                   + sum[c3 < dh]((<b h2 i c3> psi dK) * (<h2 c3 m> psi WkT))
 !                   + sum[c4 < dh]((<b h2 i c4> psi dV) * (<h2 c4 m> psi WvT))
 !               )
-! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+! XT[b, m, i] = (<b i m> psi X)
+! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 m i2> psi XT) * (<b2 h i2 c> psi dQ)))
+! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 m i3> psi XT) * (<b3 h i3 c> psi dK)))
+! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 m i4> psi XT) * (<b4 h i4 c> psi dV)))
 ! stage norm1: rmsnorm_bwd dnf
 ! stage sum_x: residual_add dnf
 module moagen_kernels
@@ -99,8 +100,9 @@ contains
       & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, &
       & attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, &
-      & qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, &
-      & qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
+      & qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, &
+      & qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, &
+      & dff, scale) &
       bind(C, name="block_bwd_causal_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: scale
@@ -176,6 +178,7 @@ contains
     real(c_double), intent(out) :: qkv_WqT(0:heads * dh * dm - 1)
     real(c_double), intent(out) :: qkv_WkT(0:heads * dh * dm - 1)
     real(c_double), intent(out) :: qkv_WvT(0:heads * dh * dm - 1)
+    real(c_double), intent(out) :: qkv_XT(0:batch * dm * n - 1)
     real(c_double), intent(out) :: qkv_WqT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: qkv_WkT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: qkv_WvT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
@@ -199,6 +202,7 @@ contains
         & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
         & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
         & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
+        & qkv_XT_row0, qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, &
         & qkv_dK_panel_row, qkv_dV_panel_row
     real(c_double) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
@@ -6683,6 +6687,18 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.XT: scratch qkv_XT, xn1
+    ! for b, m (parallel) / i (simd)
+    !$omp parallel do collapse(2) schedule(static) private(i)
+    do b = 0, batch - 1
+      do m = 0, dm - 1
+        !$omp simd
+        do i = 0, n - 1
+          qkv_XT(i + n*(b*dm + m)) = xn1(dm*(b*n + i) + m)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
     ! for h (parallel) / c_tile / b / i / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dQ_panel_row, &
@@ -6702,9 +6718,10 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+    ! qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
+    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, qkv_XT_row0, &
+    !$omp& qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -6763,104 +6780,110 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
+            qkv_XT_row0 = n*(b*dm + min(6*m_tile, dm - 1))
+            qkv_XT_row1 = n*(b*dm + min(dm - 1, 6*m_tile + 1))
+            qkv_XT_row2 = n*(b*dm + min(dm - 1, 6*m_tile + 2))
+            qkv_XT_row3 = n*(b*dm + min(dm - 1, 6*m_tile + 3))
+            qkv_XT_row4 = n*(b*dm + min(dm - 1, 6*m_tile + 4))
+            qkv_XT_row5 = n*(b*dm + min(dm - 1, 6*m_tile + 5))
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_0_0 = acc_0_0 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
           dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
@@ -6915,7 +6938,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq.edge: writes dWq; scratch xn1, dQ
+    ! qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
     ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
@@ -6926,7 +6949,7 @@ contains
             xdq = 0.0_c_double
             !$omp simd reduction(+:xdq)
             do i = 0, n - 1
-              xdq = xdq + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
+              xdq = xdq + qkv_XT(i + n*(b*dm + m)) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
             over_b = over_b + xdq
           end do
@@ -6954,9 +6977,10 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+    ! qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
+    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, qkv_XT_row0, &
+    !$omp& qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -7015,104 +7039,110 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
+            qkv_XT_row0 = n*(b*dm + min(6*m_tile, dm - 1))
+            qkv_XT_row1 = n*(b*dm + min(dm - 1, 6*m_tile + 1))
+            qkv_XT_row2 = n*(b*dm + min(dm - 1, 6*m_tile + 2))
+            qkv_XT_row3 = n*(b*dm + min(dm - 1, 6*m_tile + 3))
+            qkv_XT_row4 = n*(b*dm + min(dm - 1, 6*m_tile + 4))
+            qkv_XT_row5 = n*(b*dm + min(dm - 1, 6*m_tile + 5))
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_0_0 = acc_0_0 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
           dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
@@ -7167,7 +7197,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk.edge: writes dWk; scratch xn1, dK
+    ! qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
     ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
@@ -7178,7 +7208,7 @@ contains
             xdk = 0.0_c_double
             !$omp simd reduction(+:xdk)
             do i = 0, n - 1
-              xdk = xdk + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
+              xdk = xdk + qkv_XT(i + n*(b*dm + m)) * dK(c + dh*(i + n*(b*heads + h)))
             end do
             over_b = over_b + xdk
           end do
@@ -7206,9 +7236,10 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+    ! qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
+    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, qkv_XT_row0, &
+    !$omp& qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -7267,104 +7298,110 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
+            qkv_XT_row0 = n*(b*dm + min(6*m_tile, dm - 1))
+            qkv_XT_row1 = n*(b*dm + min(dm - 1, 6*m_tile + 1))
+            qkv_XT_row2 = n*(b*dm + min(dm - 1, 6*m_tile + 2))
+            qkv_XT_row3 = n*(b*dm + min(dm - 1, 6*m_tile + 3))
+            qkv_XT_row4 = n*(b*dm + min(dm - 1, 6*m_tile + 4))
+            qkv_XT_row5 = n*(b*dm + min(dm - 1, 6*m_tile + 5))
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
-                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_0_0 = acc_0_0 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(8*i + 8*n*(b + &
+                  & batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
           dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
@@ -7419,7 +7456,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv.edge: writes dWv; scratch xn1, dV
+    ! qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
     ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
@@ -7430,7 +7467,7 @@ contains
             xdv = 0.0_c_double
             !$omp simd reduction(+:xdv)
             do i = 0, n - 1
-              xdv = xdv + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
+              xdv = xdv + qkv_XT(i + n*(b*dm + m)) * dV(c + dh*(i + n*(b*heads + h)))
             end do
             over_b = over_b + xdv
           end do
@@ -7499,8 +7536,9 @@ contains
       & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, &
       & attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, &
-      & qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, &
-      & qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
+      & qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, &
+      & qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, &
+      & dff, scale) &
       bind(C, name="block_bwd_causal_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: scale
@@ -7576,6 +7614,7 @@ contains
     real(c_float), intent(out) :: qkv_WqT(0:heads * dh * dm - 1)
     real(c_float), intent(out) :: qkv_WkT(0:heads * dh * dm - 1)
     real(c_float), intent(out) :: qkv_WvT(0:heads * dh * dm - 1)
+    real(c_float), intent(out) :: qkv_XT(0:batch * dm * n - 1)
     real(c_float), intent(out) :: qkv_WqT_panel(0:((dm) / 16) * heads * dh * 16 - 1)
     real(c_float), intent(out) :: qkv_WkT_panel(0:((dm) / 16) * heads * dh * 16 - 1)
     real(c_float), intent(out) :: qkv_WvT_panel(0:((dm) / 16) * heads * dh * 16 - 1)
@@ -7599,6 +7638,7 @@ contains
         & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
         & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
         & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
+        & qkv_XT_row0, qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, &
         & qkv_dK_panel_row, qkv_dV_panel_row
     real(c_float) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, &
@@ -16032,6 +16072,18 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.XT: scratch qkv_XT, xn1
+    ! for b, m (parallel) / i (simd)
+    !$omp parallel do collapse(2) schedule(static) private(i)
+    do b = 0, batch - 1
+      do m = 0, dm - 1
+        !$omp simd
+        do i = 0, n - 1
+          qkv_XT(i + n*(b*dm + m)) = xn1(dm*(b*n + i) + m)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
     ! for h (parallel) / c_tile / b / i / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dQ_panel_row, &
@@ -16051,9 +16103,10 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+    ! qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
+    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, qkv_XT_row0, &
+    !$omp& qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
     !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
@@ -16166,200 +16219,206 @@ contains
           acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
+            qkv_XT_row0 = n*(b*dm + min(6*m_tile, dm - 1))
+            qkv_XT_row1 = n*(b*dm + min(dm - 1, 6*m_tile + 1))
+            qkv_XT_row2 = n*(b*dm + min(dm - 1, 6*m_tile + 2))
+            qkv_XT_row3 = n*(b*dm + min(dm - 1, 6*m_tile + 3))
+            qkv_XT_row4 = n*(b*dm + min(dm - 1, 6*m_tile + 4))
+            qkv_XT_row5 = n*(b*dm + min(dm - 1, 6*m_tile + 5))
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_0_8 = acc_0_8 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_0_9 = acc_0_9 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_0_10 = acc_0_10 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_0_11 = acc_0_11 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_0_12 = acc_0_12 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_0_13 = acc_0_13 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_0_14 = acc_0_14 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_0_15 = acc_0_15 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_1_8 = acc_1_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_1_9 = acc_1_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_1_10 = acc_1_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_1_11 = acc_1_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_1_12 = acc_1_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_1_13 = acc_1_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_1_14 = acc_1_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_1_15 = acc_1_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_2_8 = acc_2_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_2_9 = acc_2_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_2_10 = acc_2_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_2_11 = acc_2_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_2_12 = acc_2_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_2_13 = acc_2_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_2_14 = acc_2_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_2_15 = acc_2_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_3_8 = acc_3_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_3_9 = acc_3_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_3_10 = acc_3_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_3_11 = acc_3_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_3_12 = acc_3_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_3_13 = acc_3_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_3_14 = acc_3_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_3_15 = acc_3_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_4_8 = acc_4_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_4_9 = acc_4_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_4_10 = acc_4_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_4_11 = acc_4_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_4_12 = acc_4_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_4_13 = acc_4_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_4_14 = acc_4_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_4_15 = acc_4_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_5_8 = acc_5_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_5_9 = acc_5_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_5_10 = acc_5_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_5_11 = acc_5_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_5_12 = acc_5_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_5_13 = acc_5_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_5_14 = acc_5_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_5_15 = acc_5_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dQ_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_0_0 = acc_0_0 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_0_1 = acc_0_1 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_0_2 = acc_0_2 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_0_3 = acc_0_3 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_0_4 = acc_0_4 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_0_5 = acc_0_5 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_0_6 = acc_0_6 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_0_7 = acc_0_7 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_0_8 = acc_0_8 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_0_9 = acc_0_9 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_0_10 = acc_0_10 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_0_11 = acc_0_11 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_0_12 = acc_0_12 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_0_13 = acc_0_13 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_0_14 = acc_0_14 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_0_15 = acc_0_15 + qkv_XT(qkv_XT_row0 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_1_0 = acc_1_0 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_1_1 = acc_1_1 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_1_2 = acc_1_2 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_1_3 = acc_1_3 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_1_4 = acc_1_4 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_1_5 = acc_1_5 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_1_6 = acc_1_6 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_1_7 = acc_1_7 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_1_8 = acc_1_8 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_1_9 = acc_1_9 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_1_10 = acc_1_10 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_1_11 = acc_1_11 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_1_12 = acc_1_12 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_1_13 = acc_1_13 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_1_14 = acc_1_14 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_1_15 = acc_1_15 + qkv_XT(qkv_XT_row1 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_2_0 = acc_2_0 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_2_1 = acc_2_1 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_2_2 = acc_2_2 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_2_3 = acc_2_3 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_2_4 = acc_2_4 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_2_5 = acc_2_5 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_2_6 = acc_2_6 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_2_7 = acc_2_7 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_2_8 = acc_2_8 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_2_9 = acc_2_9 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_2_10 = acc_2_10 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_2_11 = acc_2_11 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_2_12 = acc_2_12 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_2_13 = acc_2_13 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_2_14 = acc_2_14 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_2_15 = acc_2_15 + qkv_XT(qkv_XT_row2 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_3_0 = acc_3_0 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_3_1 = acc_3_1 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_3_2 = acc_3_2 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_3_3 = acc_3_3 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_3_4 = acc_3_4 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_3_5 = acc_3_5 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_3_6 = acc_3_6 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_3_7 = acc_3_7 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_3_8 = acc_3_8 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_3_9 = acc_3_9 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_3_10 = acc_3_10 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_3_11 = acc_3_11 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_3_12 = acc_3_12 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_3_13 = acc_3_13 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_3_14 = acc_3_14 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_3_15 = acc_3_15 + qkv_XT(qkv_XT_row3 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_4_0 = acc_4_0 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_4_1 = acc_4_1 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_4_2 = acc_4_2 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_4_3 = acc_4_3 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_4_4 = acc_4_4 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_4_5 = acc_4_5 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_4_6 = acc_4_6 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_4_7 = acc_4_7 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_4_8 = acc_4_8 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_4_9 = acc_4_9 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_4_10 = acc_4_10 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_4_11 = acc_4_11 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_4_12 = acc_4_12 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_4_13 = acc_4_13 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_4_14 = acc_4_14 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_4_15 = acc_4_15 + qkv_XT(qkv_XT_row4 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_5_0 = acc_5_0 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_5_1 = acc_5_1 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_5_2 = acc_5_2 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_5_3 = acc_5_3 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_5_4 = acc_5_4 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_5_5 = acc_5_5 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_5_6 = acc_5_6 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_5_7 = acc_5_7 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_5_8 = acc_5_8 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_5_9 = acc_5_9 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_5_10 = acc_5_10 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_5_11 = acc_5_11 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_5_12 = acc_5_12 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_5_13 = acc_5_13 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_5_14 = acc_5_14 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_5_15 = acc_5_15 + qkv_XT(qkv_XT_row5 + i) * qkv_dQ_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
             end do
           end do
           dWq(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
@@ -16462,7 +16521,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq.edge: writes dWq; scratch xn1, dQ
+    ! qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
     ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
@@ -16473,7 +16532,7 @@ contains
             xdq = 0.0_c_float
             !$omp simd reduction(+:xdq)
             do i = 0, n - 1
-              xdq = xdq + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
+              xdq = xdq + qkv_XT(i + n*(b*dm + m)) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
             over_b = over_b + xdq
           end do
@@ -16501,9 +16560,10 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+    ! qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
+    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, qkv_XT_row0, &
+    !$omp& qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
     !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
@@ -16616,200 +16676,206 @@ contains
           acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
+            qkv_XT_row0 = n*(b*dm + min(6*m_tile, dm - 1))
+            qkv_XT_row1 = n*(b*dm + min(dm - 1, 6*m_tile + 1))
+            qkv_XT_row2 = n*(b*dm + min(dm - 1, 6*m_tile + 2))
+            qkv_XT_row3 = n*(b*dm + min(dm - 1, 6*m_tile + 3))
+            qkv_XT_row4 = n*(b*dm + min(dm - 1, 6*m_tile + 4))
+            qkv_XT_row5 = n*(b*dm + min(dm - 1, 6*m_tile + 5))
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_0_8 = acc_0_8 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_0_9 = acc_0_9 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_0_10 = acc_0_10 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_0_11 = acc_0_11 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_0_12 = acc_0_12 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_0_13 = acc_0_13 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_0_14 = acc_0_14 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_0_15 = acc_0_15 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_1_8 = acc_1_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_1_9 = acc_1_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_1_10 = acc_1_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_1_11 = acc_1_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_1_12 = acc_1_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_1_13 = acc_1_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_1_14 = acc_1_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_1_15 = acc_1_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_2_8 = acc_2_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_2_9 = acc_2_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_2_10 = acc_2_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_2_11 = acc_2_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_2_12 = acc_2_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_2_13 = acc_2_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_2_14 = acc_2_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_2_15 = acc_2_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_3_8 = acc_3_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_3_9 = acc_3_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_3_10 = acc_3_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_3_11 = acc_3_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_3_12 = acc_3_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_3_13 = acc_3_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_3_14 = acc_3_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_3_15 = acc_3_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_4_8 = acc_4_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_4_9 = acc_4_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_4_10 = acc_4_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_4_11 = acc_4_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_4_12 = acc_4_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_4_13 = acc_4_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_4_14 = acc_4_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_4_15 = acc_4_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_5_8 = acc_5_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_5_9 = acc_5_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_5_10 = acc_5_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_5_11 = acc_5_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_5_12 = acc_5_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_5_13 = acc_5_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_5_14 = acc_5_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_5_15 = acc_5_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dK_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_0_0 = acc_0_0 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_0_1 = acc_0_1 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_0_2 = acc_0_2 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_0_3 = acc_0_3 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_0_4 = acc_0_4 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_0_5 = acc_0_5 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_0_6 = acc_0_6 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_0_7 = acc_0_7 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_0_8 = acc_0_8 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_0_9 = acc_0_9 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_0_10 = acc_0_10 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_0_11 = acc_0_11 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_0_12 = acc_0_12 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_0_13 = acc_0_13 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_0_14 = acc_0_14 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_0_15 = acc_0_15 + qkv_XT(qkv_XT_row0 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_1_0 = acc_1_0 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_1_1 = acc_1_1 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_1_2 = acc_1_2 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_1_3 = acc_1_3 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_1_4 = acc_1_4 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_1_5 = acc_1_5 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_1_6 = acc_1_6 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_1_7 = acc_1_7 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_1_8 = acc_1_8 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_1_9 = acc_1_9 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_1_10 = acc_1_10 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_1_11 = acc_1_11 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_1_12 = acc_1_12 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_1_13 = acc_1_13 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_1_14 = acc_1_14 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_1_15 = acc_1_15 + qkv_XT(qkv_XT_row1 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_2_0 = acc_2_0 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_2_1 = acc_2_1 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_2_2 = acc_2_2 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_2_3 = acc_2_3 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_2_4 = acc_2_4 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_2_5 = acc_2_5 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_2_6 = acc_2_6 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_2_7 = acc_2_7 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_2_8 = acc_2_8 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_2_9 = acc_2_9 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_2_10 = acc_2_10 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_2_11 = acc_2_11 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_2_12 = acc_2_12 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_2_13 = acc_2_13 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_2_14 = acc_2_14 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_2_15 = acc_2_15 + qkv_XT(qkv_XT_row2 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_3_0 = acc_3_0 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_3_1 = acc_3_1 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_3_2 = acc_3_2 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_3_3 = acc_3_3 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_3_4 = acc_3_4 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_3_5 = acc_3_5 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_3_6 = acc_3_6 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_3_7 = acc_3_7 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_3_8 = acc_3_8 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_3_9 = acc_3_9 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_3_10 = acc_3_10 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_3_11 = acc_3_11 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_3_12 = acc_3_12 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_3_13 = acc_3_13 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_3_14 = acc_3_14 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_3_15 = acc_3_15 + qkv_XT(qkv_XT_row3 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_4_0 = acc_4_0 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_4_1 = acc_4_1 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_4_2 = acc_4_2 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_4_3 = acc_4_3 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_4_4 = acc_4_4 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_4_5 = acc_4_5 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_4_6 = acc_4_6 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_4_7 = acc_4_7 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_4_8 = acc_4_8 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_4_9 = acc_4_9 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_4_10 = acc_4_10 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_4_11 = acc_4_11 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_4_12 = acc_4_12 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_4_13 = acc_4_13 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_4_14 = acc_4_14 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_4_15 = acc_4_15 + qkv_XT(qkv_XT_row4 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_5_0 = acc_5_0 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_5_1 = acc_5_1 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_5_2 = acc_5_2 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_5_3 = acc_5_3 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_5_4 = acc_5_4 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_5_5 = acc_5_5 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_5_6 = acc_5_6 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_5_7 = acc_5_7 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_5_8 = acc_5_8 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_5_9 = acc_5_9 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_5_10 = acc_5_10 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_5_11 = acc_5_11 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_5_12 = acc_5_12 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_5_13 = acc_5_13 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_5_14 = acc_5_14 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_5_15 = acc_5_15 + qkv_XT(qkv_XT_row5 + i) * qkv_dK_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
             end do
           end do
           dWk(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
@@ -16912,7 +16978,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk.edge: writes dWk; scratch xn1, dK
+    ! qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
     ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
@@ -16923,7 +16989,7 @@ contains
             xdk = 0.0_c_float
             !$omp simd reduction(+:xdk)
             do i = 0, n - 1
-              xdk = xdk + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
+              xdk = xdk + qkv_XT(i + n*(b*dm + m)) * dK(c + dh*(i + n*(b*heads + h)))
             end do
             over_b = over_b + xdk
           end do
@@ -16951,9 +17017,10 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+    ! qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
+    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, qkv_XT_row0, &
+    !$omp& qkv_XT_row1, qkv_XT_row2, qkv_XT_row3, qkv_XT_row4, qkv_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
     !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
@@ -17066,200 +17133,206 @@ contains
           acc_5_15 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
+            qkv_XT_row0 = n*(b*dm + min(6*m_tile, dm - 1))
+            qkv_XT_row1 = n*(b*dm + min(dm - 1, 6*m_tile + 1))
+            qkv_XT_row2 = n*(b*dm + min(dm - 1, 6*m_tile + 2))
+            qkv_XT_row3 = n*(b*dm + min(dm - 1, 6*m_tile + 3))
+            qkv_XT_row4 = n*(b*dm + min(dm - 1, 6*m_tile + 4))
+            qkv_XT_row5 = n*(b*dm + min(dm - 1, 6*m_tile + 5))
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_0_8 = acc_0_8 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_0_9 = acc_0_9 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i + &
-                  & 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_0_10 = acc_0_10 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_0_11 = acc_0_11 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_0_12 = acc_0_12 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_0_13 = acc_0_13 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_0_14 = acc_0_14 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_0_15 = acc_0_15 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(16*i &
-                  & + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_1_8 = acc_1_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_1_9 = acc_1_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_1_10 = acc_1_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_1_11 = acc_1_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_1_12 = acc_1_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_1_13 = acc_1_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_1_14 = acc_1_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_1_15 = acc_1_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_2_8 = acc_2_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_2_9 = acc_2_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_2_10 = acc_2_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_2_11 = acc_2_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_2_12 = acc_2_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_2_13 = acc_2_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_2_14 = acc_2_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_2_15 = acc_2_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_3_8 = acc_3_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_3_9 = acc_3_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_3_10 = acc_3_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_3_11 = acc_3_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_3_12 = acc_3_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_3_13 = acc_3_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_3_14 = acc_3_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_3_15 = acc_3_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_4_8 = acc_4_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_4_9 = acc_4_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_4_10 = acc_4_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_4_11 = acc_4_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_4_12 = acc_4_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_4_13 = acc_4_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_4_14 = acc_4_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_4_15 = acc_4_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))))
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7)
-              acc_5_8 = acc_5_8 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8)
-              acc_5_9 = acc_5_9 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9)
-              acc_5_10 = acc_5_10 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10)
-              acc_5_11 = acc_5_11 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11)
-              acc_5_12 = acc_5_12 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12)
-              acc_5_13 = acc_5_13 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13)
-              acc_5_14 = acc_5_14 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14)
-              acc_5_15 = acc_5_15 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
-                  & qkv_dV_panel(16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_0_0 = acc_0_0 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_0_1 = acc_0_1 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_0_2 = acc_0_2 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_0_3 = acc_0_3 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_0_4 = acc_0_4 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_0_5 = acc_0_5 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_0_6 = acc_0_6 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_0_7 = acc_0_7 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_0_8 = acc_0_8 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_0_9 = acc_0_9 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_0_10 = acc_0_10 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_0_11 = acc_0_11 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_0_12 = acc_0_12 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_0_13 = acc_0_13 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_0_14 = acc_0_14 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_0_15 = acc_0_15 + qkv_XT(qkv_XT_row0 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_1_0 = acc_1_0 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_1_1 = acc_1_1 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_1_2 = acc_1_2 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_1_3 = acc_1_3 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_1_4 = acc_1_4 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_1_5 = acc_1_5 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_1_6 = acc_1_6 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_1_7 = acc_1_7 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_1_8 = acc_1_8 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_1_9 = acc_1_9 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_1_10 = acc_1_10 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_1_11 = acc_1_11 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_1_12 = acc_1_12 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_1_13 = acc_1_13 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_1_14 = acc_1_14 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_1_15 = acc_1_15 + qkv_XT(qkv_XT_row1 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_2_0 = acc_2_0 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_2_1 = acc_2_1 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_2_2 = acc_2_2 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_2_3 = acc_2_3 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_2_4 = acc_2_4 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_2_5 = acc_2_5 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_2_6 = acc_2_6 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_2_7 = acc_2_7 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_2_8 = acc_2_8 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_2_9 = acc_2_9 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_2_10 = acc_2_10 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_2_11 = acc_2_11 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_2_12 = acc_2_12 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_2_13 = acc_2_13 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_2_14 = acc_2_14 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_2_15 = acc_2_15 + qkv_XT(qkv_XT_row2 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_3_0 = acc_3_0 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_3_1 = acc_3_1 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_3_2 = acc_3_2 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_3_3 = acc_3_3 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_3_4 = acc_3_4 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_3_5 = acc_3_5 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_3_6 = acc_3_6 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_3_7 = acc_3_7 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_3_8 = acc_3_8 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_3_9 = acc_3_9 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_3_10 = acc_3_10 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_3_11 = acc_3_11 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_3_12 = acc_3_12 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_3_13 = acc_3_13 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_3_14 = acc_3_14 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_3_15 = acc_3_15 + qkv_XT(qkv_XT_row3 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_4_0 = acc_4_0 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_4_1 = acc_4_1 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_4_2 = acc_4_2 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_4_3 = acc_4_3 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_4_4 = acc_4_4 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_4_5 = acc_4_5 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_4_6 = acc_4_6 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_4_7 = acc_4_7 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_4_8 = acc_4_8 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_4_9 = acc_4_9 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_4_10 = acc_4_10 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_4_11 = acc_4_11 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_4_12 = acc_4_12 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_4_13 = acc_4_13 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_4_14 = acc_4_14 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_4_15 = acc_4_15 + qkv_XT(qkv_XT_row4 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
+              acc_5_0 = acc_5_0 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))))
+              acc_5_1 = acc_5_1 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 1)
+              acc_5_2 = acc_5_2 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 2)
+              acc_5_3 = acc_5_3 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 3)
+              acc_5_4 = acc_5_4 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 4)
+              acc_5_5 = acc_5_5 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 5)
+              acc_5_6 = acc_5_6 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 6)
+              acc_5_7 = acc_5_7 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 7)
+              acc_5_8 = acc_5_8 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 8)
+              acc_5_9 = acc_5_9 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 9)
+              acc_5_10 = acc_5_10 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 10)
+              acc_5_11 = acc_5_11 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 11)
+              acc_5_12 = acc_5_12 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 12)
+              acc_5_13 = acc_5_13 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 13)
+              acc_5_14 = acc_5_14 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 14)
+              acc_5_15 = acc_5_15 + qkv_XT(qkv_XT_row5 + i) * qkv_dV_panel(16*i + 16*n*(b + &
+                  & batch*(c_tile + h*((dh) / 16))) + 15)
             end do
           end do
           dWv(16*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
@@ -17362,7 +17435,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv.edge: writes dWv; scratch xn1, dV
+    ! qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
     ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
@@ -17373,7 +17446,7 @@ contains
             xdv = 0.0_c_float
             !$omp simd reduction(+:xdv)
             do i = 0, n - 1
-              xdv = xdv + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
+              xdv = xdv + qkv_XT(i + n*(b*dm + m)) * dV(c + dh*(i + n*(b*heads + h)))
             end do
             over_b = over_b + xdv
           end do

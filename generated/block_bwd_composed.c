@@ -80,9 +80,10 @@
  *                   + sum[c3 < dh]((<b h2 i c3> psi dK) * (<h2 c3 m> psi WkT))
  *                   + sum[c4 < dh]((<b h2 i c4> psi dV) * (<h2 c4 m> psi WvT))
  *               )
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ * XT[b, m, i] = (<b i m> psi X)
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 m i2> psi XT) * (<b2 h i2 c> psi dQ)))
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 m i3> psi XT) * (<b3 h i3 c> psi dK)))
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 m i4> psi XT) * (<b4 h i4 c> psi dV)))
  * stage norm1: rmsnorm_bwd dnf
  * stage sum_x: residual_add dnf
  */
@@ -170,6 +171,7 @@ void block_bwd_composed_f64(
     double *restrict qkv_WqT,
     double *restrict qkv_WkT,
     double *restrict qkv_WvT,
+    double *restrict qkv_XT,
     double *restrict qkv_WqT_panel,
     double *restrict qkv_WkT_panel,
     double *restrict qkv_WvT_panel,
@@ -4198,6 +4200,18 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* qkv.XT: scratch qkv_XT, xn1
+     * for b, m (parallel) / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
+            }
+        }
+    }
     /* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
      * for h (parallel) / c_tile / b / i / lane (simd)
      */
@@ -4216,7 +4230,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+    /* qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -4273,56 +4287,62 @@ void block_bwd_composed_f64(
                 double acc_5_7 = 0.0;
                 #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+                    const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+                    const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+                    const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+                    const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+                    const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
                     #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
                 dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -4376,7 +4396,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+    /* qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
      * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -4388,7 +4408,7 @@ void block_bwd_composed_f64(
                     double xdq = 0.0;
                     #pragma omp simd reduction(+:xdq)
                     for (int64_t i = 0; i < n; ++i) {
-                        xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                        xdq += qkv_XT[i + n*(b*dm + m)] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
                     over_b += xdq;
                 }
@@ -4414,7 +4434,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+    /* qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -4471,56 +4491,62 @@ void block_bwd_composed_f64(
                 double acc_5_7 = 0.0;
                 #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+                    const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+                    const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+                    const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+                    const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+                    const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
                     #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
                 dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -4574,7 +4600,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWk.edge: writes dWk; scratch xn1, dK
+    /* qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
      * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -4586,7 +4612,7 @@ void block_bwd_composed_f64(
                     double xdk = 0.0;
                     #pragma omp simd reduction(+:xdk)
                     for (int64_t i = 0; i < n; ++i) {
-                        xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                        xdk += qkv_XT[i + n*(b*dm + m)] * dK[c + dh*(i + n*(b*heads + h))];
                     }
                     over_b += xdk;
                 }
@@ -4612,7 +4638,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+    /* qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -4669,56 +4695,62 @@ void block_bwd_composed_f64(
                 double acc_5_7 = 0.0;
                 #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+                    const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+                    const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+                    const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+                    const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+                    const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
                     #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
                 dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -4772,7 +4804,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWv.edge: writes dWv; scratch xn1, dV
+    /* qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
      * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -4784,7 +4816,7 @@ void block_bwd_composed_f64(
                     double xdv = 0.0;
                     #pragma omp simd reduction(+:xdv)
                     for (int64_t i = 0; i < n; ++i) {
-                        xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                        xdv += qkv_XT[i + n*(b*dm + m)] * dV[c + dh*(i + n*(b*heads + h))];
                     }
                     over_b += xdv;
                 }
@@ -4917,6 +4949,7 @@ void block_bwd_composed_f32(
     float *restrict qkv_WqT,
     float *restrict qkv_WkT,
     float *restrict qkv_WvT,
+    float *restrict qkv_XT,
     float *restrict qkv_WqT_panel,
     float *restrict qkv_WkT_panel,
     float *restrict qkv_WvT_panel,
@@ -10241,6 +10274,18 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* qkv.XT: scratch qkv_XT, xn1
+     * for b, m (parallel) / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
+            }
+        }
+    }
     /* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
      * for h (parallel) / c_tile / b / i / lane (simd)
      */
@@ -10259,7 +10304,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+    /* qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -10364,104 +10409,110 @@ void block_bwd_composed_f32(
                 float acc_5_15 = 0.0f;
                 #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+                    const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+                    const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+                    const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+                    const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+                    const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
                     #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_0_8 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_0_9 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_0_10 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_0_11 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_0_12 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_0_13 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_0_14 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_0_15 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_1_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_1_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_1_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_1_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_1_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_1_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_1_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_1_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_2_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_2_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_2_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_2_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_2_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_2_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_2_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_2_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_3_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_3_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_3_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_3_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_3_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_3_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_3_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_3_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_4_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_4_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_4_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_4_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_4_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_4_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_4_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_4_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_5_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_5_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_5_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_5_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_5_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_5_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_5_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_5_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_0_8 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_0_9 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_0_10 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_0_11 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_0_12 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_0_13 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_0_14 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_0_15 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_1_8 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_1_9 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_1_10 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_1_11 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_1_12 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_1_13 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_1_14 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_1_15 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_2_8 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_2_9 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_2_10 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_2_11 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_2_12 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_2_13 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_2_14 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_2_15 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_3_8 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_3_9 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_3_10 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_3_11 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_3_12 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_3_13 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_3_14 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_3_15 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_4_8 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_4_9 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_4_10 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_4_11 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_4_12 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_4_13 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_4_14 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_4_15 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_5_8 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_5_9 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_5_10 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_5_11 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_5_12 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_5_13 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_5_14 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_5_15 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
                     }
                 }
                 dWq[16*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -10563,7 +10614,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+    /* qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
      * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -10575,7 +10626,7 @@ void block_bwd_composed_f32(
                     float xdq = 0.0f;
                     #pragma omp simd reduction(+:xdq)
                     for (int64_t i = 0; i < n; ++i) {
-                        xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                        xdq += qkv_XT[i + n*(b*dm + m)] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
                     over_b += xdq;
                 }
@@ -10601,7 +10652,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+    /* qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -10706,104 +10757,110 @@ void block_bwd_composed_f32(
                 float acc_5_15 = 0.0f;
                 #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+                    const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+                    const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+                    const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+                    const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+                    const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
                     #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_0_8 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_0_9 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_0_10 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_0_11 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_0_12 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_0_13 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_0_14 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_0_15 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_1_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_1_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_1_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_1_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_1_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_1_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_1_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_1_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_2_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_2_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_2_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_2_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_2_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_2_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_2_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_2_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_3_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_3_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_3_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_3_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_3_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_3_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_3_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_3_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_4_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_4_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_4_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_4_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_4_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_4_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_4_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_4_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_5_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_5_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_5_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_5_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_5_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_5_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_5_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_5_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_0_8 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_0_9 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_0_10 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_0_11 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_0_12 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_0_13 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_0_14 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_0_15 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_1_8 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_1_9 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_1_10 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_1_11 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_1_12 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_1_13 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_1_14 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_1_15 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_2_8 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_2_9 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_2_10 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_2_11 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_2_12 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_2_13 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_2_14 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_2_15 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_3_8 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_3_9 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_3_10 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_3_11 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_3_12 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_3_13 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_3_14 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_3_15 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_4_8 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_4_9 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_4_10 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_4_11 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_4_12 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_4_13 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_4_14 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_4_15 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_5_8 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_5_9 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_5_10 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_5_11 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_5_12 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_5_13 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_5_14 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_5_15 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
                     }
                 }
                 dWk[16*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -10905,7 +10962,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWk.edge: writes dWk; scratch xn1, dK
+    /* qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
      * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -10917,7 +10974,7 @@ void block_bwd_composed_f32(
                     float xdk = 0.0f;
                     #pragma omp simd reduction(+:xdk)
                     for (int64_t i = 0; i < n; ++i) {
-                        xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                        xdk += qkv_XT[i + n*(b*dm + m)] * dK[c + dh*(i + n*(b*heads + h))];
                     }
                     over_b += xdk;
                 }
@@ -10943,7 +11000,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+    /* qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -11048,104 +11105,110 @@ void block_bwd_composed_f32(
                 float acc_5_15 = 0.0f;
                 #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
+                    const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
+                    const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
+                    const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
+                    const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
+                    const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
                     #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_0_8 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_0_9 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_0_10 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_0_11 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_0_12 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_0_13 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_0_14 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_0_15 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_1_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_1_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_1_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_1_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_1_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_1_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_1_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_1_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_2_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_2_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_2_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_2_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_2_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_2_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_2_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_2_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_3_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_3_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_3_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_3_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_3_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_3_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_3_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_3_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_4_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_4_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_4_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_4_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_4_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_4_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_4_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_4_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
-                        acc_5_8 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
-                        acc_5_9 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
-                        acc_5_10 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
-                        acc_5_11 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
-                        acc_5_12 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
-                        acc_5_13 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
-                        acc_5_14 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
-                        acc_5_15 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_0_8 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_0_9 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_0_10 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_0_11 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_0_12 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_0_13 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_0_14 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_0_15 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_1_8 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_1_9 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_1_10 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_1_11 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_1_12 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_1_13 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_1_14 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_1_15 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_2_8 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_2_9 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_2_10 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_2_11 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_2_12 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_2_13 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_2_14 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_2_15 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_3_8 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_3_9 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_3_10 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_3_11 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_3_12 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_3_13 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_3_14 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_3_15 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_4_8 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_4_9 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_4_10 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_4_11 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_4_12 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_4_13 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_4_14 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_4_15 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
+                        acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16)))];
+                        acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 1];
+                        acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 2];
+                        acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 3];
+                        acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 4];
+                        acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 5];
+                        acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 6];
+                        acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 7];
+                        acc_5_8 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 8];
+                        acc_5_9 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 9];
+                        acc_5_10 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 10];
+                        acc_5_11 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 11];
+                        acc_5_12 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 12];
+                        acc_5_13 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 13];
+                        acc_5_14 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 14];
+                        acc_5_15 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[16*i + 16*n*(b + batch*(c_tile + h*((dh) / 16))) + 15];
                     }
                 }
                 dWv[16*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
@@ -11247,7 +11310,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWv.edge: writes dWv; scratch xn1, dV
+    /* qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
      * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -11259,7 +11322,7 @@ void block_bwd_composed_f32(
                     float xdv = 0.0f;
                     #pragma omp simd reduction(+:xdv)
                     for (int64_t i = 0; i < n; ++i) {
-                        xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                        xdv += qkv_XT[i + n*(b*dm + m)] * dV[c + dh*(i + n*(b*heads + h))];
                     }
                     over_b += xdv;
                 }

@@ -149,6 +149,21 @@ def test_weight_gradient_tiles_read_every_operand_along_contiguous_memory():
     assert "H" not in nests and "X" not in {b.name for b in onf_of("mlp_bwd", "tiled").temps}
 
 
+def test_the_projections_weight_gradients_read_x_transposed():
+    """dWq = X^T dQ per head, as the MLP's: X copied transposed once per batch entry (XT, not
+    once per head), each tile's step along the rows one element of XT's row."""
+    onf = onf_of("qkv_proj_bwd", "tiled")
+    assert ("XT", ("batch", "dm", "n")) in [(b.name, tuple(map(str, b.shape))) for b in onf.temps]
+    nests = {n.label: n for n in onf.nests}
+    for label, panel in (("dWq", "dQ_panel"), ("dWk", "dK_panel"), ("dWv", "dV_panel")):
+        *_, k_loop = (s for s in walk(nests[label].body) if isinstance(s, Loop) and
+                      s.vector_tile)
+        strides = {e.array: int(sympy.diff(e.offset, k_loop.var))
+                   for s in walk(k_loop.body) if isinstance(s, Update)
+                   for e in S.subexpressions(s.value) if isinstance(e, S.Load)}
+        assert strides == {"XT": 1, panel: TILE_DEFAULTS["nr"]}, label
+
+
 def test_a_tile_keeps_the_compiler_from_revectorizing_it():
     """A tile's loop runs its iterations one at a time (OpenMP `if(simd: 0)` in C,
     `!GCC$ novector` in Fortran): its statements are the vector code; the loops beside it

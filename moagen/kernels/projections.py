@@ -11,8 +11,9 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
 The backwards are derived from the forwards (moagen.moa.grad). Every product is register
 tiled (moagen.onf.tiling), mr x nr as the MLP's tiles and with their per-dtype defaults (in
 float32 16 columns: a row of the tile in as many vector registers as float64's 8 take); a
-weight that would be read across its rows is first stored transposed, once, so that every
-tile reads contiguous rows.
+weight that would be read across its rows is first stored transposed, once, and so is X for
+the weight gradients (XT, once per batch entry, as the MLP's backward stores it), so that
+every tile reads contiguous rows.
 """
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
@@ -107,6 +108,7 @@ def _derived(forward, weights, head, perm, index):
     its names): every tile of a product then reads contiguous rows."""
     stored = {transpose(head(w)): psi(("h",), named(f"{w.name}T", transpose(w, perm), index=index))
               for w in weights}
+    stored[transpose(psi(("b",), X))] = named("XT", transpose(psi(("b",), X)), index=("m", "i"))
     derived = grad(forward, name=f"{forward.name}_bwd", **VJP[forward.name])
     return transform_outputs(derived, stored.get)
 
@@ -114,11 +116,12 @@ def _derived(forward, weights, head, perm, index):
 QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2, 0),
                    ("h", "c", "m"))
 WEIGHT_ORDER = ("h", "m", "c")  # a weight gradient's loops: head outermost, then its rows
-QKV_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WqT", "WkT", "WvT"}), lambda mr, nr: _layers(
+QKV_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WqT", "WkT", "WvT", "XT"}), lambda mr, nr: _layers(
     _row_tiles("dX", "m", mr, nr),
     *(_tiles(RegisterTile(f"d{w}", "m", "c", mr, nr), ("h",)) for w in ("Wq", "Wk", "Wv")),
     reorder=tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv")),
-    mapping=tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv"))))}
+    mapping=tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv"))
+    + (Parallel(("b", "m"), nest="XT"),)))}
 
 
 OUT = KernelSpec(
