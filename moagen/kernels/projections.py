@@ -105,10 +105,12 @@ VJP = {"qkv_proj": dict(wrt={"X": ("b", "i", "m"), "Wq": WEIGHT_INDEX, "Wk": WEI
 def _derived(forward, weights, head, perm, index):
     """forward's backward, derived, with the weights' per-head slices W[h] (as `head(W)`
     reads them) that it reads transposed stored so once, Named `<W>T` (`perm` of W, `index`
-    its names): every tile of a product then reads contiguous rows."""
+    its names), and a batch entry's X read transposed (qkv_proj's weight gradients) Named
+    XT: every tile of a product then reads contiguous rows."""
     stored = {transpose(head(w)): psi(("h",), named(f"{w.name}T", transpose(w, perm), index=index))
               for w in weights}
-    stored[transpose(psi(("b",), X))] = named("XT", transpose(psi(("b",), X)), index=("m", "i"))
+    x_rows = psi(("b",), X)
+    stored[transpose(x_rows)] = named("XT", transpose(x_rows), index=("m", "i"))
     derived = grad(forward, name=f"{forward.name}_bwd", **VJP[forward.name])
     return transform_outputs(derived, stored.get)
 
@@ -116,7 +118,8 @@ def _derived(forward, weights, head, perm, index):
 QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2, 0),
                    ("h", "c", "m"))
 WEIGHT_ORDER = ("h", "m", "c")  # a weight gradient's loops: head outermost, then its rows
-QKV_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WqT", "WkT", "WvT", "XT"}), lambda mr, nr: _layers(
+QKV_BWD_STORED = frozenset({"WqT", "WkT", "WvT", "XT"})  # what its variant stores
+QKV_BWD_VARIANTS = {"tiled": _tunable(QKV_BWD_STORED, lambda mr, nr: _layers(
     _row_tiles("dX", "m", mr, nr),
     *(_tiles(RegisterTile(f"d{w}", "m", "c", mr, nr), ("h",)) for w in ("Wq", "Wk", "Wv")),
     reorder=tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv")),
