@@ -100,7 +100,7 @@ contains
     real(c_double), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
-    real(c_double), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
+    real(c_double), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 8) * dh * 8 - 1)
     real(c_double), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
@@ -119,37 +119,21 @@ contains
         & acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
         & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
         & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, &
-        & row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, &
-        & row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, &
-        & qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, &
-        & qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, &
-        & qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, &
-        & qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, &
-        & qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, &
-        & qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, &
-        & qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, &
-        & qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, &
-        & qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, &
-        & qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, &
-        & qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, &
-        & qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, &
-        & qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_0, qk_1, qk_2, qk_3, qk_4, &
-        & qk_5, qk_6, qk_7, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, &
-        & block_max_5, block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, &
-        & new_max_4, new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
-        & rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
-        & block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, &
-        & o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, &
-        & o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, &
-        & o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, &
-        & o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, &
-        & o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, &
-        & o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, &
-        & o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_0g, o_1g, o_2g, o_3g, &
-        & o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, &
-        & o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, &
-        & o_14h, o_15h, t_0, t_1, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, &
-        & new_max, rescale, block_sum, t, heads_sum, ow, xg, xu, hw
+        & row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, row_sum_1, row_sum_2, row_sum_3, &
+        & row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
+        & qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, &
+        & qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
+        & qk_3_6, qk_3_7, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, &
+        & qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, &
+        & qk_5, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+        & new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, &
+        & rescale_2, rescale_3, rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, &
+        & block_sum_3, block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_0b, &
+        & o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
+        & o_7c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, &
+        & o_5e, o_6e, o_7e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t_0, t_1, t_2, t_3, &
+        & t_4, t_5, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t, heads_sum, &
+        & ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -943,12 +927,12 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(a3, lane, attn_K_panel_row)
     do a0 = 0, batch - 1
       do a1 = 0, heads - 1
-        do a2 = 0, ((n) / 16) - 1
+        do a2 = 0, ((n) / 8) - 1
           do a3 = 0, dh - 1
-            attn_K_panel_row = 16*a3 + 16*dh*(a2 + (a0*heads + a1)*((n) / 16))
+            attn_K_panel_row = 8*a3 + 8*dh*(a2 + (a0*heads + a1)*((n) / 8))
             !$omp simd
-            do lane = 0, 15
-              attn_K_panel(attn_K_panel_row + lane) = K(a3 + dh*(16*a2 + lane + n*(a0*heads + a1)))
+            do lane = 0, 7
+              attn_K_panel(attn_K_panel_row + lane) = K(a3 + dh*(8*a2 + lane + n*(a0*heads + a1)))
             end do
           end do
         end do
@@ -959,50 +943,31 @@ contains
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c
     !     (simd), c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
-    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
-    !$omp& row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, &
-    !$omp& row_sum_6, row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
-    !$omp& qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, &
-    !$omp& qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, &
-    !$omp& qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, &
-    !$omp& qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, &
-    !$omp& qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, &
-    !$omp& qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, &
-    !$omp& qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, &
-    !$omp& qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, &
-    !$omp& qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, &
-    !$omp& qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, &
-    !$omp& qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, &
-    !$omp& qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, &
-    !$omp& qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, block_max_2, &
-    !$omp& block_max_3, block_max_4, block_max_5, block_max_6, block_max_7, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, new_max_4, new_max_5, new_max_6, new_max_7, rescale_0, &
-    !$omp& rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, rescale_6, rescale_7, &
-    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, &
-    !$omp& block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, &
-    !$omp& o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, &
-    !$omp& o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, &
-    !$omp& o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, &
-    !$omp& o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, &
-    !$omp& o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, &
-    !$omp& o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, &
-    !$omp& o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, &
-    !$omp& o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, &
-    !$omp& o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, t_0, &
-    !$omp& t_1, t_2, t_3, t_4, t_5, t_6, t_7)
+    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
+    !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
+    !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, &
+    !$omp& qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, &
+    !$omp& qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, &
+    !$omp& qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
+    !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, &
+    !$omp& block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, &
+    !$omp& new_max_2, new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
+    !$omp& block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_0b, o_1b, o_2b, &
+    !$omp& o_3b, o_4b, o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_0d, &
+    !$omp& o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, &
+    !$omp& o_7e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t_0, t_1, t_2, t_3, t_4, t_5)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i_tile = 0, ((n) / 8) - 1
+        do i_tile = 0, ((n) / 6) - 1
           !$omp simd
           do c = 0, dh - 1
-            attn(c + dh*(8*i_tile + n*(b*heads + h))) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = 0.0_c_double
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = 0.0_c_double
+            attn(c + dh*(6*i_tile + n*(b*heads + h))) = 0.0_c_double
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = 0.0_c_double
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = 0.0_c_double
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = 0.0_c_double
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = 0.0_c_double
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = 0.0_c_double
           end do
           row_max_0 = neg_inf
           row_max_1 = neg_inf
@@ -1010,18 +975,14 @@ contains
           row_max_3 = neg_inf
           row_max_4 = neg_inf
           row_max_5 = neg_inf
-          row_max_6 = neg_inf
-          row_max_7 = neg_inf
           row_sum_0 = 0.0_c_double
           row_sum_1 = 0.0_c_double
           row_sum_2 = 0.0_c_double
           row_sum_3 = 0.0_c_double
           row_sum_4 = 0.0_c_double
           row_sum_5 = 0.0_c_double
-          row_sum_6 = 0.0_c_double
-          row_sum_7 = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
-            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
               qk_0_0 = 0.0_c_double
               qk_0_1 = 0.0_c_double
               qk_0_2 = 0.0_c_double
@@ -1030,14 +991,6 @@ contains
               qk_0_5 = 0.0_c_double
               qk_0_6 = 0.0_c_double
               qk_0_7 = 0.0_c_double
-              qk_0_8 = 0.0_c_double
-              qk_0_9 = 0.0_c_double
-              qk_0_10 = 0.0_c_double
-              qk_0_11 = 0.0_c_double
-              qk_0_12 = 0.0_c_double
-              qk_0_13 = 0.0_c_double
-              qk_0_14 = 0.0_c_double
-              qk_0_15 = 0.0_c_double
               qk_1_0 = 0.0_c_double
               qk_1_1 = 0.0_c_double
               qk_1_2 = 0.0_c_double
@@ -1046,14 +999,6 @@ contains
               qk_1_5 = 0.0_c_double
               qk_1_6 = 0.0_c_double
               qk_1_7 = 0.0_c_double
-              qk_1_8 = 0.0_c_double
-              qk_1_9 = 0.0_c_double
-              qk_1_10 = 0.0_c_double
-              qk_1_11 = 0.0_c_double
-              qk_1_12 = 0.0_c_double
-              qk_1_13 = 0.0_c_double
-              qk_1_14 = 0.0_c_double
-              qk_1_15 = 0.0_c_double
               qk_2_0 = 0.0_c_double
               qk_2_1 = 0.0_c_double
               qk_2_2 = 0.0_c_double
@@ -1062,14 +1007,6 @@ contains
               qk_2_5 = 0.0_c_double
               qk_2_6 = 0.0_c_double
               qk_2_7 = 0.0_c_double
-              qk_2_8 = 0.0_c_double
-              qk_2_9 = 0.0_c_double
-              qk_2_10 = 0.0_c_double
-              qk_2_11 = 0.0_c_double
-              qk_2_12 = 0.0_c_double
-              qk_2_13 = 0.0_c_double
-              qk_2_14 = 0.0_c_double
-              qk_2_15 = 0.0_c_double
               qk_3_0 = 0.0_c_double
               qk_3_1 = 0.0_c_double
               qk_3_2 = 0.0_c_double
@@ -1078,14 +1015,6 @@ contains
               qk_3_5 = 0.0_c_double
               qk_3_6 = 0.0_c_double
               qk_3_7 = 0.0_c_double
-              qk_3_8 = 0.0_c_double
-              qk_3_9 = 0.0_c_double
-              qk_3_10 = 0.0_c_double
-              qk_3_11 = 0.0_c_double
-              qk_3_12 = 0.0_c_double
-              qk_3_13 = 0.0_c_double
-              qk_3_14 = 0.0_c_double
-              qk_3_15 = 0.0_c_double
               qk_4_0 = 0.0_c_double
               qk_4_1 = 0.0_c_double
               qk_4_2 = 0.0_c_double
@@ -1094,14 +1023,6 @@ contains
               qk_4_5 = 0.0_c_double
               qk_4_6 = 0.0_c_double
               qk_4_7 = 0.0_c_double
-              qk_4_8 = 0.0_c_double
-              qk_4_9 = 0.0_c_double
-              qk_4_10 = 0.0_c_double
-              qk_4_11 = 0.0_c_double
-              qk_4_12 = 0.0_c_double
-              qk_4_13 = 0.0_c_double
-              qk_4_14 = 0.0_c_double
-              qk_4_15 = 0.0_c_double
               qk_5_0 = 0.0_c_double
               qk_5_1 = 0.0_c_double
               qk_5_2 = 0.0_c_double
@@ -1110,562 +1031,195 @@ contains
               qk_5_5 = 0.0_c_double
               qk_5_6 = 0.0_c_double
               qk_5_7 = 0.0_c_double
-              qk_5_8 = 0.0_c_double
-              qk_5_9 = 0.0_c_double
-              qk_5_10 = 0.0_c_double
-              qk_5_11 = 0.0_c_double
-              qk_5_12 = 0.0_c_double
-              qk_5_13 = 0.0_c_double
-              qk_5_14 = 0.0_c_double
-              qk_5_15 = 0.0_c_double
-              qk_6_0 = 0.0_c_double
-              qk_6_1 = 0.0_c_double
-              qk_6_2 = 0.0_c_double
-              qk_6_3 = 0.0_c_double
-              qk_6_4 = 0.0_c_double
-              qk_6_5 = 0.0_c_double
-              qk_6_6 = 0.0_c_double
-              qk_6_7 = 0.0_c_double
-              qk_6_8 = 0.0_c_double
-              qk_6_9 = 0.0_c_double
-              qk_6_10 = 0.0_c_double
-              qk_6_11 = 0.0_c_double
-              qk_6_12 = 0.0_c_double
-              qk_6_13 = 0.0_c_double
-              qk_6_14 = 0.0_c_double
-              qk_6_15 = 0.0_c_double
-              qk_7_0 = 0.0_c_double
-              qk_7_1 = 0.0_c_double
-              qk_7_2 = 0.0_c_double
-              qk_7_3 = 0.0_c_double
-              qk_7_4 = 0.0_c_double
-              qk_7_5 = 0.0_c_double
-              qk_7_6 = 0.0_c_double
-              qk_7_7 = 0.0_c_double
-              qk_7_8 = 0.0_c_double
-              qk_7_9 = 0.0_c_double
-              qk_7_10 = 0.0_c_double
-              qk_7_11 = 0.0_c_double
-              qk_7_12 = 0.0_c_double
-              qk_7_13 = 0.0_c_double
-              qk_7_14 = 0.0_c_double
-              qk_7_15 = 0.0_c_double
               !GCC$ novector
               do c = 0, dh - 1
-                qk_0_0 = qk_0_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_0_1 = qk_0_1 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_0_2 = qk_0_2 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_0_3 = qk_0_3 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_0_4 = qk_0_4 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_0_5 = qk_0_5 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_0_6 = qk_0_6 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_0_7 = qk_0_7 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_0_8 = qk_0_8 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_0_9 = qk_0_9 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_0_10 = qk_0_10 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_0_11 = qk_0_11 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_0_12 = qk_0_12 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_0_13 = qk_0_13 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_0_14 = qk_0_14 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_0_15 = qk_0_15 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_1_0 = qk_1_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_1_1 = qk_1_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_1_2 = qk_1_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_1_3 = qk_1_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_1_4 = qk_1_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_1_5 = qk_1_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_1_6 = qk_1_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_1_7 = qk_1_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_1_8 = qk_1_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_1_9 = qk_1_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_1_10 = qk_1_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_1_11 = qk_1_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_1_12 = qk_1_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_1_13 = qk_1_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_1_14 = qk_1_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_1_15 = qk_1_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_2_0 = qk_2_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_2_1 = qk_2_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_2_2 = qk_2_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_2_3 = qk_2_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_2_4 = qk_2_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_2_5 = qk_2_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_2_6 = qk_2_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_2_7 = qk_2_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_2_8 = qk_2_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_2_9 = qk_2_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_2_10 = qk_2_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_2_11 = qk_2_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_2_12 = qk_2_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_2_13 = qk_2_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_2_14 = qk_2_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_2_15 = qk_2_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_3_0 = qk_3_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_3_1 = qk_3_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_3_2 = qk_3_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_3_3 = qk_3_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_3_4 = qk_3_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_3_5 = qk_3_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_3_6 = qk_3_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_3_7 = qk_3_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_3_8 = qk_3_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_3_9 = qk_3_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_3_10 = qk_3_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_3_11 = qk_3_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_3_12 = qk_3_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_3_13 = qk_3_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_3_14 = qk_3_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_3_15 = qk_3_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_4_0 = qk_4_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_4_1 = qk_4_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_4_2 = qk_4_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_4_3 = qk_4_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_4_4 = qk_4_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_4_5 = qk_4_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_4_6 = qk_4_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_4_7 = qk_4_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_4_8 = qk_4_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_4_9 = qk_4_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_4_10 = qk_4_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_4_11 = qk_4_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_4_12 = qk_4_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_4_13 = qk_4_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_4_14 = qk_4_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_4_15 = qk_4_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_5_0 = qk_5_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_5_1 = qk_5_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_5_2 = qk_5_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_5_3 = qk_5_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_5_4 = qk_5_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_5_5 = qk_5_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_5_6 = qk_5_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_5_7 = qk_5_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_5_8 = qk_5_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_5_9 = qk_5_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_5_10 = qk_5_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_5_11 = qk_5_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_5_12 = qk_5_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_5_13 = qk_5_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_5_14 = qk_5_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_5_15 = qk_5_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_6_0 = qk_6_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_6_1 = qk_6_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_6_2 = qk_6_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_6_3 = qk_6_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_6_4 = qk_6_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_6_5 = qk_6_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_6_6 = qk_6_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_6_7 = qk_6_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_6_8 = qk_6_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_6_9 = qk_6_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_6_10 = qk_6_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_6_11 = qk_6_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_6_12 = qk_6_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_6_13 = qk_6_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_6_14 = qk_6_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_6_15 = qk_6_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_7_0 = qk_7_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_7_1 = qk_7_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_7_2 = qk_7_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_7_3 = qk_7_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_7_4 = qk_7_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_7_5 = qk_7_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_7_6 = qk_7_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_7_7 = qk_7_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_7_8 = qk_7_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_7_9 = qk_7_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_7_10 = qk_7_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_7_11 = qk_7_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_7_12 = qk_7_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_7_13 = qk_7_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_7_14 = qk_7_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_7_15 = qk_7_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_0_0 = qk_0_0 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_0_1 = qk_0_1 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_0_2 = qk_0_2 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_0_3 = qk_0_3 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_0_4 = qk_0_4 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_0_5 = qk_0_5 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_0_6 = qk_0_6 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_0_7 = qk_0_7 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_1_0 = qk_1_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_1_1 = qk_1_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_1_2 = qk_1_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_1_3 = qk_1_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_1_4 = qk_1_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_1_5 = qk_1_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_1_6 = qk_1_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_1_7 = qk_1_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_2_0 = qk_2_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_2_1 = qk_2_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_2_2 = qk_2_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_2_3 = qk_2_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_2_4 = qk_2_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_2_5 = qk_2_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_2_6 = qk_2_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_2_7 = qk_2_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_3_0 = qk_3_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_3_1 = qk_3_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_3_2 = qk_3_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_3_3 = qk_3_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_3_4 = qk_3_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_3_5 = qk_3_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_3_6 = qk_3_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_3_7 = qk_3_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_4_0 = qk_4_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_4_1 = qk_4_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_4_2 = qk_4_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_4_3 = qk_4_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_4_4 = qk_4_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_4_5 = qk_4_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_4_6 = qk_4_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_4_7 = qk_4_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_5_0 = qk_5_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_5_1 = qk_5_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_5_2 = qk_5_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_5_3 = qk_5_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_5_4 = qk_5_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_5_5 = qk_5_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_5_6 = qk_5_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_5_7 = qk_5_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
+                    & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
               end do
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = scale * &
-                  & qk_0_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = scale * &
-                  & qk_0_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = scale * &
-                  & qk_0_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = scale * &
-                  & qk_0_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = scale * &
-                  & qk_0_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = scale * &
-                  & qk_0_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = scale * &
-                  & qk_0_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = scale * &
-                  & qk_0_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = scale * &
-                  & qk_0_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = scale * &
-                  & qk_0_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = scale * &
-                  & qk_0_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = scale * &
-                  & qk_0_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = scale * &
-                  & qk_0_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = scale * &
-                  & qk_0_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = scale * &
-                  & qk_0_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1) = scale * qk_0_1
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2) = scale * qk_0_2
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3) = scale * qk_0_3
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4) = scale * qk_0_4
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5) = scale * qk_0_5
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6) = scale * qk_0_6
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7) = scale * qk_0_7
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64) = scale * &
                   & qk_1_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65) = scale * &
                   & qk_1_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66) = scale * &
                   & qk_1_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67) = scale * &
                   & qk_1_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68) = scale * &
                   & qk_1_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69) = scale * &
                   & qk_1_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70) = scale * &
                   & qk_1_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71) = scale * &
                   & qk_1_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = scale * &
-                  & qk_1_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = scale * &
-                  & qk_1_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = scale * &
-                  & qk_1_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = scale * &
-                  & qk_1_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = scale * &
-                  & qk_1_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = scale * &
-                  & qk_1_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = scale * &
-                  & qk_1_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = scale * &
-                  & qk_1_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128) = scale * &
                   & qk_2_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129) = scale * &
                   & qk_2_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130) = scale * &
                   & qk_2_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131) = scale * &
                   & qk_2_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132) = scale * &
                   & qk_2_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133) = scale * &
                   & qk_2_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134) = scale * &
                   & qk_2_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135) = scale * &
                   & qk_2_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = scale * &
-                  & qk_2_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = scale * &
-                  & qk_2_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = scale * &
-                  & qk_2_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = scale * &
-                  & qk_2_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = scale * &
-                  & qk_2_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = scale * &
-                  & qk_2_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = scale * &
-                  & qk_2_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = scale * &
-                  & qk_2_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192) = scale * &
                   & qk_3_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193) = scale * &
                   & qk_3_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194) = scale * &
                   & qk_3_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195) = scale * &
                   & qk_3_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196) = scale * &
                   & qk_3_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197) = scale * &
                   & qk_3_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198) = scale * &
                   & qk_3_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199) = scale * &
                   & qk_3_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = scale * &
-                  & qk_3_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = scale * &
-                  & qk_3_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = scale * &
-                  & qk_3_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = scale * &
-                  & qk_3_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = scale * &
-                  & qk_3_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = scale * &
-                  & qk_3_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = scale * &
-                  & qk_3_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = scale * &
-                  & qk_3_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256) = scale * &
                   & qk_4_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257) = scale * &
                   & qk_4_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258) = scale * &
                   & qk_4_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259) = scale * &
                   & qk_4_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260) = scale * &
                   & qk_4_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261) = scale * &
                   & qk_4_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262) = scale * &
                   & qk_4_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263) = scale * &
                   & qk_4_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = scale * &
-                  & qk_4_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = scale * &
-                  & qk_4_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = scale * &
-                  & qk_4_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = scale * &
-                  & qk_4_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = scale * &
-                  & qk_4_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = scale * &
-                  & qk_4_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = scale * &
-                  & qk_4_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = scale * &
-                  & qk_4_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320) = scale * &
                   & qk_5_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321) = scale * &
                   & qk_5_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322) = scale * &
                   & qk_5_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323) = scale * &
                   & qk_5_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324) = scale * &
                   & qk_5_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325) = scale * &
                   & qk_5_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326) = scale * &
                   & qk_5_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327) = scale * &
                   & qk_5_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = scale * &
-                  & qk_5_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = scale * &
-                  & qk_5_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = scale * &
-                  & qk_5_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = scale * &
-                  & qk_5_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = scale * &
-                  & qk_5_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = scale * &
-                  & qk_5_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = scale * &
-                  & qk_5_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = scale * &
-                  & qk_5_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 384) = scale * &
-                  & qk_6_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 385) = scale * &
-                  & qk_6_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 386) = scale * &
-                  & qk_6_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 387) = scale * &
-                  & qk_6_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 388) = scale * &
-                  & qk_6_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 389) = scale * &
-                  & qk_6_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 390) = scale * &
-                  & qk_6_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 391) = scale * &
-                  & qk_6_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 392) = scale * &
-                  & qk_6_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 393) = scale * &
-                  & qk_6_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 394) = scale * &
-                  & qk_6_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 395) = scale * &
-                  & qk_6_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 396) = scale * &
-                  & qk_6_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 397) = scale * &
-                  & qk_6_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 398) = scale * &
-                  & qk_6_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 399) = scale * &
-                  & qk_6_15
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 448) = scale * &
-                  & qk_7_0
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 449) = scale * &
-                  & qk_7_1
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 450) = scale * &
-                  & qk_7_2
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 451) = scale * &
-                  & qk_7_3
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 452) = scale * &
-                  & qk_7_4
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 453) = scale * &
-                  & qk_7_5
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 454) = scale * &
-                  & qk_7_6
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 455) = scale * &
-                  & qk_7_7
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 456) = scale * &
-                  & qk_7_8
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 457) = scale * &
-                  & qk_7_9
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 458) = scale * &
-                  & qk_7_10
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 459) = scale * &
-                  & qk_7_11
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 460) = scale * &
-                  & qk_7_12
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 461) = scale * &
-                  & qk_7_13
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 462) = scale * &
-                  & qk_7_14
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 463) = scale * &
-                  & qk_7_15
             end do
-            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk_0 = 0.0_c_double
               qk_1 = 0.0_c_double
@@ -1673,27 +1227,21 @@ contains
               qk_3 = 0.0_c_double
               qk_4 = 0.0_c_double
               qk_5 = 0.0_c_double
-              qk_6 = 0.0_c_double
-              qk_7 = 0.0_c_double
-              !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
+              !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5)
               do c = 0, dh - 1
-                qk_0 = qk_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * K(K_row + c)
-                qk_1 = qk_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
-                qk_2 = qk_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
-                qk_3 = qk_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
-                qk_4 = qk_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
-                qk_5 = qk_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
-                qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
-                qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
+                qk_0 = qk_0 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
+                qk_4 = qk_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
+                qk_5 = qk_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -1701,27 +1249,21 @@ contains
             block_max_3 = neg_inf
             block_max_4 = neg_inf
             block_max_5 = neg_inf
-            block_max_6 = neg_inf
-            block_max_7 = neg_inf
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
-            !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
+            !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_0 = max(block_max_0, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h)))
-              block_max_1 = max(block_max_1, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_1 = max(block_max_1, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 64))
-              block_max_2 = max(block_max_2, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_2 = max(block_max_2, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 128))
-              block_max_3 = max(block_max_3, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_3 = max(block_max_3, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 192))
-              block_max_4 = max(block_max_4, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_4 = max(block_max_4, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 256))
-              block_max_5 = max(block_max_5, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_5 = max(block_max_5, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 320))
-              block_max_6 = max(block_max_6, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 384))
-              block_max_7 = max(block_max_7, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 448))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -1729,40 +1271,30 @@ contains
             new_max_3 = max(row_max_3, block_max_3)
             new_max_4 = max(row_max_4, block_max_4)
             new_max_5 = max(row_max_5, block_max_5)
-            new_max_6 = max(row_max_6, block_max_6)
-            new_max_7 = max(row_max_7, block_max_7)
             rescale_0 = exp(row_max_0 - new_max_0)
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
             rescale_4 = exp(row_max_4 - new_max_4)
             rescale_5 = exp(row_max_5 - new_max_5)
-            rescale_6 = exp(row_max_6 - new_max_6)
-            rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
                   & new_max_2)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
                   & new_max_3)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
                   & new_max_4)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
                   & new_max_5)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) - &
-                  & new_max_6)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) - &
-                  & new_max_7)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -1770,26 +1302,20 @@ contains
             block_sum_3 = 0.0_c_double
             block_sum_4 = 0.0_c_double
             block_sum_5 = 0.0_c_double
-            block_sum_6 = 0.0_c_double
-            block_sum_7 = 0.0_c_double
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
-            !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
+            !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_0 = block_sum_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum_1 = block_sum_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 64)
-              block_sum_2 = block_sum_2 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_2 = block_sum_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 128)
-              block_sum_3 = block_sum_3 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_3 = block_sum_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 192)
-              block_sum_4 = block_sum_4 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_4 = block_sum_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 256)
-              block_sum_5 = block_sum_5 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_5 = block_sum_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 320)
-              block_sum_6 = block_sum_6 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 384)
-              block_sum_7 = block_sum_7 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 448)
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -1797,571 +1323,239 @@ contains
             row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
             row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
             row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
-            row_sum_6 = row_sum_6 * rescale_6 + block_sum_6
-            row_sum_7 = row_sum_7 * rescale_7 + block_sum_7
             !$omp simd
             do c = 0, dh - 1
-              attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
+              attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                   & h))) * rescale_0
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 1)) * rescale_1
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 2)) * rescale_2
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 3)) * rescale_3
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 4)) * rescale_4
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 5)) * rescale_5
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + n*(b*heads &
-                  & + h) + 6)) * rescale_6
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + n*(b*heads &
-                  & + h) + 7)) * rescale_7
             end do
-            do c_tile = 0, ((dh) / 16) - 1
-              o_0 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)))
-              o_1 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1)
-              o_2 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2)
-              o_3 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3)
-              o_4 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4)
-              o_5 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5)
-              o_6 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6)
-              o_7 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7)
-              o_8 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8)
-              o_9 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9)
-              o_10 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10)
-              o_11 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11)
-              o_12 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12)
-              o_13 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13)
-              o_14 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14)
-              o_15 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15)
-              o_0b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1))
-              o_1b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1)
-              o_2b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2)
-              o_3b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3)
-              o_4b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4)
-              o_5b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5)
-              o_6b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6)
-              o_7b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7)
-              o_8b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8)
-              o_9b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9)
-              o_10b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10)
-              o_11b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11)
-              o_12b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12)
-              o_13b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13)
-              o_14b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14)
-              o_15b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15)
-              o_0c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2))
-              o_1c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1)
-              o_2c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2)
-              o_3c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3)
-              o_4c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4)
-              o_5c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5)
-              o_6c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6)
-              o_7c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7)
-              o_8c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8)
-              o_9c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9)
-              o_10c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10)
-              o_11c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11)
-              o_12c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12)
-              o_13c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13)
-              o_14c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14)
-              o_15c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15)
-              o_0d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3))
-              o_1d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1)
-              o_2d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2)
-              o_3d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3)
-              o_4d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4)
-              o_5d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5)
-              o_6d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6)
-              o_7d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7)
-              o_8d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8)
-              o_9d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9)
-              o_10d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10)
-              o_11d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11)
-              o_12d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12)
-              o_13d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13)
-              o_14d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14)
-              o_15d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15)
-              o_0e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4))
-              o_1e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1)
-              o_2e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2)
-              o_3e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3)
-              o_4e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4)
-              o_5e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5)
-              o_6e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6)
-              o_7e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7)
-              o_8e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8)
-              o_9e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9)
-              o_10e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10)
-              o_11e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11)
-              o_12e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12)
-              o_13e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13)
-              o_14e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14)
-              o_15e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15)
-              o_0f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5))
-              o_1f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1)
-              o_2f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2)
-              o_3f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3)
-              o_4f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4)
-              o_5f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5)
-              o_6f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6)
-              o_7f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7)
-              o_8f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8)
-              o_9f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9)
-              o_10f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10)
-              o_11f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11)
-              o_12f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12)
-              o_13f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13)
-              o_14f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14)
-              o_15f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15)
-              o_0g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6))
-              o_1g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1)
-              o_2g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2)
-              o_3g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3)
-              o_4g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4)
-              o_5g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5)
-              o_6g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6)
-              o_7g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7)
-              o_8g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8)
-              o_9g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9)
-              o_10g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10)
-              o_11g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11)
-              o_12g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12)
-              o_13g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13)
-              o_14g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14)
-              o_15g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15)
-              o_0h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7))
-              o_1h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1)
-              o_2h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2)
-              o_3h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3)
-              o_4h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4)
-              o_5h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5)
-              o_6h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6)
-              o_7h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7)
-              o_8h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8)
-              o_9h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9)
-              o_10h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10)
-              o_11h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11)
-              o_12h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12)
-              o_13h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13)
-              o_14h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14)
-              o_15h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15)
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)))
+              o_1 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1)
+              o_2 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2)
+              o_3 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3)
+              o_4 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4)
+              o_5 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5)
+              o_6 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6)
+              o_7 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7)
+              o_0b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1))
+              o_1b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1)
+              o_2b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2)
+              o_3b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3)
+              o_4b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4)
+              o_5b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5)
+              o_6b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6)
+              o_7b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7)
+              o_0c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2))
+              o_1c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1)
+              o_2c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2)
+              o_3c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3)
+              o_4c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4)
+              o_5c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5)
+              o_6c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6)
+              o_7c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7)
+              o_0d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3))
+              o_1d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1)
+              o_2d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2)
+              o_3d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3)
+              o_4d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4)
+              o_5d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5)
+              o_6d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6)
+              o_7d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7)
+              o_0e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4))
+              o_1e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1)
+              o_2e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2)
+              o_3e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3)
+              o_4e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4)
+              o_5e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5)
+              o_6e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6)
+              o_7e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7)
+              o_0f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5))
+              o_1f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1)
+              o_2f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2)
+              o_3f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3)
+              o_4f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4)
+              o_5f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5)
+              o_6f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6)
+              o_7f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0 = o_0 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1 = o_1 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8 = o_8 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9 = o_9 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10 = o_10 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11 = o_11 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12 = o_12 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13 = o_13 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14 = o_14 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15 = o_15 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0b = o_0b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1b = o_1b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8b = o_8b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9b = o_9b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10b = o_10b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11b = o_11b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12b = o_12b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13b = o_13b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14b = o_14b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15b = o_15b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0c = o_0c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1c = o_1c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8c = o_8c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9c = o_9c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10c = o_10c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11c = o_11c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12c = o_12c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13c = o_13c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14c = o_14c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15c = o_15c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0d = o_0d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1d = o_1d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8d = o_8d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9d = o_9d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10d = o_10d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11d = o_11d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12d = o_12d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13d = o_13d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14d = o_14d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15d = o_15d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0e = o_0e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1e = o_1e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8e = o_8e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9e = o_9e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10e = o_10e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11e = o_11e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12e = o_12e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13e = o_13e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14e = o_14e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15e = o_15e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0f = o_0f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1f = o_1f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8f = o_8f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9f = o_9f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10f = o_10f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11f = o_11f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12f = o_12f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13f = o_13f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14f = o_14f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15f = o_15f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0g = o_0g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1g = o_1g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8g = o_8g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9g = o_9g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10g = o_10g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11g = o_11g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12g = o_12g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13g = o_13g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14g = o_14g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15g = o_15g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0h = o_0h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1h = o_1h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8h = o_8h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9h = o_9h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10h = o_10h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11h = o_11h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12h = o_12h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13h = o_13h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14h = o_14h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15h = o_15h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0 = o_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1 = o_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2 = o_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3 = o_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4 = o_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5 = o_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6 = o_6 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7 = o_7 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0b = o_0b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1b = o_1b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2b = o_2b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3b = o_3b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4b = o_4b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5b = o_5b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6b = o_6b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7b = o_7b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0c = o_0c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1c = o_1c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2c = o_2c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3c = o_3c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4c = o_4c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5c = o_5c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6c = o_6c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7c = o_7c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0d = o_0d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1d = o_1d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2d = o_2d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3d = o_3d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4d = o_4d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5d = o_5d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6d = o_6d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7d = o_7d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0e = o_0e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1e = o_1e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2e = o_2e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3e = o_3e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4e = o_4e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5e = o_5e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6e = o_6e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7e = o_7e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0f = o_0f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1f = o_1f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2f = o_2f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3f = o_3f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4f = o_4f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5f = o_5f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6f = o_6f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7f = o_7f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
               end do
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h))) = o_0
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1) = o_1
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2) = o_2
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3) = o_3
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4) = o_4
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5) = o_5
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6) = o_6
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7) = o_7
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8) = o_8
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9) = o_9
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10) = o_10
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11) = o_11
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12) = o_12
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13) = o_13
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14) = o_14
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15) = o_15
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1)) = o_0b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1) = o_1b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2) = o_2b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3) = o_3b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4) = o_4b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5) = o_5b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6) = o_6b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7) = o_7b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8) = o_8b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9) = o_9b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10) = o_10b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11) = o_11b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12) = o_12b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13) = o_13b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14) = o_14b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15) = o_15b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2)) = o_0c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1) = o_1c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2) = o_2c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3) = o_3c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4) = o_4c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5) = o_5c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6) = o_6c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7) = o_7c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8) = o_8c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9) = o_9c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10) = o_10c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11) = o_11c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12) = o_12c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13) = o_13c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14) = o_14c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15) = o_15c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3)) = o_0d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1) = o_1d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2) = o_2d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3) = o_3d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4) = o_4d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5) = o_5d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6) = o_6d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7) = o_7d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8) = o_8d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9) = o_9d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10) = o_10d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11) = o_11d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12) = o_12d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13) = o_13d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14) = o_14d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15) = o_15d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4)) = o_0e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1) = o_1e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2) = o_2e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3) = o_3e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4) = o_4e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5) = o_5e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6) = o_6e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7) = o_7e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8) = o_8e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9) = o_9e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10) = o_10e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11) = o_11e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12) = o_12e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13) = o_13e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14) = o_14e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15) = o_15e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5)) = o_0f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1) = o_1f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2) = o_2f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3) = o_3f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4) = o_4f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5) = o_5f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6) = o_6f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7) = o_7f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8) = o_8f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9) = o_9f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10) = o_10f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11) = o_11f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12) = o_12f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13) = o_13f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14) = o_14f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15) = o_15f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6)) = o_0g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1) = o_1g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2) = o_2g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3) = o_3g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4) = o_4g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5) = o_5g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6) = o_6g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7) = o_7g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8) = o_8g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9) = o_9g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10) = o_10g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11) = o_11g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12) = o_12g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13) = o_13g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14) = o_14g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15) = o_15g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7)) = o_0h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1) = o_1h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2) = o_2h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3) = o_3h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4) = o_4h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5) = o_5h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6) = o_6h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7) = o_7h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8) = o_8h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9) = o_9h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10) = o_10h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11) = o_11h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12) = o_12h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13) = o_13h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14) = o_14h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15) = o_15h
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2) = o_2
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3) = o_3
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4) = o_4
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5) = o_5
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6) = o_6
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7) = o_7
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1)) = o_0b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1) = o_1b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2) = o_2b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3) = o_3b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4) = o_4b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5) = o_5b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6) = o_6b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7) = o_7b
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2)) = o_0c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1) = o_1c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2) = o_2c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3) = o_3c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4) = o_4c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5) = o_5c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6) = o_6c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7) = o_7c
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3)) = o_0d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1) = o_1d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2) = o_2d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3) = o_3d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4) = o_4d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5) = o_5d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6) = o_6d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7) = o_7d
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4)) = o_0e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1) = o_1e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2) = o_2e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3) = o_3e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4) = o_4e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5) = o_5e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6) = o_6e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7) = o_7e
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5)) = o_0f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1) = o_1f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2) = o_2f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3) = o_3f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4) = o_4f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5) = o_5f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6) = o_6f
+              attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7) = o_7f
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t_0 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
-              t_6 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384)
-              t_7 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448)
-              do c = 16*((dh) / 16), dh - 1
-                attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
+              t_0 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              t_2 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
+              t_3 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
+              t_4 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
+              t_5 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              do c = 8*((dh) / 8), dh - 1
+                attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 1)) + t_1 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 2)) + t_2 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 3)) + t_3 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 4)) + t_4 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 5)) + t_5 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 6)) + t_6 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 7)) + t_7 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -2370,36 +1564,28 @@ contains
             row_max_3 = new_max_3
             row_max_4 = new_max_4
             row_max_5 = new_max_5
-            row_max_6 = new_max_6
-            row_max_7 = new_max_7
           end do
           !$omp simd
           do c = 0, dh - 1
-            attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + h))) &
+            attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + h))) &
                 & / row_sum_0
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 1)) / row_sum_1
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 2)) / row_sum_2
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 3)) / row_sum_3
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 4)) / row_sum_4
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 5)) / row_sum_5
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                & h) + 6)) / row_sum_6
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                & h) + 7)) / row_sum_7
           end do
-          lse(8*i_tile + n*(b*heads + h)) = row_max_0 + log(row_sum_0)
-          lse(8*i_tile + n*(b*heads + h) + 1) = row_max_1 + log(row_sum_1)
-          lse(8*i_tile + n*(b*heads + h) + 2) = row_max_2 + log(row_sum_2)
-          lse(8*i_tile + n*(b*heads + h) + 3) = row_max_3 + log(row_sum_3)
-          lse(8*i_tile + n*(b*heads + h) + 4) = row_max_4 + log(row_sum_4)
-          lse(8*i_tile + n*(b*heads + h) + 5) = row_max_5 + log(row_sum_5)
-          lse(8*i_tile + n*(b*heads + h) + 6) = row_max_6 + log(row_sum_6)
-          lse(8*i_tile + n*(b*heads + h) + 7) = row_max_7 + log(row_sum_7)
+          lse(6*i_tile + n*(b*heads + h)) = row_max_0 + log(row_sum_0)
+          lse(6*i_tile + n*(b*heads + h) + 1) = row_max_1 + log(row_sum_1)
+          lse(6*i_tile + n*(b*heads + h) + 2) = row_max_2 + log(row_sum_2)
+          lse(6*i_tile + n*(b*heads + h) + 3) = row_max_3 + log(row_sum_3)
+          lse(6*i_tile + n*(b*heads + h) + 4) = row_max_4 + log(row_sum_4)
+          lse(6*i_tile + n*(b*heads + h) + 5) = row_max_5 + log(row_sum_5)
         end do
       end do
     end do
@@ -2410,7 +1596,7 @@ contains
     !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 8*((n) / 8), n - 1
+        do i = 6*((n) / 6), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
@@ -3415,7 +2601,7 @@ contains
     real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
-    real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 32) * dh * 32 - 1)
+    real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
     real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 16) * heads * dh * 16 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 16) * dm * 16 - 1)
@@ -3439,61 +2625,30 @@ contains
         & acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, &
         & acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, &
         & acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, &
-        & xw, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
-        & row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
-        & row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, &
-        & qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_0_16, qk_0_17, &
-        & qk_0_18, qk_0_19, qk_0_20, qk_0_21, qk_0_22, qk_0_23, qk_0_24, qk_0_25, qk_0_26, &
-        & qk_0_27, qk_0_28, qk_0_29, qk_0_30, qk_0_31, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, &
-        & qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, &
-        & qk_1_15, qk_1_16, qk_1_17, qk_1_18, qk_1_19, qk_1_20, qk_1_21, qk_1_22, qk_1_23, &
-        & qk_1_24, qk_1_25, qk_1_26, qk_1_27, qk_1_28, qk_1_29, qk_1_30, qk_1_31, qk_2_0, qk_2_1, &
+        & xw, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
+        & row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
+        & qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
+        & qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
+        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
         & qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_2_16, qk_2_17, qk_2_18, qk_2_19, qk_2_20, &
-        & qk_2_21, qk_2_22, qk_2_23, qk_2_24, qk_2_25, qk_2_26, qk_2_27, qk_2_28, qk_2_29, &
-        & qk_2_30, qk_2_31, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, &
-        & qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_3_16, qk_3_17, &
-        & qk_3_18, qk_3_19, qk_3_20, qk_3_21, qk_3_22, qk_3_23, qk_3_24, qk_3_25, qk_3_26, &
-        & qk_3_27, qk_3_28, qk_3_29, qk_3_30, qk_3_31, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, &
-        & qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, &
-        & qk_4_15, qk_4_16, qk_4_17, qk_4_18, qk_4_19, qk_4_20, qk_4_21, qk_4_22, qk_4_23, &
-        & qk_4_24, qk_4_25, qk_4_26, qk_4_27, qk_4_28, qk_4_29, qk_4_30, qk_4_31, qk_5_0, qk_5_1, &
-        & qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, &
-        & qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_5_16, qk_5_17, qk_5_18, qk_5_19, qk_5_20, &
-        & qk_5_21, qk_5_22, qk_5_23, qk_5_24, qk_5_25, qk_5_26, qk_5_27, qk_5_28, qk_5_29, &
-        & qk_5_30, qk_5_31, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, &
-        & qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_6_16, qk_6_17, &
-        & qk_6_18, qk_6_19, qk_6_20, qk_6_21, qk_6_22, qk_6_23, qk_6_24, qk_6_25, qk_6_26, &
-        & qk_6_27, qk_6_28, qk_6_29, qk_6_30, qk_6_31, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, &
-        & qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, &
-        & qk_7_15, qk_7_16, qk_7_17, qk_7_18, qk_7_19, qk_7_20, qk_7_21, qk_7_22, qk_7_23, &
-        & qk_7_24, qk_7_25, qk_7_26, qk_7_27, qk_7_28, qk_7_29, qk_7_30, qk_7_31, qk_0, qk_1, &
-        & qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, block_max_2, block_max_3, &
-        & block_max_4, block_max_5, block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, &
-        & new_max_3, new_max_4, new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, &
-        & rescale_3, rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, &
-        & block_sum_2, block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, &
-        & o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_16, o_17, &
-        & o_18, o_19, o_20, o_21, o_22, o_23, o_24, o_25, o_26, o_27, o_28, o_29, o_30, o_31, &
-        & o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, &
-        & o_14b, o_15b, o_16b, o_17b, o_18b, o_19b, o_20b, o_21b, o_22b, o_23b, o_24b, o_25b, &
-        & o_26b, o_27b, o_28b, o_29b, o_30b, o_31b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
-        & o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_16c, o_17c, o_18c, o_19c, &
-        & o_20c, o_21c, o_22c, o_23c, o_24c, o_25c, o_26c, o_27c, o_28c, o_29c, o_30c, o_31c, &
-        & o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, &
-        & o_14d, o_15d, o_16d, o_17d, o_18d, o_19d, o_20d, o_21d, o_22d, o_23d, o_24d, o_25d, &
-        & o_26d, o_27d, o_28d, o_29d, o_30d, o_31d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, &
-        & o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_16e, o_17e, o_18e, o_19e, &
-        & o_20e, o_21e, o_22e, o_23e, o_24e, o_25e, o_26e, o_27e, o_28e, o_29e, o_30e, o_31e, &
-        & o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, &
-        & o_14f, o_15f, o_16f, o_17f, o_18f, o_19f, o_20f, o_21f, o_22f, o_23f, o_24f, o_25f, &
-        & o_26f, o_27f, o_28f, o_29f, o_30f, o_31f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, &
-        & o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_16g, o_17g, o_18g, o_19g, &
-        & o_20g, o_21g, o_22g, o_23g, o_24g, o_25g, o_26g, o_27g, o_28g, o_29g, o_30g, o_31g, &
-        & o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, &
-        & o_14h, o_15h, o_16h, o_17h, o_18h, o_19h, o_20h, o_21h, o_22h, o_23h, o_24h, o_25h, &
-        & o_26h, o_27h, o_28h, o_29h, o_30h, o_31h, t_0, t_1, t_2, t_3, t_4, t_5, t_6, t_7, &
-        & row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t, heads_sum, ow, xg, xu, hw
+        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
+        & qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
+        & qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
+        & qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
+        & qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
+        & qk_5_14, qk_5_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
+        & block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
+        & new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, &
+        & rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
+        & block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, &
+        & o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, &
+        & o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, &
+        & o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, &
+        & o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, &
+        & o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_0f, &
+        & o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, &
+        & o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5, row_max, row_sum, qk, block_max, new_max, &
+        & rescale, block_sum, t, heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -4881,12 +4036,12 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(a3, lane, attn_K_panel_row)
     do a0 = 0, batch - 1
       do a1 = 0, heads - 1
-        do a2 = 0, ((n) / 32) - 1
+        do a2 = 0, ((n) / 16) - 1
           do a3 = 0, dh - 1
-            attn_K_panel_row = 32*a3 + 32*dh*(a2 + (a0*heads + a1)*((n) / 32))
+            attn_K_panel_row = 16*a3 + 16*dh*(a2 + (a0*heads + a1)*((n) / 16))
             !$omp simd
-            do lane = 0, 31
-              attn_K_panel(attn_K_panel_row + lane) = K(a3 + dh*(32*a2 + lane + n*(a0*heads + a1)))
+            do lane = 0, 15
+              attn_K_panel(attn_K_panel_row + lane) = K(a3 + dh*(16*a2 + lane + n*(a0*heads + a1)))
             end do
           end do
         end do
@@ -4897,75 +4052,40 @@ contains
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c
     !     (simd), c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
-    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
-    !$omp& row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, &
-    !$omp& row_sum_6, row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
-    !$omp& qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_0_16, &
-    !$omp& qk_0_17, qk_0_18, qk_0_19, qk_0_20, qk_0_21, qk_0_22, qk_0_23, qk_0_24, qk_0_25, &
-    !$omp& qk_0_26, qk_0_27, qk_0_28, qk_0_29, qk_0_30, qk_0_31, qk_1_0, qk_1_1, qk_1_2, qk_1_3, &
-    !$omp& qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, &
-    !$omp& qk_1_14, qk_1_15, qk_1_16, qk_1_17, qk_1_18, qk_1_19, qk_1_20, qk_1_21, qk_1_22, &
-    !$omp& qk_1_23, qk_1_24, qk_1_25, qk_1_26, qk_1_27, qk_1_28, qk_1_29, qk_1_30, qk_1_31, &
-    !$omp& qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, &
-    !$omp& qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_2_16, qk_2_17, qk_2_18, &
-    !$omp& qk_2_19, qk_2_20, qk_2_21, qk_2_22, qk_2_23, qk_2_24, qk_2_25, qk_2_26, qk_2_27, &
-    !$omp& qk_2_28, qk_2_29, qk_2_30, qk_2_31, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
+    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
+    !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
+    !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
+    !$omp& qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
+    !$omp& qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
+    !$omp& qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
+    !$omp& qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
     !$omp& qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-    !$omp& qk_3_16, qk_3_17, qk_3_18, qk_3_19, qk_3_20, qk_3_21, qk_3_22, qk_3_23, qk_3_24, &
-    !$omp& qk_3_25, qk_3_26, qk_3_27, qk_3_28, qk_3_29, qk_3_30, qk_3_31, qk_4_0, qk_4_1, qk_4_2, &
-    !$omp& qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, &
-    !$omp& qk_4_13, qk_4_14, qk_4_15, qk_4_16, qk_4_17, qk_4_18, qk_4_19, qk_4_20, qk_4_21, &
-    !$omp& qk_4_22, qk_4_23, qk_4_24, qk_4_25, qk_4_26, qk_4_27, qk_4_28, qk_4_29, qk_4_30, &
-    !$omp& qk_4_31, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, &
-    !$omp& qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_5_16, qk_5_17, &
-    !$omp& qk_5_18, qk_5_19, qk_5_20, qk_5_21, qk_5_22, qk_5_23, qk_5_24, qk_5_25, qk_5_26, &
-    !$omp& qk_5_27, qk_5_28, qk_5_29, qk_5_30, qk_5_31, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, &
-    !$omp& qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, &
-    !$omp& qk_6_15, qk_6_16, qk_6_17, qk_6_18, qk_6_19, qk_6_20, qk_6_21, qk_6_22, qk_6_23, &
-    !$omp& qk_6_24, qk_6_25, qk_6_26, qk_6_27, qk_6_28, qk_6_29, qk_6_30, qk_6_31, qk_7_0, &
-    !$omp& qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, &
-    !$omp& qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_7_16, qk_7_17, qk_7_18, qk_7_19, &
-    !$omp& qk_7_20, qk_7_21, qk_7_22, qk_7_23, qk_7_24, qk_7_25, qk_7_26, qk_7_27, qk_7_28, &
-    !$omp& qk_7_29, qk_7_30, qk_7_31, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
-    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
-    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
-    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
-    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, &
-    !$omp& o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_16, o_17, o_18, &
-    !$omp& o_19, o_20, o_21, o_22, o_23, o_24, o_25, o_26, o_27, o_28, o_29, o_30, o_31, o_0b, &
-    !$omp& o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, &
-    !$omp& o_14b, o_15b, o_16b, o_17b, o_18b, o_19b, o_20b, o_21b, o_22b, o_23b, o_24b, o_25b, &
-    !$omp& o_26b, o_27b, o_28b, o_29b, o_30b, o_31b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
-    !$omp& o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_16c, o_17c, o_18c, &
-    !$omp& o_19c, o_20c, o_21c, o_22c, o_23c, o_24c, o_25c, o_26c, o_27c, o_28c, o_29c, o_30c, &
-    !$omp& o_31c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, &
-    !$omp& o_12d, o_13d, o_14d, o_15d, o_16d, o_17d, o_18d, o_19d, o_20d, o_21d, o_22d, o_23d, &
-    !$omp& o_24d, o_25d, o_26d, o_27d, o_28d, o_29d, o_30d, o_31d, o_0e, o_1e, o_2e, o_3e, o_4e, &
-    !$omp& o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_16e, o_17e, &
-    !$omp& o_18e, o_19e, o_20e, o_21e, o_22e, o_23e, o_24e, o_25e, o_26e, o_27e, o_28e, o_29e, &
-    !$omp& o_30e, o_31e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, &
-    !$omp& o_11f, o_12f, o_13f, o_14f, o_15f, o_16f, o_17f, o_18f, o_19f, o_20f, o_21f, o_22f, &
-    !$omp& o_23f, o_24f, o_25f, o_26f, o_27f, o_28f, o_29f, o_30f, o_31f, o_0g, o_1g, o_2g, o_3g, &
-    !$omp& o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_16g, &
-    !$omp& o_17g, o_18g, o_19g, o_20g, o_21g, o_22g, o_23g, o_24g, o_25g, o_26g, o_27g, o_28g, &
-    !$omp& o_29g, o_30g, o_31g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, &
-    !$omp& o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, o_16h, o_17h, o_18h, o_19h, o_20h, o_21h, &
-    !$omp& o_22h, o_23h, o_24h, o_25h, o_26h, o_27h, o_28h, o_29h, o_30h, o_31h, t_0, t_1, t_2, &
-    !$omp& t_3, t_4, t_5, t_6, t_7)
+    !$omp& qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
+    !$omp& qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
+    !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
+    !$omp& qk_5_14, qk_5_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
+    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
+    !$omp& new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
+    !$omp& block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, &
+    !$omp& o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, &
+    !$omp& o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, &
+    !$omp& o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, &
+    !$omp& o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, &
+    !$omp& o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, &
+    !$omp& o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, &
+    !$omp& o_13f, o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i_tile = 0, ((n) / 8) - 1
+        do i_tile = 0, ((n) / 6) - 1
           !$omp simd
           do c = 0, dh - 1
-            attn(c + dh*(8*i_tile + n*(b*heads + h))) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = 0.0_c_float
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = 0.0_c_float
+            attn(c + dh*(6*i_tile + n*(b*heads + h))) = 0.0_c_float
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = 0.0_c_float
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = 0.0_c_float
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = 0.0_c_float
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = 0.0_c_float
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = 0.0_c_float
           end do
           row_max_0 = neg_inf
           row_max_1 = neg_inf
@@ -4973,18 +4093,14 @@ contains
           row_max_3 = neg_inf
           row_max_4 = neg_inf
           row_max_5 = neg_inf
-          row_max_6 = neg_inf
-          row_max_7 = neg_inf
           row_sum_0 = 0.0_c_float
           row_sum_1 = 0.0_c_float
           row_sum_2 = 0.0_c_float
           row_sum_3 = 0.0_c_float
           row_sum_4 = 0.0_c_float
           row_sum_5 = 0.0_c_float
-          row_sum_6 = 0.0_c_float
-          row_sum_7 = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
-            do j_tile = 2*j_blk, ((min(n, 64*j_blk + 64)) / 32) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
               qk_0_0 = 0.0_c_float
               qk_0_1 = 0.0_c_float
               qk_0_2 = 0.0_c_float
@@ -5001,22 +4117,6 @@ contains
               qk_0_13 = 0.0_c_float
               qk_0_14 = 0.0_c_float
               qk_0_15 = 0.0_c_float
-              qk_0_16 = 0.0_c_float
-              qk_0_17 = 0.0_c_float
-              qk_0_18 = 0.0_c_float
-              qk_0_19 = 0.0_c_float
-              qk_0_20 = 0.0_c_float
-              qk_0_21 = 0.0_c_float
-              qk_0_22 = 0.0_c_float
-              qk_0_23 = 0.0_c_float
-              qk_0_24 = 0.0_c_float
-              qk_0_25 = 0.0_c_float
-              qk_0_26 = 0.0_c_float
-              qk_0_27 = 0.0_c_float
-              qk_0_28 = 0.0_c_float
-              qk_0_29 = 0.0_c_float
-              qk_0_30 = 0.0_c_float
-              qk_0_31 = 0.0_c_float
               qk_1_0 = 0.0_c_float
               qk_1_1 = 0.0_c_float
               qk_1_2 = 0.0_c_float
@@ -5033,22 +4133,6 @@ contains
               qk_1_13 = 0.0_c_float
               qk_1_14 = 0.0_c_float
               qk_1_15 = 0.0_c_float
-              qk_1_16 = 0.0_c_float
-              qk_1_17 = 0.0_c_float
-              qk_1_18 = 0.0_c_float
-              qk_1_19 = 0.0_c_float
-              qk_1_20 = 0.0_c_float
-              qk_1_21 = 0.0_c_float
-              qk_1_22 = 0.0_c_float
-              qk_1_23 = 0.0_c_float
-              qk_1_24 = 0.0_c_float
-              qk_1_25 = 0.0_c_float
-              qk_1_26 = 0.0_c_float
-              qk_1_27 = 0.0_c_float
-              qk_1_28 = 0.0_c_float
-              qk_1_29 = 0.0_c_float
-              qk_1_30 = 0.0_c_float
-              qk_1_31 = 0.0_c_float
               qk_2_0 = 0.0_c_float
               qk_2_1 = 0.0_c_float
               qk_2_2 = 0.0_c_float
@@ -5065,22 +4149,6 @@ contains
               qk_2_13 = 0.0_c_float
               qk_2_14 = 0.0_c_float
               qk_2_15 = 0.0_c_float
-              qk_2_16 = 0.0_c_float
-              qk_2_17 = 0.0_c_float
-              qk_2_18 = 0.0_c_float
-              qk_2_19 = 0.0_c_float
-              qk_2_20 = 0.0_c_float
-              qk_2_21 = 0.0_c_float
-              qk_2_22 = 0.0_c_float
-              qk_2_23 = 0.0_c_float
-              qk_2_24 = 0.0_c_float
-              qk_2_25 = 0.0_c_float
-              qk_2_26 = 0.0_c_float
-              qk_2_27 = 0.0_c_float
-              qk_2_28 = 0.0_c_float
-              qk_2_29 = 0.0_c_float
-              qk_2_30 = 0.0_c_float
-              qk_2_31 = 0.0_c_float
               qk_3_0 = 0.0_c_float
               qk_3_1 = 0.0_c_float
               qk_3_2 = 0.0_c_float
@@ -5097,22 +4165,6 @@ contains
               qk_3_13 = 0.0_c_float
               qk_3_14 = 0.0_c_float
               qk_3_15 = 0.0_c_float
-              qk_3_16 = 0.0_c_float
-              qk_3_17 = 0.0_c_float
-              qk_3_18 = 0.0_c_float
-              qk_3_19 = 0.0_c_float
-              qk_3_20 = 0.0_c_float
-              qk_3_21 = 0.0_c_float
-              qk_3_22 = 0.0_c_float
-              qk_3_23 = 0.0_c_float
-              qk_3_24 = 0.0_c_float
-              qk_3_25 = 0.0_c_float
-              qk_3_26 = 0.0_c_float
-              qk_3_27 = 0.0_c_float
-              qk_3_28 = 0.0_c_float
-              qk_3_29 = 0.0_c_float
-              qk_3_30 = 0.0_c_float
-              qk_3_31 = 0.0_c_float
               qk_4_0 = 0.0_c_float
               qk_4_1 = 0.0_c_float
               qk_4_2 = 0.0_c_float
@@ -5129,22 +4181,6 @@ contains
               qk_4_13 = 0.0_c_float
               qk_4_14 = 0.0_c_float
               qk_4_15 = 0.0_c_float
-              qk_4_16 = 0.0_c_float
-              qk_4_17 = 0.0_c_float
-              qk_4_18 = 0.0_c_float
-              qk_4_19 = 0.0_c_float
-              qk_4_20 = 0.0_c_float
-              qk_4_21 = 0.0_c_float
-              qk_4_22 = 0.0_c_float
-              qk_4_23 = 0.0_c_float
-              qk_4_24 = 0.0_c_float
-              qk_4_25 = 0.0_c_float
-              qk_4_26 = 0.0_c_float
-              qk_4_27 = 0.0_c_float
-              qk_4_28 = 0.0_c_float
-              qk_4_29 = 0.0_c_float
-              qk_4_30 = 0.0_c_float
-              qk_4_31 = 0.0_c_float
               qk_5_0 = 0.0_c_float
               qk_5_1 = 0.0_c_float
               qk_5_2 = 0.0_c_float
@@ -5161,1114 +4197,394 @@ contains
               qk_5_13 = 0.0_c_float
               qk_5_14 = 0.0_c_float
               qk_5_15 = 0.0_c_float
-              qk_5_16 = 0.0_c_float
-              qk_5_17 = 0.0_c_float
-              qk_5_18 = 0.0_c_float
-              qk_5_19 = 0.0_c_float
-              qk_5_20 = 0.0_c_float
-              qk_5_21 = 0.0_c_float
-              qk_5_22 = 0.0_c_float
-              qk_5_23 = 0.0_c_float
-              qk_5_24 = 0.0_c_float
-              qk_5_25 = 0.0_c_float
-              qk_5_26 = 0.0_c_float
-              qk_5_27 = 0.0_c_float
-              qk_5_28 = 0.0_c_float
-              qk_5_29 = 0.0_c_float
-              qk_5_30 = 0.0_c_float
-              qk_5_31 = 0.0_c_float
-              qk_6_0 = 0.0_c_float
-              qk_6_1 = 0.0_c_float
-              qk_6_2 = 0.0_c_float
-              qk_6_3 = 0.0_c_float
-              qk_6_4 = 0.0_c_float
-              qk_6_5 = 0.0_c_float
-              qk_6_6 = 0.0_c_float
-              qk_6_7 = 0.0_c_float
-              qk_6_8 = 0.0_c_float
-              qk_6_9 = 0.0_c_float
-              qk_6_10 = 0.0_c_float
-              qk_6_11 = 0.0_c_float
-              qk_6_12 = 0.0_c_float
-              qk_6_13 = 0.0_c_float
-              qk_6_14 = 0.0_c_float
-              qk_6_15 = 0.0_c_float
-              qk_6_16 = 0.0_c_float
-              qk_6_17 = 0.0_c_float
-              qk_6_18 = 0.0_c_float
-              qk_6_19 = 0.0_c_float
-              qk_6_20 = 0.0_c_float
-              qk_6_21 = 0.0_c_float
-              qk_6_22 = 0.0_c_float
-              qk_6_23 = 0.0_c_float
-              qk_6_24 = 0.0_c_float
-              qk_6_25 = 0.0_c_float
-              qk_6_26 = 0.0_c_float
-              qk_6_27 = 0.0_c_float
-              qk_6_28 = 0.0_c_float
-              qk_6_29 = 0.0_c_float
-              qk_6_30 = 0.0_c_float
-              qk_6_31 = 0.0_c_float
-              qk_7_0 = 0.0_c_float
-              qk_7_1 = 0.0_c_float
-              qk_7_2 = 0.0_c_float
-              qk_7_3 = 0.0_c_float
-              qk_7_4 = 0.0_c_float
-              qk_7_5 = 0.0_c_float
-              qk_7_6 = 0.0_c_float
-              qk_7_7 = 0.0_c_float
-              qk_7_8 = 0.0_c_float
-              qk_7_9 = 0.0_c_float
-              qk_7_10 = 0.0_c_float
-              qk_7_11 = 0.0_c_float
-              qk_7_12 = 0.0_c_float
-              qk_7_13 = 0.0_c_float
-              qk_7_14 = 0.0_c_float
-              qk_7_15 = 0.0_c_float
-              qk_7_16 = 0.0_c_float
-              qk_7_17 = 0.0_c_float
-              qk_7_18 = 0.0_c_float
-              qk_7_19 = 0.0_c_float
-              qk_7_20 = 0.0_c_float
-              qk_7_21 = 0.0_c_float
-              qk_7_22 = 0.0_c_float
-              qk_7_23 = 0.0_c_float
-              qk_7_24 = 0.0_c_float
-              qk_7_25 = 0.0_c_float
-              qk_7_26 = 0.0_c_float
-              qk_7_27 = 0.0_c_float
-              qk_7_28 = 0.0_c_float
-              qk_7_29 = 0.0_c_float
-              qk_7_30 = 0.0_c_float
-              qk_7_31 = 0.0_c_float
               !GCC$ novector
               do c = 0, dh - 1
-                qk_0_0 = qk_0_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_0_1 = qk_0_1 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_0_2 = qk_0_2 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_0_3 = qk_0_3 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_0_4 = qk_0_4 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_0_5 = qk_0_5 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_0_6 = qk_0_6 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_0_7 = qk_0_7 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_0_8 = qk_0_8 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_0_9 = qk_0_9 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_0_10 = qk_0_10 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_0_11 = qk_0_11 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_0_12 = qk_0_12 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_0_13 = qk_0_13 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_0_14 = qk_0_14 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_0_15 = qk_0_15 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_0_16 = qk_0_16 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_0_17 = qk_0_17 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_0_18 = qk_0_18 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_0_19 = qk_0_19 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_0_20 = qk_0_20 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_0_21 = qk_0_21 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_0_22 = qk_0_22 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_0_23 = qk_0_23 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_0_24 = qk_0_24 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_0_25 = qk_0_25 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_0_26 = qk_0_26 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_0_27 = qk_0_27 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_0_28 = qk_0_28 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_0_29 = qk_0_29 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_0_30 = qk_0_30 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_0_31 = qk_0_31 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
-                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_1_0 = qk_1_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_1_1 = qk_1_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_1_2 = qk_1_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_1_3 = qk_1_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_1_4 = qk_1_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_1_5 = qk_1_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_1_6 = qk_1_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_1_7 = qk_1_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_1_8 = qk_1_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_1_9 = qk_1_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_1_10 = qk_1_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_1_11 = qk_1_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_1_12 = qk_1_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_1_13 = qk_1_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_1_14 = qk_1_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_1_15 = qk_1_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_1_16 = qk_1_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_1_17 = qk_1_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_1_18 = qk_1_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_1_19 = qk_1_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_1_20 = qk_1_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_1_21 = qk_1_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_1_22 = qk_1_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_1_23 = qk_1_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_1_24 = qk_1_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_1_25 = qk_1_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_1_26 = qk_1_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_1_27 = qk_1_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_1_28 = qk_1_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_1_29 = qk_1_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_1_30 = qk_1_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_1_31 = qk_1_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_2_0 = qk_2_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_2_1 = qk_2_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_2_2 = qk_2_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_2_3 = qk_2_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_2_4 = qk_2_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_2_5 = qk_2_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_2_6 = qk_2_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_2_7 = qk_2_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_2_8 = qk_2_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_2_9 = qk_2_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_2_10 = qk_2_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_2_11 = qk_2_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_2_12 = qk_2_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_2_13 = qk_2_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_2_14 = qk_2_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_2_15 = qk_2_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_2_16 = qk_2_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_2_17 = qk_2_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_2_18 = qk_2_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_2_19 = qk_2_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_2_20 = qk_2_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_2_21 = qk_2_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_2_22 = qk_2_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_2_23 = qk_2_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_2_24 = qk_2_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_2_25 = qk_2_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_2_26 = qk_2_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_2_27 = qk_2_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_2_28 = qk_2_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_2_29 = qk_2_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_2_30 = qk_2_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_2_31 = qk_2_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_3_0 = qk_3_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_3_1 = qk_3_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_3_2 = qk_3_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_3_3 = qk_3_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_3_4 = qk_3_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_3_5 = qk_3_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_3_6 = qk_3_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_3_7 = qk_3_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_3_8 = qk_3_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_3_9 = qk_3_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_3_10 = qk_3_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_3_11 = qk_3_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_3_12 = qk_3_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_3_13 = qk_3_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_3_14 = qk_3_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_3_15 = qk_3_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_3_16 = qk_3_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_3_17 = qk_3_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_3_18 = qk_3_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_3_19 = qk_3_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_3_20 = qk_3_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_3_21 = qk_3_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_3_22 = qk_3_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_3_23 = qk_3_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_3_24 = qk_3_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_3_25 = qk_3_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_3_26 = qk_3_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_3_27 = qk_3_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_3_28 = qk_3_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_3_29 = qk_3_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_3_30 = qk_3_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_3_31 = qk_3_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_4_0 = qk_4_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_4_1 = qk_4_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_4_2 = qk_4_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_4_3 = qk_4_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_4_4 = qk_4_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_4_5 = qk_4_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_4_6 = qk_4_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_4_7 = qk_4_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_4_8 = qk_4_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_4_9 = qk_4_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_4_10 = qk_4_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_4_11 = qk_4_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_4_12 = qk_4_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_4_13 = qk_4_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_4_14 = qk_4_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_4_15 = qk_4_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_4_16 = qk_4_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_4_17 = qk_4_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_4_18 = qk_4_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_4_19 = qk_4_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_4_20 = qk_4_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_4_21 = qk_4_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_4_22 = qk_4_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_4_23 = qk_4_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_4_24 = qk_4_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_4_25 = qk_4_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_4_26 = qk_4_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_4_27 = qk_4_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_4_28 = qk_4_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_4_29 = qk_4_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_4_30 = qk_4_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_4_31 = qk_4_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_5_0 = qk_5_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_5_1 = qk_5_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_5_2 = qk_5_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_5_3 = qk_5_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_5_4 = qk_5_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_5_5 = qk_5_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_5_6 = qk_5_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_5_7 = qk_5_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_5_8 = qk_5_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_5_9 = qk_5_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_5_10 = qk_5_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_5_11 = qk_5_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_5_12 = qk_5_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_5_13 = qk_5_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_5_14 = qk_5_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_5_15 = qk_5_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_5_16 = qk_5_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_5_17 = qk_5_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_5_18 = qk_5_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_5_19 = qk_5_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_5_20 = qk_5_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_5_21 = qk_5_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_5_22 = qk_5_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_5_23 = qk_5_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_5_24 = qk_5_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_5_25 = qk_5_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_5_26 = qk_5_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_5_27 = qk_5_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_5_28 = qk_5_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_5_29 = qk_5_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_5_30 = qk_5_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_5_31 = qk_5_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_6_0 = qk_6_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_6_1 = qk_6_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_6_2 = qk_6_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_6_3 = qk_6_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_6_4 = qk_6_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_6_5 = qk_6_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_6_6 = qk_6_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_6_7 = qk_6_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_6_8 = qk_6_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_6_9 = qk_6_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_6_10 = qk_6_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_6_11 = qk_6_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_6_12 = qk_6_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_6_13 = qk_6_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_6_14 = qk_6_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_6_15 = qk_6_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_6_16 = qk_6_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_6_17 = qk_6_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_6_18 = qk_6_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_6_19 = qk_6_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_6_20 = qk_6_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_6_21 = qk_6_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_6_22 = qk_6_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_6_23 = qk_6_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_6_24 = qk_6_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_6_25 = qk_6_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_6_26 = qk_6_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_6_27 = qk_6_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_6_28 = qk_6_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_6_29 = qk_6_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_6_30 = qk_6_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_6_31 = qk_6_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
-                qk_7_0 = qk_7_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
-                qk_7_1 = qk_7_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
-                qk_7_2 = qk_7_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
-                qk_7_3 = qk_7_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
-                qk_7_4 = qk_7_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
-                qk_7_5 = qk_7_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
-                qk_7_6 = qk_7_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
-                qk_7_7 = qk_7_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
-                qk_7_8 = qk_7_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
-                qk_7_9 = qk_7_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
-                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
-                qk_7_10 = qk_7_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
-                qk_7_11 = qk_7_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
-                qk_7_12 = qk_7_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
-                qk_7_13 = qk_7_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
-                qk_7_14 = qk_7_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
-                qk_7_15 = qk_7_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
-                qk_7_16 = qk_7_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
-                qk_7_17 = qk_7_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
-                qk_7_18 = qk_7_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
-                qk_7_19 = qk_7_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
-                qk_7_20 = qk_7_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
-                qk_7_21 = qk_7_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
-                qk_7_22 = qk_7_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
-                qk_7_23 = qk_7_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
-                qk_7_24 = qk_7_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
-                qk_7_25 = qk_7_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
-                qk_7_26 = qk_7_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
-                qk_7_27 = qk_7_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
-                qk_7_28 = qk_7_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
-                qk_7_29 = qk_7_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
-                qk_7_30 = qk_7_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
-                qk_7_31 = qk_7_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_0_0 = qk_0_0 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_0_1 = qk_0_1 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_0_2 = qk_0_2 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_0_3 = qk_0_3 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_0_4 = qk_0_4 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_0_5 = qk_0_5 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_0_6 = qk_0_6 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_0_7 = qk_0_7 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_0_8 = qk_0_8 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_0_9 = qk_0_9 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_0_10 = qk_0_10 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_0_11 = qk_0_11 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_0_12 = qk_0_12 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_0_13 = qk_0_13 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_0_14 = qk_0_14 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_0_15 = qk_0_15 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_1_0 = qk_1_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1_1 = qk_1_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_1_2 = qk_1_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_1_3 = qk_1_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_1_4 = qk_1_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_1_5 = qk_1_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_1_6 = qk_1_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_1_7 = qk_1_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_1_8 = qk_1_8 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_1_9 = qk_1_9 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_1_10 = qk_1_10 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_1_11 = qk_1_11 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_1_12 = qk_1_12 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_1_13 = qk_1_13 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_1_14 = qk_1_14 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_1_15 = qk_1_15 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_2_0 = qk_2_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_2_1 = qk_2_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_2_2 = qk_2_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_2_3 = qk_2_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_2_4 = qk_2_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_2_5 = qk_2_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_2_6 = qk_2_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_2_7 = qk_2_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_2_8 = qk_2_8 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_2_9 = qk_2_9 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_2_10 = qk_2_10 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_2_11 = qk_2_11 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_2_12 = qk_2_12 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_2_13 = qk_2_13 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_2_14 = qk_2_14 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_2_15 = qk_2_15 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_3_0 = qk_3_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_3_1 = qk_3_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_3_2 = qk_3_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_3_3 = qk_3_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_3_4 = qk_3_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_3_5 = qk_3_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_3_6 = qk_3_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_3_7 = qk_3_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_3_8 = qk_3_8 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_3_9 = qk_3_9 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_3_10 = qk_3_10 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_3_11 = qk_3_11 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_3_12 = qk_3_12 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_3_13 = qk_3_13 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_3_14 = qk_3_14 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_3_15 = qk_3_15 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_4_0 = qk_4_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_4_1 = qk_4_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_4_2 = qk_4_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_4_3 = qk_4_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_4_4 = qk_4_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_4_5 = qk_4_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_4_6 = qk_4_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_4_7 = qk_4_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_4_8 = qk_4_8 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_4_9 = qk_4_9 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_4_10 = qk_4_10 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_4_11 = qk_4_11 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_4_12 = qk_4_12 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_4_13 = qk_4_13 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_4_14 = qk_4_14 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_4_15 = qk_4_15 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_5_0 = qk_5_0 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_5_1 = qk_5_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_5_2 = qk_5_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_5_3 = qk_5_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_5_4 = qk_5_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_5_5 = qk_5_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_5_6 = qk_5_6 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_5_7 = qk_5_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_5_8 = qk_5_8 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_5_9 = qk_5_9 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
+                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_5_10 = qk_5_10 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_5_11 = qk_5_11 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_5_12 = qk_5_12 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_5_13 = qk_5_13 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_5_14 = qk_5_14 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_5_15 = qk_5_15 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 1) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = scale * &
                   & qk_0_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 2) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = scale * &
                   & qk_0_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 3) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = scale * &
                   & qk_0_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 4) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = scale * &
                   & qk_0_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 5) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = scale * &
                   & qk_0_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 6) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = scale * &
                   & qk_0_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 7) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = scale * &
                   & qk_0_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 8) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = scale * &
                   & qk_0_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 9) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = scale * &
                   & qk_0_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 10) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = scale * &
                   & qk_0_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 11) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = scale * &
                   & qk_0_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 12) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = scale * &
                   & qk_0_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 13) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = scale * &
                   & qk_0_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 14) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = scale * &
                   & qk_0_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 15) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = scale * &
                   & qk_0_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 16) = scale * &
-                  & qk_0_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 17) = scale * &
-                  & qk_0_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 18) = scale * &
-                  & qk_0_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 19) = scale * &
-                  & qk_0_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 20) = scale * &
-                  & qk_0_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 21) = scale * &
-                  & qk_0_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 22) = scale * &
-                  & qk_0_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 23) = scale * &
-                  & qk_0_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 24) = scale * &
-                  & qk_0_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 25) = scale * &
-                  & qk_0_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 26) = scale * &
-                  & qk_0_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 27) = scale * &
-                  & qk_0_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 28) = scale * &
-                  & qk_0_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 29) = scale * &
-                  & qk_0_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 30) = scale * &
-                  & qk_0_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 31) = scale * &
-                  & qk_0_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 64) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = scale * &
                   & qk_1_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 65) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = scale * &
                   & qk_1_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 66) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = scale * &
                   & qk_1_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 67) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = scale * &
                   & qk_1_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 68) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = scale * &
                   & qk_1_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 69) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = scale * &
                   & qk_1_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 70) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = scale * &
                   & qk_1_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 71) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = scale * &
                   & qk_1_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 72) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = scale * &
                   & qk_1_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 73) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = scale * &
                   & qk_1_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 74) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = scale * &
                   & qk_1_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 75) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = scale * &
                   & qk_1_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 76) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = scale * &
                   & qk_1_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 77) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = scale * &
                   & qk_1_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 78) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = scale * &
                   & qk_1_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 79) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = scale * &
                   & qk_1_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 80) = scale * &
-                  & qk_1_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 81) = scale * &
-                  & qk_1_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 82) = scale * &
-                  & qk_1_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 83) = scale * &
-                  & qk_1_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 84) = scale * &
-                  & qk_1_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 85) = scale * &
-                  & qk_1_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 86) = scale * &
-                  & qk_1_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 87) = scale * &
-                  & qk_1_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 88) = scale * &
-                  & qk_1_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 89) = scale * &
-                  & qk_1_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 90) = scale * &
-                  & qk_1_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 91) = scale * &
-                  & qk_1_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 92) = scale * &
-                  & qk_1_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 93) = scale * &
-                  & qk_1_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 94) = scale * &
-                  & qk_1_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 95) = scale * &
-                  & qk_1_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 128) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = scale * &
                   & qk_2_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 129) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = scale * &
                   & qk_2_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 130) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = scale * &
                   & qk_2_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 131) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = scale * &
                   & qk_2_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 132) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = scale * &
                   & qk_2_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 133) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = scale * &
                   & qk_2_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 134) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = scale * &
                   & qk_2_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 135) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = scale * &
                   & qk_2_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 136) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = scale * &
                   & qk_2_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 137) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = scale * &
                   & qk_2_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 138) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = scale * &
                   & qk_2_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 139) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = scale * &
                   & qk_2_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 140) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = scale * &
                   & qk_2_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 141) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = scale * &
                   & qk_2_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 142) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = scale * &
                   & qk_2_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 143) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = scale * &
                   & qk_2_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 144) = scale * &
-                  & qk_2_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 145) = scale * &
-                  & qk_2_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 146) = scale * &
-                  & qk_2_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 147) = scale * &
-                  & qk_2_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 148) = scale * &
-                  & qk_2_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 149) = scale * &
-                  & qk_2_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 150) = scale * &
-                  & qk_2_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 151) = scale * &
-                  & qk_2_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 152) = scale * &
-                  & qk_2_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 153) = scale * &
-                  & qk_2_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 154) = scale * &
-                  & qk_2_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 155) = scale * &
-                  & qk_2_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 156) = scale * &
-                  & qk_2_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 157) = scale * &
-                  & qk_2_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 158) = scale * &
-                  & qk_2_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 159) = scale * &
-                  & qk_2_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 192) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = scale * &
                   & qk_3_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 193) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = scale * &
                   & qk_3_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 194) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = scale * &
                   & qk_3_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 195) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = scale * &
                   & qk_3_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 196) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = scale * &
                   & qk_3_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 197) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = scale * &
                   & qk_3_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 198) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = scale * &
                   & qk_3_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 199) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = scale * &
                   & qk_3_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 200) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = scale * &
                   & qk_3_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 201) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = scale * &
                   & qk_3_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 202) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = scale * &
                   & qk_3_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 203) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = scale * &
                   & qk_3_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 204) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = scale * &
                   & qk_3_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 205) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = scale * &
                   & qk_3_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 206) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = scale * &
                   & qk_3_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 207) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = scale * &
                   & qk_3_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 208) = scale * &
-                  & qk_3_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 209) = scale * &
-                  & qk_3_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 210) = scale * &
-                  & qk_3_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 211) = scale * &
-                  & qk_3_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 212) = scale * &
-                  & qk_3_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 213) = scale * &
-                  & qk_3_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 214) = scale * &
-                  & qk_3_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 215) = scale * &
-                  & qk_3_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 216) = scale * &
-                  & qk_3_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 217) = scale * &
-                  & qk_3_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 218) = scale * &
-                  & qk_3_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 219) = scale * &
-                  & qk_3_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 220) = scale * &
-                  & qk_3_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 221) = scale * &
-                  & qk_3_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 222) = scale * &
-                  & qk_3_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 223) = scale * &
-                  & qk_3_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 256) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = scale * &
                   & qk_4_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 257) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = scale * &
                   & qk_4_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 258) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = scale * &
                   & qk_4_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 259) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = scale * &
                   & qk_4_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 260) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = scale * &
                   & qk_4_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 261) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = scale * &
                   & qk_4_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 262) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = scale * &
                   & qk_4_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 263) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = scale * &
                   & qk_4_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 264) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = scale * &
                   & qk_4_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 265) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = scale * &
                   & qk_4_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 266) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = scale * &
                   & qk_4_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 267) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = scale * &
                   & qk_4_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 268) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = scale * &
                   & qk_4_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 269) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = scale * &
                   & qk_4_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 270) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = scale * &
                   & qk_4_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 271) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = scale * &
                   & qk_4_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 272) = scale * &
-                  & qk_4_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 273) = scale * &
-                  & qk_4_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 274) = scale * &
-                  & qk_4_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 275) = scale * &
-                  & qk_4_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 276) = scale * &
-                  & qk_4_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 277) = scale * &
-                  & qk_4_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 278) = scale * &
-                  & qk_4_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 279) = scale * &
-                  & qk_4_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 280) = scale * &
-                  & qk_4_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 281) = scale * &
-                  & qk_4_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 282) = scale * &
-                  & qk_4_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 283) = scale * &
-                  & qk_4_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 284) = scale * &
-                  & qk_4_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 285) = scale * &
-                  & qk_4_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 286) = scale * &
-                  & qk_4_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 287) = scale * &
-                  & qk_4_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 320) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = scale * &
                   & qk_5_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 321) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = scale * &
                   & qk_5_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 322) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = scale * &
                   & qk_5_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 323) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = scale * &
                   & qk_5_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 324) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = scale * &
                   & qk_5_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 325) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = scale * &
                   & qk_5_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 326) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = scale * &
                   & qk_5_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 327) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = scale * &
                   & qk_5_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 328) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = scale * &
                   & qk_5_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 329) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = scale * &
                   & qk_5_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 330) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = scale * &
                   & qk_5_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 331) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = scale * &
                   & qk_5_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 332) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = scale * &
                   & qk_5_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 333) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = scale * &
                   & qk_5_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 334) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = scale * &
                   & qk_5_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 335) = scale * &
+              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = scale * &
                   & qk_5_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 336) = scale * &
-                  & qk_5_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 337) = scale * &
-                  & qk_5_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 338) = scale * &
-                  & qk_5_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 339) = scale * &
-                  & qk_5_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 340) = scale * &
-                  & qk_5_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 341) = scale * &
-                  & qk_5_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 342) = scale * &
-                  & qk_5_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 343) = scale * &
-                  & qk_5_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 344) = scale * &
-                  & qk_5_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 345) = scale * &
-                  & qk_5_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 346) = scale * &
-                  & qk_5_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 347) = scale * &
-                  & qk_5_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 348) = scale * &
-                  & qk_5_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 349) = scale * &
-                  & qk_5_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 350) = scale * &
-                  & qk_5_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 351) = scale * &
-                  & qk_5_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 384) = scale * &
-                  & qk_6_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 385) = scale * &
-                  & qk_6_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 386) = scale * &
-                  & qk_6_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 387) = scale * &
-                  & qk_6_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 388) = scale * &
-                  & qk_6_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 389) = scale * &
-                  & qk_6_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 390) = scale * &
-                  & qk_6_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 391) = scale * &
-                  & qk_6_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 392) = scale * &
-                  & qk_6_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 393) = scale * &
-                  & qk_6_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 394) = scale * &
-                  & qk_6_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 395) = scale * &
-                  & qk_6_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 396) = scale * &
-                  & qk_6_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 397) = scale * &
-                  & qk_6_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 398) = scale * &
-                  & qk_6_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 399) = scale * &
-                  & qk_6_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 400) = scale * &
-                  & qk_6_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 401) = scale * &
-                  & qk_6_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 402) = scale * &
-                  & qk_6_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 403) = scale * &
-                  & qk_6_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 404) = scale * &
-                  & qk_6_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 405) = scale * &
-                  & qk_6_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 406) = scale * &
-                  & qk_6_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 407) = scale * &
-                  & qk_6_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 408) = scale * &
-                  & qk_6_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 409) = scale * &
-                  & qk_6_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 410) = scale * &
-                  & qk_6_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 411) = scale * &
-                  & qk_6_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 412) = scale * &
-                  & qk_6_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 413) = scale * &
-                  & qk_6_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 414) = scale * &
-                  & qk_6_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 415) = scale * &
-                  & qk_6_31
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 448) = scale * &
-                  & qk_7_0
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 449) = scale * &
-                  & qk_7_1
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 450) = scale * &
-                  & qk_7_2
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 451) = scale * &
-                  & qk_7_3
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 452) = scale * &
-                  & qk_7_4
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 453) = scale * &
-                  & qk_7_5
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 454) = scale * &
-                  & qk_7_6
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 455) = scale * &
-                  & qk_7_7
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 456) = scale * &
-                  & qk_7_8
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 457) = scale * &
-                  & qk_7_9
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 458) = scale * &
-                  & qk_7_10
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 459) = scale * &
-                  & qk_7_11
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 460) = scale * &
-                  & qk_7_12
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 461) = scale * &
-                  & qk_7_13
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 462) = scale * &
-                  & qk_7_14
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 463) = scale * &
-                  & qk_7_15
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 464) = scale * &
-                  & qk_7_16
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 465) = scale * &
-                  & qk_7_17
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 466) = scale * &
-                  & qk_7_18
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 467) = scale * &
-                  & qk_7_19
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 468) = scale * &
-                  & qk_7_20
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 469) = scale * &
-                  & qk_7_21
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 470) = scale * &
-                  & qk_7_22
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 471) = scale * &
-                  & qk_7_23
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 472) = scale * &
-                  & qk_7_24
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 473) = scale * &
-                  & qk_7_25
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 474) = scale * &
-                  & qk_7_26
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 475) = scale * &
-                  & qk_7_27
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 476) = scale * &
-                  & qk_7_28
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 477) = scale * &
-                  & qk_7_29
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 478) = scale * &
-                  & qk_7_30
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 479) = scale * &
-                  & qk_7_31
             end do
-            do j = 32*((min(n, 64*j_blk + 64)) / 32), min(n, 64*j_blk + 64) - 1
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk_0 = 0.0_c_float
               qk_1 = 0.0_c_float
@@ -6276,27 +4592,21 @@ contains
               qk_3 = 0.0_c_float
               qk_4 = 0.0_c_float
               qk_5 = 0.0_c_float
-              qk_6 = 0.0_c_float
-              qk_7 = 0.0_c_float
-              !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
+              !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5)
               do c = 0, dh - 1
-                qk_0 = qk_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * K(K_row + c)
-                qk_1 = qk_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
-                qk_2 = qk_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
-                qk_3 = qk_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
-                qk_4 = qk_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
-                qk_5 = qk_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
-                qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
-                qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
+                qk_0 = qk_0 + Q(c + dh*(6*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
+                qk_4 = qk_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
+                qk_5 = qk_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -6304,27 +4614,21 @@ contains
             block_max_3 = neg_inf
             block_max_4 = neg_inf
             block_max_5 = neg_inf
-            block_max_6 = neg_inf
-            block_max_7 = neg_inf
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
-            !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
+            !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_0 = max(block_max_0, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h)))
-              block_max_1 = max(block_max_1, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_1 = max(block_max_1, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 64))
-              block_max_2 = max(block_max_2, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_2 = max(block_max_2, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 128))
-              block_max_3 = max(block_max_3, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_3 = max(block_max_3, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 192))
-              block_max_4 = max(block_max_4, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_4 = max(block_max_4, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 256))
-              block_max_5 = max(block_max_5, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
+              block_max_5 = max(block_max_5, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
                   & + h) + 320))
-              block_max_6 = max(block_max_6, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 384))
-              block_max_7 = max(block_max_7, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 448))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -6332,40 +4636,30 @@ contains
             new_max_3 = max(row_max_3, block_max_3)
             new_max_4 = max(row_max_4, block_max_4)
             new_max_5 = max(row_max_5, block_max_5)
-            new_max_6 = max(row_max_6, block_max_6)
-            new_max_7 = max(row_max_7, block_max_7)
             rescale_0 = exp(row_max_0 - new_max_0)
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
             rescale_4 = exp(row_max_4 - new_max_4)
             rescale_5 = exp(row_max_5 - new_max_5)
-            rescale_6 = exp(row_max_6 - new_max_6)
-            rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
                   & new_max_2)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
                   & new_max_3)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
                   & new_max_4)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
+              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
+                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
                   & new_max_5)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) - &
-                  & new_max_6)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) - &
-                  & new_max_7)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -6373,26 +4667,20 @@ contains
             block_sum_3 = 0.0_c_float
             block_sum_4 = 0.0_c_float
             block_sum_5 = 0.0_c_float
-            block_sum_6 = 0.0_c_float
-            block_sum_7 = 0.0_c_float
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
-            !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
+            !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_0 = block_sum_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum_1 = block_sum_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 64)
-              block_sum_2 = block_sum_2 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_2 = block_sum_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 128)
-              block_sum_3 = block_sum_3 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_3 = block_sum_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 192)
-              block_sum_4 = block_sum_4 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_4 = block_sum_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 256)
-              block_sum_5 = block_sum_5 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+              block_sum_5 = block_sum_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
                   & h) + 320)
-              block_sum_6 = block_sum_6 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 384)
-              block_sum_7 = block_sum_7 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 448)
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -6400,1083 +4688,431 @@ contains
             row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
             row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
             row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
-            row_sum_6 = row_sum_6 * rescale_6 + block_sum_6
-            row_sum_7 = row_sum_7 * rescale_7 + block_sum_7
             !$omp simd
             do c = 0, dh - 1
-              attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
+              attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                   & h))) * rescale_0
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 1)) * rescale_1
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 2)) * rescale_2
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 3)) * rescale_3
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 4)) * rescale_4
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + n*(b*heads &
+              attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(6*i_tile + n*(b*heads &
                   & + h) + 5)) * rescale_5
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + n*(b*heads &
-                  & + h) + 6)) * rescale_6
-              attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + n*(b*heads &
-                  & + h) + 7)) * rescale_7
             end do
-            do c_tile = 0, ((dh) / 32) - 1
-              o_0 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)))
-              o_1 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1)
-              o_2 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2)
-              o_3 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3)
-              o_4 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4)
-              o_5 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5)
-              o_6 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6)
-              o_7 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7)
-              o_8 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8)
-              o_9 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9)
-              o_10 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10)
-              o_11 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11)
-              o_12 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12)
-              o_13 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13)
-              o_14 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14)
-              o_15 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15)
-              o_16 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 16)
-              o_17 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 17)
-              o_18 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 18)
-              o_19 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 19)
-              o_20 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 20)
-              o_21 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 21)
-              o_22 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 22)
-              o_23 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 23)
-              o_24 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 24)
-              o_25 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 25)
-              o_26 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 26)
-              o_27 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 27)
-              o_28 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 28)
-              o_29 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 29)
-              o_30 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 30)
-              o_31 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 31)
-              o_0b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1))
-              o_1b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1)
-              o_2b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2)
-              o_3b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3)
-              o_4b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4)
-              o_5b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5)
-              o_6b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6)
-              o_7b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7)
-              o_8b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8)
-              o_9b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9)
-              o_10b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10)
-              o_11b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11)
-              o_12b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12)
-              o_13b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13)
-              o_14b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14)
-              o_15b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15)
-              o_16b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 16)
-              o_17b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 17)
-              o_18b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 18)
-              o_19b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 19)
-              o_20b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 20)
-              o_21b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 21)
-              o_22b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 22)
-              o_23b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 23)
-              o_24b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 24)
-              o_25b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 25)
-              o_26b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 26)
-              o_27b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 27)
-              o_28b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 28)
-              o_29b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 29)
-              o_30b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 30)
-              o_31b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 31)
-              o_0c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2))
-              o_1c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1)
-              o_2c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2)
-              o_3c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3)
-              o_4c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4)
-              o_5c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5)
-              o_6c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6)
-              o_7c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7)
-              o_8c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8)
-              o_9c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9)
-              o_10c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10)
-              o_11c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11)
-              o_12c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12)
-              o_13c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13)
-              o_14c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14)
-              o_15c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15)
-              o_16c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 16)
-              o_17c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 17)
-              o_18c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 18)
-              o_19c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 19)
-              o_20c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 20)
-              o_21c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 21)
-              o_22c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 22)
-              o_23c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 23)
-              o_24c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 24)
-              o_25c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 25)
-              o_26c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 26)
-              o_27c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 27)
-              o_28c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 28)
-              o_29c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 29)
-              o_30c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 30)
-              o_31c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 31)
-              o_0d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3))
-              o_1d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1)
-              o_2d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2)
-              o_3d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3)
-              o_4d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4)
-              o_5d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5)
-              o_6d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6)
-              o_7d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7)
-              o_8d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8)
-              o_9d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9)
-              o_10d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10)
-              o_11d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11)
-              o_12d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12)
-              o_13d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13)
-              o_14d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14)
-              o_15d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15)
-              o_16d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 16)
-              o_17d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 17)
-              o_18d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 18)
-              o_19d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 19)
-              o_20d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 20)
-              o_21d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 21)
-              o_22d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 22)
-              o_23d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 23)
-              o_24d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 24)
-              o_25d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 25)
-              o_26d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 26)
-              o_27d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 27)
-              o_28d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 28)
-              o_29d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 29)
-              o_30d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 30)
-              o_31d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 31)
-              o_0e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4))
-              o_1e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1)
-              o_2e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2)
-              o_3e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3)
-              o_4e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4)
-              o_5e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5)
-              o_6e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6)
-              o_7e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7)
-              o_8e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8)
-              o_9e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9)
-              o_10e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10)
-              o_11e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11)
-              o_12e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12)
-              o_13e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13)
-              o_14e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14)
-              o_15e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15)
-              o_16e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 16)
-              o_17e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 17)
-              o_18e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 18)
-              o_19e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 19)
-              o_20e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 20)
-              o_21e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 21)
-              o_22e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 22)
-              o_23e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 23)
-              o_24e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 24)
-              o_25e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 25)
-              o_26e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 26)
-              o_27e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 27)
-              o_28e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 28)
-              o_29e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 29)
-              o_30e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 30)
-              o_31e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 31)
-              o_0f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5))
-              o_1f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1)
-              o_2f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2)
-              o_3f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3)
-              o_4f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4)
-              o_5f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5)
-              o_6f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6)
-              o_7f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7)
-              o_8f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8)
-              o_9f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9)
-              o_10f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10)
-              o_11f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11)
-              o_12f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12)
-              o_13f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13)
-              o_14f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14)
-              o_15f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15)
-              o_16f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 16)
-              o_17f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 17)
-              o_18f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 18)
-              o_19f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 19)
-              o_20f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 20)
-              o_21f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 21)
-              o_22f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 22)
-              o_23f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 23)
-              o_24f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 24)
-              o_25f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 25)
-              o_26f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 26)
-              o_27f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 27)
-              o_28f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 28)
-              o_29f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 29)
-              o_30f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 30)
-              o_31f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 31)
-              o_0g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6))
-              o_1g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1)
-              o_2g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2)
-              o_3g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3)
-              o_4g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4)
-              o_5g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5)
-              o_6g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6)
-              o_7g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7)
-              o_8g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8)
-              o_9g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9)
-              o_10g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10)
-              o_11g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11)
-              o_12g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12)
-              o_13g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13)
-              o_14g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14)
-              o_15g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15)
-              o_16g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 16)
-              o_17g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 17)
-              o_18g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 18)
-              o_19g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 19)
-              o_20g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 20)
-              o_21g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 21)
-              o_22g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 22)
-              o_23g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 23)
-              o_24g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 24)
-              o_25g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 25)
-              o_26g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 26)
-              o_27g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 27)
-              o_28g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 28)
-              o_29g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 29)
-              o_30g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 30)
-              o_31g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 31)
-              o_0h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7))
-              o_1h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1)
-              o_2h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2)
-              o_3h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3)
-              o_4h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4)
-              o_5h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5)
-              o_6h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6)
-              o_7h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7)
-              o_8h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8)
-              o_9h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9)
-              o_10h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10)
-              o_11h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11)
-              o_12h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12)
-              o_13h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13)
-              o_14h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14)
-              o_15h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15)
-              o_16h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 16)
-              o_17h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 17)
-              o_18h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 18)
-              o_19h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 19)
-              o_20h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 20)
-              o_21h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 21)
-              o_22h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 22)
-              o_23h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 23)
-              o_24h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 24)
-              o_25h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 25)
-              o_26h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 26)
-              o_27h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 27)
-              o_28h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 28)
-              o_29h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 29)
-              o_30h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 30)
-              o_31h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 31)
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)))
+              o_1 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1)
+              o_2 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2)
+              o_3 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3)
+              o_4 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4)
+              o_5 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5)
+              o_6 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6)
+              o_7 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7)
+              o_8 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 8)
+              o_9 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 9)
+              o_10 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 10)
+              o_11 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 11)
+              o_12 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 12)
+              o_13 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 13)
+              o_14 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 14)
+              o_15 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 15)
+              o_0b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1))
+              o_1b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1)
+              o_2b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2)
+              o_3b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3)
+              o_4b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4)
+              o_5b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5)
+              o_6b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6)
+              o_7b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7)
+              o_8b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 8)
+              o_9b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 9)
+              o_10b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 10)
+              o_11b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 11)
+              o_12b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 12)
+              o_13b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 13)
+              o_14b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 14)
+              o_15b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 15)
+              o_0c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2))
+              o_1c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1)
+              o_2c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2)
+              o_3c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3)
+              o_4c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4)
+              o_5c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5)
+              o_6c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6)
+              o_7c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7)
+              o_8c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 8)
+              o_9c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 9)
+              o_10c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 10)
+              o_11c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 11)
+              o_12c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 12)
+              o_13c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 13)
+              o_14c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 14)
+              o_15c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 15)
+              o_0d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3))
+              o_1d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1)
+              o_2d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2)
+              o_3d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3)
+              o_4d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4)
+              o_5d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5)
+              o_6d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6)
+              o_7d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7)
+              o_8d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 8)
+              o_9d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 9)
+              o_10d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 10)
+              o_11d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 11)
+              o_12d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 12)
+              o_13d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 13)
+              o_14d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 14)
+              o_15d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 15)
+              o_0e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4))
+              o_1e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1)
+              o_2e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2)
+              o_3e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3)
+              o_4e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4)
+              o_5e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5)
+              o_6e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6)
+              o_7e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7)
+              o_8e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 8)
+              o_9e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 9)
+              o_10e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 10)
+              o_11e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 11)
+              o_12e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 12)
+              o_13e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 13)
+              o_14e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 14)
+              o_15e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 15)
+              o_0f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5))
+              o_1f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1)
+              o_2f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2)
+              o_3f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3)
+              o_4f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4)
+              o_5f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5)
+              o_6f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6)
+              o_7f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7)
+              o_8f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 8)
+              o_9f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 9)
+              o_10f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 10)
+              o_11f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 11)
+              o_12f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 12)
+              o_13f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 13)
+              o_14f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 14)
+              o_15f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0 = o_0 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1 = o_1 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8 = o_8 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9 = o_9 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10 = o_10 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11 = o_11 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12 = o_12 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13 = o_13 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14 = o_14 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15 = o_15 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16 = o_16 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17 = o_17 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18 = o_18 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19 = o_19 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20 = o_20 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21 = o_21 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22 = o_22 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23 = o_23 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24 = o_24 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25 = o_25 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26 = o_26 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27 = o_27 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28 = o_28 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29 = o_29 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30 = o_30 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31 = o_31 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0b = o_0b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1b = o_1b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8b = o_8b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9b = o_9b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10b = o_10b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11b = o_11b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12b = o_12b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13b = o_13b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14b = o_14b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15b = o_15b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16b = o_16b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17b = o_17b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18b = o_18b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19b = o_19b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20b = o_20b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21b = o_21b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22b = o_22b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23b = o_23b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24b = o_24b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25b = o_25b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26b = o_26b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27b = o_27b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28b = o_28b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29b = o_29b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30b = o_30b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31b = o_31b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0c = o_0c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1c = o_1c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8c = o_8c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9c = o_9c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10c = o_10c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11c = o_11c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12c = o_12c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13c = o_13c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14c = o_14c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15c = o_15c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16c = o_16c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17c = o_17c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18c = o_18c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19c = o_19c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20c = o_20c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21c = o_21c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22c = o_22c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23c = o_23c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24c = o_24c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25c = o_25c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26c = o_26c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27c = o_27c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28c = o_28c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29c = o_29c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30c = o_30c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31c = o_31c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0d = o_0d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1d = o_1d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8d = o_8d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9d = o_9d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10d = o_10d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11d = o_11d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12d = o_12d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13d = o_13d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14d = o_14d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15d = o_15d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16d = o_16d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17d = o_17d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18d = o_18d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19d = o_19d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20d = o_20d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21d = o_21d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22d = o_22d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23d = o_23d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24d = o_24d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25d = o_25d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26d = o_26d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27d = o_27d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28d = o_28d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29d = o_29d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30d = o_30d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31d = o_31d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0e = o_0e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1e = o_1e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8e = o_8e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9e = o_9e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10e = o_10e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11e = o_11e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12e = o_12e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13e = o_13e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14e = o_14e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15e = o_15e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16e = o_16e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17e = o_17e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18e = o_18e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19e = o_19e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20e = o_20e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21e = o_21e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22e = o_22e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23e = o_23e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24e = o_24e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25e = o_25e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26e = o_26e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27e = o_27e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28e = o_28e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29e = o_29e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30e = o_30e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31e = o_31e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0f = o_0f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1f = o_1f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8f = o_8f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9f = o_9f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10f = o_10f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11f = o_11f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12f = o_12f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13f = o_13f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14f = o_14f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15f = o_15f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16f = o_16f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17f = o_17f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18f = o_18f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19f = o_19f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20f = o_20f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21f = o_21f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22f = o_22f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23f = o_23f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24f = o_24f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25f = o_25f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26f = o_26f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27f = o_27f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28f = o_28f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29f = o_29f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30f = o_30f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31f = o_31f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0g = o_0g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1g = o_1g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8g = o_8g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9g = o_9g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10g = o_10g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11g = o_11g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12g = o_12g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13g = o_13g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14g = o_14g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15g = o_15g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16g = o_16g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17g = o_17g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18g = o_18g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19g = o_19g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20g = o_20g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21g = o_21g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22g = o_22g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23g = o_23g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24g = o_24g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25g = o_25g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26g = o_26g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27g = o_27g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28g = o_28g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29g = o_29g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30g = o_30g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31g = o_31g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
-                o_0h = o_0h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
-                o_1h = o_1h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8h = o_8h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9h = o_9h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10h = o_10h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11h = o_11h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12h = o_12h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13h = o_13h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14h = o_14h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15h = o_15h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_16h = o_16h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
-                o_17h = o_17h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
-                o_18h = o_18h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
-                o_19h = o_19h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
-                o_20h = o_20h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
-                o_21h = o_21h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
-                o_22h = o_22h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
-                o_23h = o_23h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
-                o_24h = o_24h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
-                o_25h = o_25h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
-                o_26h = o_26h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
-                o_27h = o_27h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
-                o_28h = o_28h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
-                o_29h = o_29h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
-                o_30h = o_30h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
-                o_31h = o_31h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
+                o_0 = o_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1 = o_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2 = o_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3 = o_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4 = o_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5 = o_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6 = o_6 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7 = o_7 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8 = o_8 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9 = o_9 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10 = o_10 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11 = o_11 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12 = o_12 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13 = o_13 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14 = o_14 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15 = o_15 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0b = o_0b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1b = o_1b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2b = o_2b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3b = o_3b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4b = o_4b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5b = o_5b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6b = o_6b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7b = o_7b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8b = o_8b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9b = o_9b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10b = o_10b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11b = o_11b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12b = o_12b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13b = o_13b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14b = o_14b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15b = o_15b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0c = o_0c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1c = o_1c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2c = o_2c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3c = o_3c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4c = o_4c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5c = o_5c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6c = o_6c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7c = o_7c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8c = o_8c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9c = o_9c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10c = o_10c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11c = o_11c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12c = o_12c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13c = o_13c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14c = o_14c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15c = o_15c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0d = o_0d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1d = o_1d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2d = o_2d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3d = o_3d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4d = o_4d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5d = o_5d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6d = o_6d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7d = o_7d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8d = o_8d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9d = o_9d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10d = o_10d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11d = o_11d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12d = o_12d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13d = o_13d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14d = o_14d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15d = o_15d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0e = o_0e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1e = o_1e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2e = o_2e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3e = o_3e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4e = o_4e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5e = o_5e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6e = o_6e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7e = o_7e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8e = o_8e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9e = o_9e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10e = o_10e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11e = o_11e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12e = o_12e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13e = o_13e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14e = o_14e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15e = o_15e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0f = o_0f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1f = o_1f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2f = o_2f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3f = o_3f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4f = o_4f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5f = o_5f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6f = o_6f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7f = o_7f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8f = o_8f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9f = o_9f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10f = o_10f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11f = o_11f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12f = o_12f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13f = o_13f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14f = o_14f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15f = o_15f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
               end do
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h))) = o_0
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1) = o_1
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2) = o_2
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3) = o_3
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4) = o_4
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5) = o_5
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6) = o_6
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7) = o_7
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8) = o_8
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9) = o_9
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10) = o_10
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11) = o_11
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12) = o_12
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13) = o_13
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14) = o_14
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15) = o_15
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 16) = o_16
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 17) = o_17
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 18) = o_18
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 19) = o_19
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 20) = o_20
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 21) = o_21
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 22) = o_22
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 23) = o_23
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 24) = o_24
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 25) = o_25
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 26) = o_26
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 27) = o_27
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 28) = o_28
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 29) = o_29
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 30) = o_30
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 31) = o_31
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1)) = o_0b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1) = o_1b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2) = o_2b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3) = o_3b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4) = o_4b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5) = o_5b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6) = o_6b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7) = o_7b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8) = o_8b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9) = o_9b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10) = o_10b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11) = o_11b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12) = o_12b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13) = o_13b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14) = o_14b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15) = o_15b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 16) = o_16b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 17) = o_17b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 18) = o_18b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 19) = o_19b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 20) = o_20b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 21) = o_21b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 22) = o_22b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 23) = o_23b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 24) = o_24b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 25) = o_25b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 26) = o_26b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 27) = o_27b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 28) = o_28b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 29) = o_29b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 30) = o_30b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 31) = o_31b
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2)) = o_0c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1) = o_1c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2) = o_2c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3) = o_3c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4) = o_4c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5) = o_5c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6) = o_6c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7) = o_7c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8) = o_8c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9) = o_9c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10) = o_10c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11) = o_11c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12) = o_12c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13) = o_13c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14) = o_14c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15) = o_15c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 16) = o_16c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 17) = o_17c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 18) = o_18c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 19) = o_19c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 20) = o_20c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 21) = o_21c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 22) = o_22c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 23) = o_23c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 24) = o_24c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 25) = o_25c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 26) = o_26c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 27) = o_27c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 28) = o_28c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 29) = o_29c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 30) = o_30c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 31) = o_31c
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3)) = o_0d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1) = o_1d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2) = o_2d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3) = o_3d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4) = o_4d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5) = o_5d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6) = o_6d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7) = o_7d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8) = o_8d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9) = o_9d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10) = o_10d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11) = o_11d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12) = o_12d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13) = o_13d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14) = o_14d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15) = o_15d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 16) = o_16d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 17) = o_17d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 18) = o_18d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 19) = o_19d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 20) = o_20d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 21) = o_21d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 22) = o_22d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 23) = o_23d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 24) = o_24d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 25) = o_25d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 26) = o_26d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 27) = o_27d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 28) = o_28d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 29) = o_29d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 30) = o_30d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 31) = o_31d
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4)) = o_0e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1) = o_1e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2) = o_2e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3) = o_3e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4) = o_4e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5) = o_5e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6) = o_6e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7) = o_7e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8) = o_8e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9) = o_9e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10) = o_10e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11) = o_11e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12) = o_12e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13) = o_13e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14) = o_14e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15) = o_15e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 16) = o_16e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 17) = o_17e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 18) = o_18e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 19) = o_19e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 20) = o_20e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 21) = o_21e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 22) = o_22e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 23) = o_23e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 24) = o_24e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 25) = o_25e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 26) = o_26e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 27) = o_27e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 28) = o_28e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 29) = o_29e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 30) = o_30e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 31) = o_31e
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5)) = o_0f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1) = o_1f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2) = o_2f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3) = o_3f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4) = o_4f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5) = o_5f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6) = o_6f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7) = o_7f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8) = o_8f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9) = o_9f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10) = o_10f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11) = o_11f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12) = o_12f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13) = o_13f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14) = o_14f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15) = o_15f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 16) = o_16f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 17) = o_17f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 18) = o_18f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 19) = o_19f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 20) = o_20f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 21) = o_21f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 22) = o_22f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 23) = o_23f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 24) = o_24f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 25) = o_25f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 26) = o_26f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 27) = o_27f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 28) = o_28f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 29) = o_29f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 30) = o_30f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 31) = o_31f
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6)) = o_0g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1) = o_1g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2) = o_2g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3) = o_3g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4) = o_4g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5) = o_5g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6) = o_6g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7) = o_7g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8) = o_8g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9) = o_9g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10) = o_10g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11) = o_11g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12) = o_12g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13) = o_13g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14) = o_14g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15) = o_15g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 16) = o_16g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 17) = o_17g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 18) = o_18g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 19) = o_19g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 20) = o_20g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 21) = o_21g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 22) = o_22g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 23) = o_23g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 24) = o_24g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 25) = o_25g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 26) = o_26g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 27) = o_27g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 28) = o_28g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 29) = o_29g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 30) = o_30g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 31) = o_31g
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7)) = o_0h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1) = o_1h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2) = o_2h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3) = o_3h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4) = o_4h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5) = o_5h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6) = o_6h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7) = o_7h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8) = o_8h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9) = o_9h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10) = o_10h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11) = o_11h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12) = o_12h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13) = o_13h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14) = o_14h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15) = o_15h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 16) = o_16h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 17) = o_17h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 18) = o_18h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 19) = o_19h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 20) = o_20h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 21) = o_21h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 22) = o_22h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 23) = o_23h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 24) = o_24h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 25) = o_25h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 26) = o_26h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 27) = o_27h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 28) = o_28h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 29) = o_29h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 30) = o_30h
-              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 31) = o_31h
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2) = o_2
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3) = o_3
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4) = o_4
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5) = o_5
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6) = o_6
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7) = o_7
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 8) = o_8
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 9) = o_9
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 10) = o_10
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 11) = o_11
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 12) = o_12
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 13) = o_13
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 14) = o_14
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 15) = o_15
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1)) = o_0b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1) = o_1b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2) = o_2b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3) = o_3b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4) = o_4b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5) = o_5b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6) = o_6b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7) = o_7b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 8) = o_8b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 9) = o_9b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 10) = o_10b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 11) = o_11b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 12) = o_12b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 13) = o_13b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 14) = o_14b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 15) = o_15b
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2)) = o_0c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1) = o_1c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2) = o_2c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3) = o_3c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4) = o_4c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5) = o_5c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6) = o_6c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7) = o_7c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 8) = o_8c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 9) = o_9c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 10) = o_10c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 11) = o_11c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 12) = o_12c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 13) = o_13c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 14) = o_14c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 15) = o_15c
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3)) = o_0d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1) = o_1d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2) = o_2d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3) = o_3d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4) = o_4d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5) = o_5d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6) = o_6d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7) = o_7d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 8) = o_8d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 9) = o_9d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 10) = o_10d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 11) = o_11d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 12) = o_12d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 13) = o_13d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 14) = o_14d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 15) = o_15d
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4)) = o_0e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1) = o_1e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2) = o_2e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3) = o_3e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4) = o_4e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5) = o_5e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6) = o_6e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7) = o_7e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 8) = o_8e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 9) = o_9e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 10) = o_10e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 11) = o_11e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 12) = o_12e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 13) = o_13e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 14) = o_14e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 15) = o_15e
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5)) = o_0f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1) = o_1f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2) = o_2f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3) = o_3f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4) = o_4f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5) = o_5f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6) = o_6f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7) = o_7f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 8) = o_8f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 9) = o_9f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 10) = o_10f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 11) = o_11f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 12) = o_12f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 13) = o_13f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 14) = o_14f
+              attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15) = o_15f
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t_0 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
-              t_6 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384)
-              t_7 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448)
-              do c = 32*((dh) / 32), dh - 1
-                attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
+              t_0 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              t_2 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
+              t_3 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
+              t_4 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
+              t_5 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              do c = 16*((dh) / 16), dh - 1
+                attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 1)) + t_1 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 2)) + t_2 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 3)) + t_3 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 4)) + t_4 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + &
+                attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(6*i_tile + &
                     & n*(b*heads + h) + 5)) + t_5 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 6)) + t_6 * V(V_row + c)
-                attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 7)) + t_7 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -7485,36 +5121,28 @@ contains
             row_max_3 = new_max_3
             row_max_4 = new_max_4
             row_max_5 = new_max_5
-            row_max_6 = new_max_6
-            row_max_7 = new_max_7
           end do
           !$omp simd
           do c = 0, dh - 1
-            attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + h))) &
+            attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + h))) &
                 & / row_sum_0
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 1)) / row_sum_1
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 2)) / row_sum_2
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 3)) / row_sum_3
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 4)) / row_sum_4
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + n*(b*heads + &
+            attn(c + dh*(6*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(6*i_tile + n*(b*heads + &
                 & h) + 5)) / row_sum_5
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                & h) + 6)) / row_sum_6
-            attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                & h) + 7)) / row_sum_7
           end do
-          lse(8*i_tile + n*(b*heads + h)) = row_max_0 + log(row_sum_0)
-          lse(8*i_tile + n*(b*heads + h) + 1) = row_max_1 + log(row_sum_1)
-          lse(8*i_tile + n*(b*heads + h) + 2) = row_max_2 + log(row_sum_2)
-          lse(8*i_tile + n*(b*heads + h) + 3) = row_max_3 + log(row_sum_3)
-          lse(8*i_tile + n*(b*heads + h) + 4) = row_max_4 + log(row_sum_4)
-          lse(8*i_tile + n*(b*heads + h) + 5) = row_max_5 + log(row_sum_5)
-          lse(8*i_tile + n*(b*heads + h) + 6) = row_max_6 + log(row_sum_6)
-          lse(8*i_tile + n*(b*heads + h) + 7) = row_max_7 + log(row_sum_7)
+          lse(6*i_tile + n*(b*heads + h)) = row_max_0 + log(row_sum_0)
+          lse(6*i_tile + n*(b*heads + h) + 1) = row_max_1 + log(row_sum_1)
+          lse(6*i_tile + n*(b*heads + h) + 2) = row_max_2 + log(row_sum_2)
+          lse(6*i_tile + n*(b*heads + h) + 3) = row_max_3 + log(row_sum_3)
+          lse(6*i_tile + n*(b*heads + h) + 4) = row_max_4 + log(row_sum_4)
+          lse(6*i_tile + n*(b*heads + h) + 5) = row_max_5 + log(row_sum_5)
         end do
       end do
     end do
@@ -7525,7 +5153,7 @@ contains
     !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 8*((n) / 8), n - 1
+        do i = 6*((n) / 6), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_float

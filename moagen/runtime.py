@@ -52,6 +52,14 @@ def chosen_params(kernel: str, variant: str, lang: str, dtype: str, params=None,
     return params
 
 
+def schedule_params(kernel: str, variant: str, lang: str, dtype: str, params=None,
+                    tuned: bool = True) -> dict:
+    """Every schedule parameter a load with these arguments runs: the variant's defaults for
+    the language's target and the dtype, with chosen_params over them."""
+    return get_kernel(kernel).variant(variant).params(
+        chosen_params(kernel, variant, lang, dtype, params, tuned), get_target(lang).kind, dtype)
+
+
 def host_defaults(kernel: str, variant: str, lang: str, dtype: str):
     """The variant's defaults that differ on this machine from generated/'s (a CPU's): the
     AVX-512 ones (Tunable.avx512) where the language's compiler targets AVX-512; None where

@@ -4,6 +4,7 @@ portable defaults, and they keep the value in C and Fortran where the machine lo
 others."""
 import platform
 
+import numpy as np
 import pytest
 
 from moagen import build, runtime, verify
@@ -11,9 +12,11 @@ from moagen.bench import cases, tune
 from moagen.cli import main
 from moagen.errors import SpecError
 from moagen.kernels import get_kernel
+from moagen.kernels.attention import FLASH_AVX512, flash_params
 from moagen.kernels.mlp import TILE_AVX512
 from moagen.kernels.tunable import Tunable
 from moagen.onf.signature import DTYPES
+from moagen.torch_ops.attention import fitted
 
 TILED = get_kernel("mlp_fwd").variant("tiled")
 
@@ -42,7 +45,7 @@ def test_the_host_defaults_follow_the_compiler(avx512, dtype):
                                                                      tuned=False)
     # a GPU, a kernel without such overrides: their own defaults on any machine
     assert runtime.host_defaults("mlp_fwd", "tiled", "cuda", dtype) is None
-    assert runtime.host_defaults("attention_bwd", "flash", "c", dtype) is None
+    assert runtime.host_defaults("attention_fwd", "online", "c", dtype) is None
     # an explicit parameter is taken over generated/'s defaults, as everywhere
     assert cases.schedule("mlp_fwd", "tiled", "c", dtype, {"mr": 4})["params"] == \
         {**portable, "mr": 4}
@@ -68,10 +71,11 @@ def test_the_compiler_is_asked_with_its_flags():
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])
-# the flash forward's causal twin runs the same tiles (with blocks skipped): the plain one
-# stands for both
+# the flash kernels' causal twins run the same tiles (with blocks skipped): the plain ones
+# stand for them
 @pytest.mark.parametrize("kernel, variant", [("mlp_fwd", "tiled"), ("mlp_bwd", "tiled"),
-                                             ("attention_fwd", "flash")])
+                                             ("attention_fwd", "flash"),
+                                             ("attention_bwd", "flash")])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_portable_tiles_keep_the_value_where_the_machine_loads_others(kernel, variant, lang,
                                                                           dtype):
@@ -94,3 +98,48 @@ def test_list_shows_them(capsys):
                 if line.startswith("mlp_fwd:"))
     shown = " ".join(f"{k}={v}" for k, v in TILE_AVX512["float64"].items())
     assert f"(avx512 float64: {shown})" in mlp_fwd
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_portable_flash_tiles_fit_avx2s_registers(dtype):
+    """generated/'s flash tiles are AVX2's (16 vector registers of 32 bytes): a row of the
+    score tile in two registers, 6 rows, 12 accumulators; AVX-512's wider tiles are its
+    overrides."""
+    portable = get_kernel("attention_fwd").variant("flash").defaults_for("cpu", dtype)
+    assert portable["lanes"] * np.dtype(dtype).itemsize == 2 * 32
+    assert portable["rows"] * 2 <= 12
+
+
+def test_the_small_models_flash_parameters_never_widen_the_tiles():
+    assert flash_params(1024, 16, False, lanes=8) == {}  # AVX2's float64 tiles stand
+    assert flash_params(1024, 16, False, lanes=32) == {"lanes": 16}
+    assert flash_params(64, 64, True, lanes=8) == {"block": 16, "rows": 8, "lanes": 8}
+    assert flash_params(1024, 64, True, lanes=32) == {}
+
+
+@pytest.fixture
+def fresh_fits():
+    fitted.cache_clear()  # fits are kept per process; these tests change the machine
+    yield fitted
+    fitted.cache_clear()
+
+
+def test_moagen_torch_fits_the_flash_tiles_over_this_machines_defaults(avx512, fresh_fits,
+                                                                       tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no tuning file
+    forward, plain = "attention_gqa_fwd_causal", "attention_gqa_fwd"
+    portable = get_kernel(forward).variant("flash").defaults_for("cpu", "float64")
+    machine = {**portable, **(FLASH_AVX512["float64"] if avx512 else {})}
+    # a short causal sequence: blocks of 16 keys, tiles of 8 rows at most 16 lanes wide
+    assert dict(fitted(forward, "c", "float64", 64, 64, True)) == \
+        {**machine, "block": 16, "rows": 8, "lanes": min(machine["lanes"], 16)}
+    # a head under 32 wide: AVX-512's 32 lanes narrowed, the rest (rows, blocks) this
+    # machine's, not generated/'s; AVX2's 8 lanes kept (nothing to fit)
+    assert dict(fitted(plain, "c", "float64", 1024, 16, False)) == \
+        ({**machine, "lanes": 16} if avx512 else {})
+    # the backward has no key blocks of its own: its tiles of 8 rows, no wider than 16 lanes
+    backward = "attention_gqa_bwd_causal"
+    owner = runtime.schedule_params(backward, "flash", "c", "float64")
+    assert dict(fitted(backward, "c", "float64", 64, 64, True)) == \
+        ({} if owner["rows"] == 8 else {**owner, "rows": 8})
+    assert fitted(backward, "c", "float64", 1024, 64, True) == ()

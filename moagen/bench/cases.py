@@ -128,12 +128,8 @@ def schedule(kernel: str, variant: str, lang: str, dtype: str, params=None) -> d
     dtype, a GPU's for CUDA, this machine's where they differ, under params), and whether
     `moagen tune` chose them."""
     from moagen import runtime
-    from moagen.kernels import get_kernel
-    from moagen.targets import get_target
-    chosen = get_kernel(kernel).variant(variant).params(
-        runtime.chosen_params(kernel, variant, lang, dtype, params, tuned=False),
-        get_target(lang).kind, dtype)
-    return dict(params=chosen, tuned=bool(params))
+    return dict(params=runtime.schedule_params(kernel, variant, lang, dtype, params, tuned=False),
+                tuned=bool(params))
 
 
 def computes(kernel: str, baseline: str) -> str:

@@ -100,21 +100,32 @@ def flash_tiles(nest, rows, lanes, causal):
     return (*together, *masked, KeyTiles(nest, "j", lanes), ColumnTiles(nest, "j", "c", lanes))
 
 
-def flash_params(n: int, d: int, causal: bool) -> dict:
+def flash_params(n: int, d: int, causal: bool, lanes: int) -> dict:
     """The parameters of a kernel in FlashAttention's form (attention_fwd's flash,
     attention_fwdbwd's owner; attention_bwd's flash takes all but `block`, having no forward
-    pass) for sizes where its defaults, chosen at n 1024-8192 and d 64-128, lose: tiles 16
-    lanes wide when d < 32 (float32's 32 lanes would leave every output column to the
-    remainder loop), and blocks of 16 keys for causal sequences up to 256 (only the diagonal
-    blocks select; at n 64 a block of 64 keys is all diagonal). The others are the defaults.
-    Measured in docs/PERFORMANCE.md ("Attention at a small model's sizes")."""
-    params = {"lanes": 16} if d < 32 else {}
+    pass) for sizes where its defaults, chosen at n 1024-8192 and d 64-128, lose; `lanes`:
+    the tiles' width the kernel takes otherwise (its defaults on this machine). Tiles at
+    most 16 lanes wide when d < 32 (32 lanes would leave every output column to the
+    remainder loop), and for causal sequences up to 256 blocks of 16 keys (only the diagonal
+    blocks select; at n 64 a block of 64 keys is all diagonal) with tiles of 8 rows, two to a
+    block (6 rows straddle the blocks). Empty where the defaults stand. Measured in
+    docs/PERFORMANCE.md ("Attention at a small model's sizes", "The flash forward's tiles on
+    AVX2")."""
+    narrow = min(lanes, 16)
+    params = {"lanes": narrow} if d < 32 and lanes > narrow else {}
     if causal and n <= 256:
-        params.update(block=16, lanes=16)
+        params.update(block=16, rows=8, lanes=narrow)
     return params
 
 
-FLASH_AVX512 = {"float64": {"lanes": 32, "block": 128}, "float32": {"rows": 12, "block": 128}}
+# The CPU's tiles: a row of the score and output tiles in two vector registers, 6 rows (12
+# accumulators of AVX2's 16 registers: 8 float64 lanes, 16 float32); AVX-512's hold 32
+# lanes of either, 8 float64 rows or 12 float32 ones, over blocks of 128 keys
+# (docs/PERFORMANCE.md, "The flash forward's tiles on AVX2", "... on AVX-512")
+FLASH_DEFAULTS = {"rows": 6, "lanes": 8, "block": KEY_BLOCK}
+FLASH_DTYPES = {"float32": {"lanes": 16}}
+FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
+                "float32": {"rows": 12, "lanes": 32, "block": 128}}
 
 
 def flash(rows, lanes, block, causal, loops=ROWS):
@@ -149,16 +160,10 @@ def flash_variant(causal: bool, loops=ROWS) -> Tunable:
     """The flash variant over the query rows `loops` (the query row last), with its CPU,
     GPU, float32 and AVX-512 defaults."""
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops),
-                   defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
+                   defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
                    cuda={"rows": 4, "lanes": 8},
-                   # two vector registers of keys either way: 16 float64, 32 float32 lanes
-                   # (docs/PERFORMANCE.md, per-dtype defaults)
-                   dtypes={"float32": {"lanes": 32}},
-                   # AVX-512: float64 tiles of four registers' lanes, float32 rows of 12,
-                   # blocks of 128 keys: 1.05-1.45x at n 1024-4096, d 64 and 128, plain and
-                   # causal (docs/PERFORMANCE.md, "The flash forward's tiles on AVX-512")
-                   avx512=FLASH_AVX512)
+                   dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

@@ -195,13 +195,16 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
 
 # the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes
 # from the key rows' pass, in one part (the heads already feed the threads), and every
-# product is a register tile of 8 rows by 16 lanes (two float64 vector registers, one of
-# float32: 32 float32 lanes ran 10% faster at n 1024, d 64, and took twice as long to
-# build, C 20 s against 11); on a GPU dQ keeps its pass (parts 0): that pass runs a thread
-# per query row, the parts only one per part of a head's keys; a thread walks the other
-# side a row at a time (lanes 0)
-OWNER_DEFAULTS = {"rows": 8, "keys": 2, "parts": 1, "lanes": 16}
-OWNER_SPACE = {"rows": (4, 8), "keys": (1, 2, 4), "parts": (0, 1), "lanes": (0, 16, 32)}
+# product is a register tile of `rows` rows by `lanes` lanes: float64 6 x 8 (a row in two
+# AVX2 vector registers; 8 x 16 on AVX-512), float32 8 x 16 (32 lanes ran 10% faster at n
+# 1024, d 64 on AVX-512, and took twice as long to build, C 20 s against 11)
+# (docs/PERFORMANCE.md, "The flash forward's tiles on AVX2"); on a GPU dQ keeps its pass
+# (parts 0): that pass runs a thread per query row, the parts only one per part of a head's
+# keys; a thread walks the other side a row at a time (lanes 0)
+OWNER_DEFAULTS = {"rows": 6, "keys": 2, "parts": 1, "lanes": 8}
+OWNER_DTYPES = {"float32": {"rows": 8, "lanes": 16}}
+OWNER_AVX512 = {"float64": {"rows": 8, "lanes": 16}}
+OWNER_SPACE = {"rows": (4, 6, 8), "keys": (1, 2, 4), "parts": (0, 1), "lanes": (0, 8, 16, 32)}
 OWNER_CUDA = {"rows": 4, "keys": 4, "parts": 0, "lanes": 0}
 
 
@@ -233,7 +236,8 @@ def variants(causal: bool):
 def flash_variant(causal: bool, loops=Rows()) -> Tunable:
     """The flash variant (the owner alone) over the row loops `loops`."""
     return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops),
-                   defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA)
+                   defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA,
+                   dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)
 
 
 SPECS = (spec(False), spec(True))

@@ -24,8 +24,9 @@ from functools import partial
 from moagen import reference
 from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, softmax_parts,
                                       softmax_scale)
-from moagen.kernels.attention_bwd import (BH, DO, EXTENTS, KEY_ROWS, OWNER_CUDA, OWNER_DEFAULTS,
-                                          OWNER_SPACE, QUERY_ROWS, gradients, owner)
+from moagen.kernels.attention_bwd import (BH, DO, EXTENTS, KEY_ROWS, OWNER_AVX512, OWNER_CUDA,
+                                          OWNER_DEFAULTS, OWNER_DTYPES, OWNER_SPACE, QUERY_ROWS,
+                                          gradients, owner)
 from moagen.kernels.cases import Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
@@ -78,8 +79,9 @@ def variants(causal: bool):
     return {"atomic": ATOMIC,
             "owner": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
                              defaults={**OWNER_DEFAULTS, "block": 32 if causal else KEY_BLOCK},
-                             # 36 candidates: each build of a tiled owner takes ~11 s
-                             space=OWNER_SPACE, cuda={**OWNER_CUDA, "block": KEY_BLOCK})}
+                             # 72 candidates: each build of a tiled owner takes ~11 s
+                             space=OWNER_SPACE, cuda={**OWNER_CUDA, "block": KEY_BLOCK},
+                             dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)}
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

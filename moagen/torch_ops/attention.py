@@ -20,27 +20,34 @@ The backward alone rather than a fused forward + backward (attention_fwdbwd): th
 has already computed O and the logsumexp, which the fused owner would compute again in a
 pass of its own (docs/PERFORMANCE.md, "The backward without its forward")."""
 import math
+from functools import lru_cache
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from moagen import runtime
 from moagen.kernels.attention import flash_params
-from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
-                                     check_tensors)
+from moagen.torch_ops.native import (DTYPES, call, causal_name, check_dims, check_lang,
+                                     check_size, check_tensors)
 from moagen.torch_ops.operator import Operator
 
 SHAPE = "(batch, heads, n, d)"
 
 
-def fitted(q: Tensor, causal: bool):
-    """The forward's schedule parameters fitted to q's sequence length and head size."""
-    return flash_params(q.shape[2], q.shape[3], causal).items()
+@lru_cache(maxsize=None)
+def fitted(name: str, lang: str, dtype: str, n: int, d: int, causal: bool) -> tuple:
+    """The schedule parameters of a flash kernel fitted to the sequence length and head size,
+    as pairs: every parameter where flash_params changes one of this machine's defaults
+    (a backward has no key blocks of its own), () where they stand."""
+    here = runtime.schedule_params(name, "flash", lang, dtype)
+    changed = {key: value for key, value in flash_params(n, d, causal, here["lanes"]).items()
+               if key in here and here[key] != value}
+    return tuple(sorted({**here, **changed}.items())) if changed else ()
 
 
-def backward_params(q: Tensor, causal: bool):
-    """The backward's: the forward's but its key blocks (the backward has no forward pass)."""
-    return [(name, value) for name, value in fitted(q, causal) if name != "block"]
+def _params(name: str, q: Tensor, causal: bool, lang: str) -> tuple:
+    return fitted(name, lang, DTYPES[q.dtype], q.shape[2], q.shape[3], causal)
 
 
 def _check(op, q, k, v, lang):
@@ -70,8 +77,9 @@ def grouped(t: Tensor, kv_heads: int):
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward)."""
-    return call(causal_name("attention_gqa_fwd", causal), "flash", lang, grouped(q, k.shape[1]),
-                k, v, scale=scale, params=fitted(q, causal), out_shapes=(q.shape, q.shape[:-1]))
+    name = causal_name("attention_gqa_fwd", causal)
+    return call(name, "flash", lang, grouped(q, k.shape[1]), k, v, scale=scale,
+                params=_params(name, q, causal, lang), out_shapes=(q.shape, q.shape[:-1]))
 
 
 def _attention_fake(q, k, v, causal, scale, lang):
@@ -81,10 +89,10 @@ def _attention_fake(q, k, v, causal, scale, lang):
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         grad_out: Tensor, causal: bool, scale: float,
                         lang: str) -> tuple[Tensor, Tensor, Tensor]:
-    kv_heads = k.shape[1]
-    return call(causal_name("attention_gqa_bwd", causal), "flash", lang, grouped(q, kv_heads),
-                k, v, *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
-                params=backward_params(q, causal), out_shapes=(q.shape,))
+    kv_heads, name = k.shape[1], causal_name("attention_gqa_bwd", causal)
+    return call(name, "flash", lang, grouped(q, kv_heads), k, v,
+                *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
+                params=_params(name, q, causal, lang), out_shapes=(q.shape,))
 
 
 def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, scale, lang):
