@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import sympy
 
+from moagen import runtime
 from moagen.bind.abi import KernelCallable
 from moagen.errors import DeviceUnavailable
 from moagen.onf.signature import ArrayParam, Signature
@@ -73,6 +74,31 @@ def test_a_call_by_address_checks_shapes_and_scalars_and_who_may_take_it(librari
     assert c.takes_addresses and not fortran.takes_addresses
     with pytest.raises(ValueError, match="not called by address"):
         fortran.call_at([(X.ctypes.data, X.shape), (s.ctypes.data, s.shape)], never, alpha=1.0)
+
+
+def test_an_in_place_kernel_called_by_address_writes_its_arguments():
+    """kv_append writes row n of both caches, given by address as moagen.torch gives
+    tensors; an argument written in place may share no memory with another (the kernel's
+    pointers are restrict)."""
+    kernel = runtime.load("kv_append", "dnf", "c", "float64")
+    rng = np.random.default_rng(0)
+    K, V = np.zeros((1, 2, 5, 3)), np.zeros((1, 2, 5, 3))
+    k, v = rng.standard_normal((1, 2, 3)), rng.standard_normal((1, 2, 3))
+    never = lambda shape: pytest.fail("allocated for a kernel with no outputs")  # noqa: E731
+    at = lambda *arrays: [(a.ctypes.data, a.shape) for a in arrays]  # noqa: E731
+    assert kernel.takes_addresses
+    assert kernel.call_at(at(K, V, k, v), never, n=2) is None
+    expected_K, expected_V = np.zeros_like(K), np.zeros_like(V)
+    expected_K[:, :, 2], expected_V[:, :, 2] = k, v
+    np.testing.assert_array_equal(K, expected_K)
+    np.testing.assert_array_equal(V, expected_V)
+    with pytest.raises(ValueError, match="argument 'K' shares memory with another argument"):
+        kernel.call_at(at(K, K, k, v), never, n=3)
+    with pytest.raises(ValueError, match="argument 'K' shares memory with another argument"):
+        kernel.call_at(at(K, V, K[:, :, 4], v), never, n=3)  # K's row 4 as the new row
+    with pytest.raises(ValueError, match="the cache is full"):
+        kernel.call_at(at(K, V, k, v), never, n=5)
+    np.testing.assert_array_equal(K, expected_K)  # the refused calls wrote nothing
 
 
 def test_every_kernel_of_a_library_binds_separately(libraries, scale_rows):

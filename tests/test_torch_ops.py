@@ -226,6 +226,21 @@ def test_an_eager_call_that_writes_its_arguments_bumps_their_versions():
         product.sum().backward()
 
 
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+def test_a_cache_written_in_place_must_be_contiguous(lang):
+    """A strided cache is refused: a contiguous copy handed to the kernel would take its
+    writes, and the cache would stay as it was."""
+    from moagen.torch_ops.decode import kv_append_op
+    strided = torch.zeros(1, 4, 2, 3, dtype=torch.float64).transpose(1, 2)
+    other, row = torch.zeros(1, 2, 4, 3, dtype=torch.float64), torch.ones(1, 2, 3,
+                                                                         dtype=torch.float64)
+    assert "K is written in place and must be contiguous" in _errors_of(
+        lambda: kv_append_op(strided, other, row, row, 1, lang))
+    assert not other.any()  # nothing written
+    kv_append_op(other, strided.contiguous(), row, row, 1, lang)  # contiguous: written
+    assert other[:, :, 1].eq(1).all()
+
+
 def _errors_of(call):
     with pytest.raises((ValueError, TypeError)) as error:
         call()

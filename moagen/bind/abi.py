@@ -76,9 +76,9 @@ class KernelCallable:
         self._order = "C" if signature.layout == "row" else "F"
         self._inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
         self._fits = {}  # (input shapes, given sizes) -> (sizes, shapes, scratch shapes): _fit
-        # whether call_at runs this kernel: a host kernel of row layout that writes none of
-        # its inputs, bound by addresses (C's cffi binding)
-        self.takes_addresses = (address_call is not None and device is None and not self._inout
+        # whether call_at runs this kernel: a host kernel of row layout bound by addresses
+        # (C's cffi binding)
+        self.takes_addresses = (address_call is not None and device is None
                                 and signature.layout == "row")
 
     def __call__(self, *args, out=None, **kwargs):
@@ -116,10 +116,13 @@ class KernelCallable:
         """The kernel on memory its caller holds and has checked, for arrays numpy does not
         hold (moagen.torch's tensors): inputs as (address, shape) pairs in signature order,
         each address the start of a C-contiguous array of the kernel's dtype and of that
-        shape, aligned to the dtype; allocate(shape) -> (array, address): new memory for an
-        output; named: the scalars and given sizes by name. The shapes, sizes and scalars
-        are checked here as a call's are; the scratch is the kernel's own (kept as a call's).
-        Returns the outputs as allocate made them (a tuple when there are several)."""
+        shape, aligned to the dtype, and writable where the kernel writes it (an inout
+        argument); allocate(shape) -> (array, address): new memory for an output; named: the
+        scalars and given sizes by name. The shapes, sizes and scalars are checked here as a
+        call's are, and that an argument written in place shares no memory with another;
+        the scratch is the kernel's own (kept as a call's). Returns the outputs as allocate
+        made them (a tuple when there are several; None when the kernel only updates its
+        inout arguments)."""
         if not self.takes_addresses:
             raise ValueError(f"{self.signature.name}: this kernel is not called by address "
                              "(see takes_addresses): call it with arrays")
@@ -128,6 +131,8 @@ class KernelCallable:
         sizes, shapes, scratch_shapes = self._fit(tuple(shape for _, shape in inputs),
                                                   args[n_inputs + n_scalars:])
         scalars = self._scalars(args[n_inputs:n_inputs + n_scalars], sizes)
+        if self._inout:
+            self._check_apart(inputs)
         outputs = [allocate(shapes[p.name]) for p in self._outputs]
         # the scratch arrays are held here until the kernel returns: scratch over
         # KEEP_HOST_SCRATCH is not kept, and its addresses alone would not hold it
@@ -136,6 +141,8 @@ class KernelCallable:
                            *(address for _, address in outputs), *scratch,
                            *sizes.values(), *scalars)
         del held
+        if not outputs:
+            return None
         return outputs[0][0] if len(outputs) == 1 else tuple(array for array, _ in outputs)
 
     def __repr__(self):
@@ -331,6 +338,17 @@ class KernelCallable:
             self._check_memory(what, array)
             self._check_writable(what, array, [*inputs, *out[:i]])
         return list(out)
+
+    def _check_apart(self, inputs):
+        """call_at's twin of _check_writable's aliasing test, on (address, shape) pairs of
+        checked shapes: an inout argument's bytes overlap no other argument's."""
+        itemsize = self._dtype.itemsize
+        spans = [(address, address + math.prod(shape) * itemsize) for address, shape in inputs]
+        for k in self._inout:
+            start, stop = spans[k]
+            if any(j != k and start < end and begin < stop for j, (begin, end) in enumerate(spans)):
+                raise ValueError(f"{self.signature.name}: {self._argument[self._inputs[k].name]} "
+                                 "shares memory with another argument")
 
     def _check_memory(self, what, array):
         """A device array's bytes, as its checked shape and dtype count them, must be the

@@ -1,7 +1,8 @@
 """Calling moagen's kernels on torch tensors: the checks a PyTorch user expects (device,
 dtype, shapes, by the names of the torch-level arguments), then the kernel on the tensors'
-memory (no copy of a contiguous tensor). A C kernel takes the tensors' addresses and writes
-new tensors (KernelCallable.call_at); a Fortran kernel, whose f2py binding takes numpy
+memory (no copy of a contiguous tensor; a tensor the kernel writes in place must be
+contiguous). A C kernel takes the tensors' addresses and writes new tensors, or the ones it
+updates in place (KernelCallable.call_at); a Fortran kernel, whose f2py binding takes numpy
 arrays, takes numpy views of them, its outputs handed back as tensors over the arrays it
 wrote (no copy either). Both check the shapes against the kernel's signature; a model
 makes many small calls, and the first way costs each less Python (docs/PERFORMANCE.md, "A
@@ -128,6 +129,11 @@ def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
     seen = [_seen(name, a) for a in arrays]
     dtype = seen[0][0].dtype
     fn = kernel(name, variant, lang, DTYPES[dtype], tuple(sorted(params)))
+    for param, (t, _) in zip(fn.signature.inputs, seen):
+        # written in place: a contiguous copy (below) would take the writes
+        if param.intent == "inout" and not t.is_contiguous():
+            raise ValueError(f"{name}: {param.name} is written in place and must be "
+                             f"contiguous, got strides {t.stride()}")
     # the contiguous tensors are held until the kernel returns: a copy made here would
     # otherwise be freed while the kernel reads it
     held = [(t.contiguous(), shape) for t, shape in seen]
