@@ -153,6 +153,9 @@ class KernelCallable:
         """The arguments in signature order (inputs, scalars, given sizes), from positional and
         keyword arguments matched like a def's."""
         params = self._params
+        # the rest by keyword, in order: the usual call
+        if len(args) <= len(params) and tuple(kwargs) == params[len(args):]:
+            return (*args, *kwargs.values())
         values = dict(zip(params, args))
         for key, value in kwargs.items():
             if key not in params or key in values:
