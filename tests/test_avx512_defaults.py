@@ -120,7 +120,7 @@ def test_the_small_models_flash_parameters_never_widen_the_tiles():
 @pytest.fixture
 def fresh_fits():
     fitted.cache_clear()  # fits are kept per process; these tests change the machine
-    yield fitted
+    yield
     fitted.cache_clear()
 
 

@@ -74,7 +74,8 @@ class KernelCallable:
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
         self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
         self._order = "C" if signature.layout == "row" else "F"
-        self._inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
+        # the indices of the inputs the kernel writes in place (its inout arguments)
+        self.inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
         self._fits = {}  # (input shapes, given sizes) -> (sizes, shapes, scratch shapes): _fit
         # whether call_at runs this kernel: a host kernel of row layout bound by addresses
         # (C's cffi binding)
@@ -90,7 +91,7 @@ class KernelCallable:
         on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
         for param, array in zip(self._inputs, inputs):
             self._check_array(argument[param.name], param, array)
-        for k in self._inout:
+        for k in self.inout:
             self._check_writable(argument[self._inputs[k].name], inputs[k],
                                  [*inputs[:k], *inputs[k + 1:]])
         sizes, shapes, scratch_shapes = self._fit(tuple(a.shape for a in inputs),
@@ -131,7 +132,7 @@ class KernelCallable:
         sizes, shapes, scratch_shapes = self._fit(tuple(shape for _, shape in inputs),
                                                   args[n_inputs + n_scalars:])
         scalars = self._scalars(args[n_inputs:n_inputs + n_scalars], sizes)
-        if self._inout:
+        if self.inout:
             self._check_apart(inputs)
         outputs = [allocate(shapes[p.name]) for p in self._outputs]
         # the scratch arrays are held here until the kernel returns: scratch over
@@ -347,7 +348,7 @@ class KernelCallable:
         checked shapes: an inout argument's bytes overlap no other argument's."""
         itemsize = self._dtype.itemsize
         spans = [(address, address + math.prod(shape) * itemsize) for address, shape in inputs]
-        for k in self._inout:
+        for k in self.inout:
             start, stop = spans[k]
             if any(j != k and start < end and begin < stop for j, (begin, end) in enumerate(spans)):
                 raise ValueError(f"{self.signature.name}: {self._argument[self._inputs[k].name]} "

@@ -129,11 +129,10 @@ def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
     seen = [_seen(name, a) for a in arrays]
     dtype = seen[0][0].dtype
     fn = kernel(name, variant, lang, DTYPES[dtype], tuple(sorted(params)))
-    for param, (t, _) in zip(fn.signature.inputs, seen):
-        # written in place: a contiguous copy (below) would take the writes
-        if param.intent == "inout" and not t.is_contiguous():
-            raise ValueError(f"{name}: {param.name} is written in place and must be "
-                             f"contiguous, got strides {t.stride()}")
+    for k in fn.inout:  # written in place: a contiguous copy (below) would take the writes
+        if not seen[k][0].is_contiguous():
+            raise ValueError(f"{name}: {fn.signature.inputs[k].name} is written in place and "
+                             f"must be contiguous, got strides {seen[k][0].stride()}")
     # the contiguous tensors are held until the kernel returns: a copy made here would
     # otherwise be freed while the kernel reads it
     held = [(t.contiguous(), shape) for t, shape in seen]
