@@ -125,10 +125,10 @@ void attention_decode_online_f64(
                             qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 2)];
                             qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 3)];
                         }
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] = scale * qk_0;
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128] = scale * qk_2;
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192] = scale * qk_3;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] = scale * qk_0;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)] = scale * qk_3;
                     }
                     double block_max_0 = -INFINITY;
                     double block_max_1 = -INFINITY;
@@ -136,10 +136,10 @@ void attention_decode_online_f64(
                     double block_max_3 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_double(block_max_0, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile]);
-                        block_max_1 = max_double(block_max_1, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64]);
-                        block_max_2 = max_double(block_max_2, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128]);
-                        block_max_3 = max_double(block_max_3, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192]);
+                        block_max_0 = max_double(block_max_0, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)]);
+                        block_max_1 = max_double(block_max_1, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_double(block_max_2, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_double(block_max_3, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)]);
                     }
                     const double new_max_0 = max_double(row_max_0, block_max_0);
                     const double new_max_1 = max_double(row_max_1, block_max_1);
@@ -149,12 +149,11 @@ void attention_decode_online_f64(
                     const double rescale_1 = exp(row_max_1 - new_max_1);
                     const double rescale_2 = exp(row_max_2 - new_max_2);
                     const double rescale_3 = exp(row_max_3 - new_max_3);
-                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] = exp(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] - new_max_0);
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] = exp(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] - new_max_1);
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128] = exp(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128] - new_max_2);
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192] = exp(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192] - new_max_3);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] - new_max_0);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)] - new_max_3);
                     }
                     double block_sum_0 = 0.0;
                     double block_sum_1 = 0.0;
@@ -162,10 +161,10 @@ void attention_decode_online_f64(
                     double block_sum_3 = 0.0;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile];
-                        block_sum_1 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64];
-                        block_sum_2 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128];
-                        block_sum_3 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192];
+                        block_sum_0 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -180,10 +179,10 @@ void attention_decode_online_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-                        const double t_0 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile];
-                        const double t_1 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64];
-                        const double t_2 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128];
-                        const double t_3 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192];
+                        const double t_0 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)];
+                        const double t_1 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)];
+                        const double t_2 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)];
+                        const double t_3 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(b*q_heads + g*quot + 4*r_tile)] += t_0 * V[V_row + c];
@@ -234,23 +233,23 @@ void attention_decode_online_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += K[K_row + c] * q[c + d*(b*q_heads + g*quot2 + r)];
                         }
-                        probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] = scale * qk;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)] = scale * qk;
                     }
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_double(block_max, probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r]);
+                        block_max = max_double(block_max, probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)]);
                     }
                     const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] = exp(probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] - new_max);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)] - new_max);
                     }
                     double block_sum = 0.0;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r];
+                        block_sum += probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -259,7 +258,7 @@ void attention_decode_online_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-                        const double t = probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r];
+                        const double t = probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(b*q_heads + g*quot2 + r)] += t * V[V_row + c];
@@ -330,10 +329,10 @@ void attention_decode_online_f32(
                             qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 2)];
                             qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 3)];
                         }
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] = scale * qk_0;
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128] = scale * qk_2;
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192] = scale * qk_3;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] = scale * qk_0;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)] = scale * qk_3;
                     }
                     float block_max_0 = -INFINITY;
                     float block_max_1 = -INFINITY;
@@ -341,10 +340,10 @@ void attention_decode_online_f32(
                     float block_max_3 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_float(block_max_0, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile]);
-                        block_max_1 = max_float(block_max_1, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64]);
-                        block_max_2 = max_float(block_max_2, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128]);
-                        block_max_3 = max_float(block_max_3, probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192]);
+                        block_max_0 = max_float(block_max_0, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)]);
+                        block_max_1 = max_float(block_max_1, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_float(block_max_2, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_float(block_max_3, probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)]);
                     }
                     const float new_max_0 = max_float(row_max_0, block_max_0);
                     const float new_max_1 = max_float(row_max_1, block_max_1);
@@ -354,12 +353,11 @@ void attention_decode_online_f32(
                     const float rescale_1 = expf(row_max_1 - new_max_1);
                     const float rescale_2 = expf(row_max_2 - new_max_2);
                     const float rescale_3 = expf(row_max_3 - new_max_3);
-                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] = expf(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] - new_max_0);
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] = expf(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] - new_max_1);
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128] = expf(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128] - new_max_2);
-                        probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192] = expf(probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192] - new_max_3);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] - new_max_0);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)] - new_max_3);
                     }
                     float block_sum_0 = 0.0f;
                     float block_sum_1 = 0.0f;
@@ -367,10 +365,10 @@ void attention_decode_online_f32(
                     float block_sum_3 = 0.0f;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile];
-                        block_sum_1 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64];
-                        block_sum_2 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128];
-                        block_sum_3 += probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192];
+                        block_sum_0 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -385,10 +383,10 @@ void attention_decode_online_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-                        const float t_0 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile];
-                        const float t_1 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64];
-                        const float t_2 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128];
-                        const float t_3 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192];
+                        const float t_0 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)];
+                        const float t_1 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)];
+                        const float t_2 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*(64 < n ? 64 : n)];
+                        const float t_3 = probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(b*q_heads + g*quot + 4*r_tile)] += t_0 * V[V_row + c];
@@ -439,23 +437,23 @@ void attention_decode_online_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += K[K_row + c] * q[c + d*(b*q_heads + g*quot2 + r)];
                         }
-                        probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] = scale * qk;
+                        probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)] = scale * qk;
                     }
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_float(block_max, probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r]);
+                        block_max = max_float(block_max, probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)]);
                     }
                     const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] = expf(probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] - new_max);
+                        probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)] - new_max);
                     }
                     float block_sum = 0.0f;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r];
+                        block_sum += probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -464,7 +462,7 @@ void attention_decode_online_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-                        const float t = probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r];
+                        const float t = probs[j - 64*j_blk + (b*q_heads + g*quot2 + r)*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(b*q_heads + g*quot2 + r)] += t * V[V_row + c];

@@ -119,20 +119,20 @@ __global__ void attention_decode_online_f64_heads(
                 qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)];
                 qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)];
             }
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] = scale * qk_0;
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128] = scale * qk_2;
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192] = scale * qk_3;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)] = scale * qk_0;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile]);
-            block_max_1 = fmax(block_max_1, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64]);
-            block_max_2 = fmax(block_max_2, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128]);
-            block_max_3 = fmax(block_max_3, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192]);
+            block_max_0 = fmax(block_max_0, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)]);
+            block_max_1 = fmax(block_max_1, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmax(block_max_2, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmax(block_max_3, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)]);
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -143,20 +143,20 @@ __global__ void attention_decode_online_f64_heads(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] = exp(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] - new_max_0);
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] = exp(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] - new_max_1);
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128] = exp(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128] - new_max_2);
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192] = exp(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192] - new_max_3);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)] - new_max_0);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)] - new_max_1);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)] - new_max_2);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
         double block_sum_2 = 0.0;
         double block_sum_3 = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
-            block_sum_1 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
-            block_sum_2 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128];
-            block_sum_3 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192];
+            block_sum_0 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -171,14 +171,14 @@ __global__ void attention_decode_online_f64_heads(
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
             const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
             const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
-            const double t_0_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile];
-            const double t_0_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 64];
-            const double t_0_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 128];
-            const double t_0_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 192];
-            const double t_1_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 1];
-            const double t_1_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 65];
-            const double t_1_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 129];
-            const double t_1_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 193];
+            const double t_0_0 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)];
+            const double t_0_1 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)];
+            const double t_0_2 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)];
+            const double t_0_3 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)];
+            const double t_1_0 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n) + 1];
+            const double t_1_1 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n) + 1];
+            const double t_1_2 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n) + 1];
+            const double t_1_3 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n) + 1];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
@@ -188,10 +188,10 @@ __global__ void attention_decode_online_f64_heads(
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-            const double t_0b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
-            const double t_1b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
-            const double t_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128];
-            const double t_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192];
+            const double t_0b = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)];
+            const double t_1b = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)];
+            const double t_2 = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)];
+            const double t_3 = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0b * V[V_row + c];
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_1b * V[V_row + c];
@@ -253,20 +253,20 @@ __global__ void attention_decode_online_f64_heads_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)];
             }
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] = scale * qk;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r]);
+            block_max = fmax(block_max, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)]);
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] = exp(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] - new_max);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)] - new_max);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r];
+            block_sum += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -275,15 +275,15 @@ __global__ void attention_decode_online_f64_heads_edge(
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
             const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
             const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
-            const double t_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r];
-            const double t_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r + 1];
+            const double t_0 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)];
+            const double t_1 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n) + 1];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
             }
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-            const double t = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r];
+            const double t = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t * V[V_row + c];
             }
@@ -386,20 +386,20 @@ __global__ void attention_decode_online_f32_heads(
                 qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)];
                 qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)];
             }
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] = scale * qk_0;
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128] = scale * qk_2;
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192] = scale * qk_3;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)] = scale * qk_0;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile]);
-            block_max_1 = fmaxf(block_max_1, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64]);
-            block_max_2 = fmaxf(block_max_2, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128]);
-            block_max_3 = fmaxf(block_max_3, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192]);
+            block_max_0 = fmaxf(block_max_0, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)]);
+            block_max_1 = fmaxf(block_max_1, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmaxf(block_max_2, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmaxf(block_max_3, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)]);
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -410,20 +410,20 @@ __global__ void attention_decode_online_f32_heads(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] = expf(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] - new_max_0);
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] = expf(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] - new_max_1);
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128] = expf(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128] - new_max_2);
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192] = expf(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192] - new_max_3);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)] - new_max_0);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)] - new_max_1);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)] - new_max_2);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
         float block_sum_2 = 0.0f;
         float block_sum_3 = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
-            block_sum_1 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
-            block_sum_2 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128];
-            block_sum_3 += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192];
+            block_sum_0 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -438,14 +438,14 @@ __global__ void attention_decode_online_f32_heads(
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
             const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
             const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
-            const float t_0_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile];
-            const float t_0_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 64];
-            const float t_0_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 128];
-            const float t_0_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 192];
-            const float t_1_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 1];
-            const float t_1_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 65];
-            const float t_1_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 129];
-            const float t_1_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 193];
+            const float t_0_0 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)];
+            const float t_0_1 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)];
+            const float t_0_2 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)];
+            const float t_0_3 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)];
+            const float t_1_0 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n) + 1];
+            const float t_1_1 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n) + 1];
+            const float t_1_2 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n) + 1];
+            const float t_1_3 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n) + 1];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
@@ -455,10 +455,10 @@ __global__ void attention_decode_online_f32_heads(
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-            const float t_0b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
-            const float t_1b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
-            const float t_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128];
-            const float t_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192];
+            const float t_0b = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)*(64 < n ? 64 : n)];
+            const float t_1b = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)*(64 < n ? 64 : n)];
+            const float t_2 = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)*(64 < n ? 64 : n)];
+            const float t_3 = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0b * V[V_row + c];
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_1b * V[V_row + c];
@@ -520,20 +520,20 @@ __global__ void attention_decode_online_f32_heads_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)];
             }
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] = scale * qk;
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r]);
+            block_max = fmaxf(block_max, probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)]);
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] = expf(probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] - new_max);
+            probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)] - new_max);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r];
+            block_sum += probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -542,15 +542,15 @@ __global__ void attention_decode_online_f32_heads_edge(
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
             const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
             const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
-            const float t_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r];
-            const float t_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r + 1];
+            const float t_0 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)];
+            const float t_1 = probs[-64*j_blk + 2*j_tile + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n) + 1];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
             }
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
-            const float t = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r];
+            const float t = probs[j - 64*j_blk + (b*q_heads + g*((q_heads) / kv_heads) + r)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t * V[V_row + c];
             }

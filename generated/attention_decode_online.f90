@@ -73,7 +73,7 @@ contains
     real(c_double), intent(in) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_double), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_double), intent(out) :: lse(0:batch * q_heads - 1)
-    real(c_double), intent(out) :: probs(0:batch * q_heads * 64 - 1)
+    real(c_double), intent(out) :: probs(0:batch * q_heads * min(64, n) - 1)
     integer(c_int64_t) :: b, g, r_tile, c, j_blk, j, r, quot, quot2, K_row, V_row, lse_row
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, &
@@ -124,10 +124,10 @@ contains
                 qk_2 = qk_2 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 2))
                 qk_3 = qk_3 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 3))
               end do
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) = scale * qk_0
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) = scale * qk_1
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128) = scale * qk_2
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192) = scale * qk_3
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) = scale * qk_0
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n)) = scale * qk_1
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n)) = scale * qk_2
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n)) = scale * qk_3
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -135,14 +135,14 @@ contains
             block_max_3 = neg_inf
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile))
-              block_max_1 = max(block_max_1, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 64))
-              block_max_2 = max(block_max_2, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 128))
-              block_max_3 = max(block_max_3, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 192))
+              block_max_0 = max(block_max_0, probs(j - 64*j_blk + (b*q_heads + g*quot + &
+                  & 4*r_tile)*min(64, n)))
+              block_max_1 = max(block_max_1, probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile &
+                  & + 1)*min(64, n)))
+              block_max_2 = max(block_max_2, probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile &
+                  & + 2)*min(64, n)))
+              block_max_3 = max(block_max_3, probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile &
+                  & + 3)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -152,19 +152,15 @@ contains
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
-            !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) - new_max_0)
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) - &
-                  & new_max_1)
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128) - &
-                  & new_max_2)
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192) - &
-                  & new_max_3)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) - new_max_0)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n)) = exp(probs(j &
+                  & - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n)) - new_max_1)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n)) = exp(probs(j &
+                  & - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n)) - new_max_2)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n)) = exp(probs(j &
+                  & - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n)) - new_max_3)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -172,14 +168,14 @@ contains
             block_sum_3 = 0.0_c_double
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile)
-              block_sum_1 = block_sum_1 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 64)
-              block_sum_2 = block_sum_2 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 128)
-              block_sum_3 = block_sum_3 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 192)
+              block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (b*q_heads + g*quot + &
+                  & 4*r_tile)*min(64, n))
+              block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + &
+                  & 3)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -198,10 +194,10 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(cap*(b*kv_heads + g) + j)
-              t_0 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile)
-              t_1 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64)
-              t_2 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128)
-              t_3 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192)
+              t_0 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n))
+              t_1 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n))
+              t_2 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n))
+              t_3 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(b*q_heads + g*quot + 4*r_tile)) = O(c + d*(b*q_heads + g*quot + &
@@ -261,24 +257,24 @@ contains
               do c = 0, d - 1
                 qk = qk + K(K_row + c) * q(c + d*(b*q_heads + g*quot2 + r))
               end do
-              probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r) = scale * qk
+              probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r))
+              block_max = max(block_max, probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r) = exp(probs(64*b*q_heads + &
-                  & 64*g*quot2 + j - 64*j_blk + 64*r) - new_max)
+              probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n)) = exp(probs(j - 64*j_blk &
+                  & + (b*q_heads + g*quot2 + r)*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r)
+              block_sum = block_sum + probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -287,7 +283,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(cap*(b*kv_heads + g) + j)
-              t = probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r)
+              t = probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) + t * &
@@ -317,7 +313,7 @@ contains
     real(c_float), intent(in) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_float), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_float), intent(out) :: lse(0:batch * q_heads - 1)
-    real(c_float), intent(out) :: probs(0:batch * q_heads * 64 - 1)
+    real(c_float), intent(out) :: probs(0:batch * q_heads * min(64, n) - 1)
     integer(c_int64_t) :: b, g, r_tile, c, j_blk, j, r, quot, quot2, K_row, V_row, lse_row
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, &
@@ -368,10 +364,10 @@ contains
                 qk_2 = qk_2 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 2))
                 qk_3 = qk_3 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 3))
               end do
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) = scale * qk_0
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) = scale * qk_1
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128) = scale * qk_2
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192) = scale * qk_3
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) = scale * qk_0
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n)) = scale * qk_1
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n)) = scale * qk_2
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n)) = scale * qk_3
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -379,14 +375,14 @@ contains
             block_max_3 = neg_inf
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile))
-              block_max_1 = max(block_max_1, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 64))
-              block_max_2 = max(block_max_2, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 128))
-              block_max_3 = max(block_max_3, probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 192))
+              block_max_0 = max(block_max_0, probs(j - 64*j_blk + (b*q_heads + g*quot + &
+                  & 4*r_tile)*min(64, n)))
+              block_max_1 = max(block_max_1, probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile &
+                  & + 1)*min(64, n)))
+              block_max_2 = max(block_max_2, probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile &
+                  & + 2)*min(64, n)))
+              block_max_3 = max(block_max_3, probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile &
+                  & + 3)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -396,19 +392,15 @@ contains
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
-            !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) - new_max_0)
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) - &
-                  & new_max_1)
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128) - &
-                  & new_max_2)
-              probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192) = &
-                  & exp(probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192) - &
-                  & new_max_3)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) - new_max_0)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n)) = exp(probs(j &
+                  & - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n)) - new_max_1)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n)) = exp(probs(j &
+                  & - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n)) - new_max_2)
+              probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n)) = exp(probs(j &
+                  & - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n)) - new_max_3)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -416,14 +408,14 @@ contains
             block_sum_3 = 0.0_c_float
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile)
-              block_sum_1 = block_sum_1 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 64)
-              block_sum_2 = block_sum_2 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 128)
-              block_sum_3 = block_sum_3 + probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + &
-                  & 256*r_tile + 192)
+              block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (b*q_heads + g*quot + &
+                  & 4*r_tile)*min(64, n))
+              block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + &
+                  & 3)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -442,10 +434,10 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(cap*(b*kv_heads + g) + j)
-              t_0 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile)
-              t_1 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64)
-              t_2 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128)
-              t_3 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192)
+              t_0 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n))
+              t_1 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*min(64, n))
+              t_2 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 2)*min(64, n))
+              t_3 = probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 3)*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(b*q_heads + g*quot + 4*r_tile)) = O(c + d*(b*q_heads + g*quot + &
@@ -505,24 +497,24 @@ contains
               do c = 0, d - 1
                 qk = qk + K(K_row + c) * q(c + d*(b*q_heads + g*quot2 + r))
               end do
-              probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r) = scale * qk
+              probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r))
+              block_max = max(block_max, probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r) = exp(probs(64*b*q_heads + &
-                  & 64*g*quot2 + j - 64*j_blk + 64*r) - new_max)
+              probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n)) = exp(probs(j - 64*j_blk &
+                  & + (b*q_heads + g*quot2 + r)*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r)
+              block_sum = block_sum + probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -531,7 +523,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(cap*(b*kv_heads + g) + j)
-              t = probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r)
+              t = probs(j - 64*j_blk + (b*q_heads + g*quot2 + r)*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) + t * &

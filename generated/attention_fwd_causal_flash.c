@@ -214,54 +214,54 @@ void attention_fwd_causal_flash_f64(
                             qk_5_6 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                             qk_5_7 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
                         }
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7;
                     }
                     for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = d*(j + n*(b*heads + h));
@@ -280,12 +280,12 @@ void attention_fwd_causal_flash_f64(
                             qk_4 += Q[c + d*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     double block_max_0 = -INFINITY;
                     double block_max_1 = -INFINITY;
@@ -295,12 +295,12 @@ void attention_fwd_causal_flash_f64(
                     double block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_double(block_max_0, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = max_double(block_max_1, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = max_double(block_max_2, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = max_double(block_max_3, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
-                        block_max_4 = max_double(block_max_4, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256]);
-                        block_max_5 = max_double(block_max_5, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320]);
+                        block_max_0 = max_double(block_max_0, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+                        block_max_1 = max_double(block_max_1, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_double(block_max_2, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_double(block_max_3, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
+                        block_max_4 = max_double(block_max_4, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)]);
+                        block_max_5 = max_double(block_max_5, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)]);
                     }
                     const double new_max_0 = max_double(row_max_0, block_max_0);
                     const double new_max_1 = max_double(row_max_1, block_max_1);
@@ -316,12 +316,12 @@ void attention_fwd_causal_flash_f64(
                     const double rescale_5 = exp(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5);
                     }
                     double block_sum_0 = 0.0;
                     double block_sum_1 = 0.0;
@@ -331,12 +331,12 @@ void attention_fwd_causal_flash_f64(
                     double block_sum_5 = 0.0;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -404,54 +404,54 @@ void attention_fwd_causal_flash_f64(
                         double o_7f = O[8*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 7];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
                         }
                         O[8*c_tile + d*(6*i_tile + n*(b*heads + h))] = o_0;
                         O[8*c_tile + d*(6*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -504,12 +504,12 @@ void attention_fwd_causal_flash_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const double t_0 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_1 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const double t_2 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const double t_3 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const double t_4 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const double t_5 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const double t_0 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_1 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const double t_2 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const double t_3 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const double t_4 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const double t_5 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 8*((d) / 8); c < d; ++c) {
                             O[c + d*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             O[c + d*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -627,54 +627,54 @@ void attention_fwd_causal_flash_f64(
                             qk_5_6b += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                             qk_5_7b += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
                         }
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6b;
-                        probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6b;
+                        probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7b;
                     }
                     for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = d*(j + n*(b*heads + h));
@@ -693,12 +693,12 @@ void attention_fwd_causal_flash_f64(
                             qk_4 += Q[c + d*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     double block_max_0 = -INFINITY;
                     double block_max_1 = -INFINITY;
@@ -708,12 +708,12 @@ void attention_fwd_causal_flash_f64(
                     double block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_double(block_max_0, (6*i_tile >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-                        block_max_1 = max_double(block_max_1, (6*i_tile + 1 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-                        block_max_2 = max_double(block_max_2, (6*i_tile + 2 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-                        block_max_3 = max_double(block_max_3, (6*i_tile + 3 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
-                        block_max_4 = max_double(block_max_4, (6*i_tile + 4 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] : -INFINITY));
-                        block_max_5 = max_double(block_max_5, (6*i_tile + 5 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] : -INFINITY));
+                        block_max_0 = max_double(block_max_0, (6*i_tile >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_1 = max_double(block_max_1, (6*i_tile + 1 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_2 = max_double(block_max_2, (6*i_tile + 2 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_3 = max_double(block_max_3, (6*i_tile + 3 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_4 = max_double(block_max_4, (6*i_tile + 4 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_5 = max_double(block_max_5, (6*i_tile + 5 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const double new_max_0 = max_double(row_max_0, block_max_0);
                     const double new_max_1 = max_double(row_max_1, block_max_1);
@@ -729,12 +729,12 @@ void attention_fwd_causal_flash_f64(
                     const double rescale_5 = exp(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (6*i_tile >= j ? exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (6*i_tile + 1 >= j ? exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (6*i_tile + 2 >= j ? exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (6*i_tile + 3 >= j ? exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = (6*i_tile + 4 >= j ? exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4) : 0.0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = (6*i_tile + 5 >= j ? exp(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5) : 0.0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (6*i_tile >= j ? exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (6*i_tile + 1 >= j ? exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (6*i_tile + 2 >= j ? exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (6*i_tile + 3 >= j ? exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = (6*i_tile + 4 >= j ? exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4) : 0.0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = (6*i_tile + 5 >= j ? exp(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5) : 0.0);
                     }
                     double block_sum_0 = 0.0;
                     double block_sum_1 = 0.0;
@@ -744,12 +744,12 @@ void attention_fwd_causal_flash_f64(
                     double block_sum_5 = 0.0;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -817,54 +817,54 @@ void attention_fwd_causal_flash_f64(
                         double o_7l = O[8*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 7];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_0l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                            o_1l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_0l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                            o_1l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
                         }
                         O[8*c_tile + d*(6*i_tile + n*(b*heads + h))] = o_0g;
                         O[8*c_tile + d*(6*i_tile + n*(b*heads + h)) + 1] = o_1g;
@@ -917,12 +917,12 @@ void attention_fwd_causal_flash_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const double t_0 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_1 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const double t_2 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const double t_3 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const double t_4 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const double t_5 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const double t_0 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_1 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const double t_2 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const double t_3 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const double t_4 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const double t_5 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 8*((d) / 8); c < d; ++c) {
                             O[c + d*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             O[c + d*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -978,23 +978,23 @@ void attention_fwd_causal_flash_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_double(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_double(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
                     }
                     const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
                     }
                     double block_sum = 0.0;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -1003,7 +1003,7 @@ void attention_fwd_causal_flash_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -1019,23 +1019,23 @@ void attention_fwd_causal_flash_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_double(block_max, (i >= j ? probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+                        block_max = max_double(block_max, (i >= j ? probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? exp(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0);
                     }
                     double block_sum = 0.0;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -1044,7 +1044,7 @@ void attention_fwd_causal_flash_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -1320,102 +1320,102 @@ void attention_fwd_causal_flash_f32(
                             qk_5_14 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[16*c + 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 14];
                             qk_5_15 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[16*c + 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 15];
                         }
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8] = scale * qk_0_8;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9] = scale * qk_0_9;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10] = scale * qk_0_10;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11] = scale * qk_0_11;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12] = scale * qk_0_12;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13] = scale * qk_0_13;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14] = scale * qk_0_14;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15] = scale * qk_0_15;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72] = scale * qk_1_8;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73] = scale * qk_1_9;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74] = scale * qk_1_10;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75] = scale * qk_1_11;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76] = scale * qk_1_12;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77] = scale * qk_1_13;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78] = scale * qk_1_14;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79] = scale * qk_1_15;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136] = scale * qk_2_8;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137] = scale * qk_2_9;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138] = scale * qk_2_10;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139] = scale * qk_2_11;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140] = scale * qk_2_12;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141] = scale * qk_2_13;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142] = scale * qk_2_14;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143] = scale * qk_2_15;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200] = scale * qk_3_8;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201] = scale * qk_3_9;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202] = scale * qk_3_10;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203] = scale * qk_3_11;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204] = scale * qk_3_12;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205] = scale * qk_3_13;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206] = scale * qk_3_14;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207] = scale * qk_3_15;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264] = scale * qk_4_8;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265] = scale * qk_4_9;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266] = scale * qk_4_10;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267] = scale * qk_4_11;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268] = scale * qk_4_12;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269] = scale * qk_4_13;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270] = scale * qk_4_14;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271] = scale * qk_4_15;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328] = scale * qk_5_8;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329] = scale * qk_5_9;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330] = scale * qk_5_10;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331] = scale * qk_5_11;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332] = scale * qk_5_12;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333] = scale * qk_5_13;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334] = scale * qk_5_14;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335] = scale * qk_5_15;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 8] = scale * qk_0_8;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 9] = scale * qk_0_9;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 10] = scale * qk_0_10;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 11] = scale * qk_0_11;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 12] = scale * qk_0_12;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 13] = scale * qk_0_13;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 14] = scale * qk_0_14;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 15] = scale * qk_0_15;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 8] = scale * qk_1_8;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 9] = scale * qk_1_9;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 10] = scale * qk_1_10;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 11] = scale * qk_1_11;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 12] = scale * qk_1_12;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 13] = scale * qk_1_13;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 14] = scale * qk_1_14;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 15] = scale * qk_1_15;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 8] = scale * qk_2_8;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 9] = scale * qk_2_9;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 10] = scale * qk_2_10;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 11] = scale * qk_2_11;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 12] = scale * qk_2_12;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 13] = scale * qk_2_13;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 14] = scale * qk_2_14;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 15] = scale * qk_2_15;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 8] = scale * qk_3_8;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 9] = scale * qk_3_9;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 10] = scale * qk_3_10;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 11] = scale * qk_3_11;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 12] = scale * qk_3_12;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 13] = scale * qk_3_13;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 14] = scale * qk_3_14;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 15] = scale * qk_3_15;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 8] = scale * qk_4_8;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 9] = scale * qk_4_9;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 10] = scale * qk_4_10;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 11] = scale * qk_4_11;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 12] = scale * qk_4_12;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 13] = scale * qk_4_13;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 14] = scale * qk_4_14;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 15] = scale * qk_4_15;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 8] = scale * qk_5_8;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 9] = scale * qk_5_9;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 10] = scale * qk_5_10;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 11] = scale * qk_5_11;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 12] = scale * qk_5_12;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 13] = scale * qk_5_13;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 14] = scale * qk_5_14;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 15] = scale * qk_5_15;
                     }
                     for (int64_t j = 16*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = d*(j + n*(b*heads + h));
@@ -1434,12 +1434,12 @@ void attention_fwd_causal_flash_f32(
                             qk_4 += Q[c + d*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     float block_max_0 = -INFINITY;
                     float block_max_1 = -INFINITY;
@@ -1449,12 +1449,12 @@ void attention_fwd_causal_flash_f32(
                     float block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_float(block_max_0, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = max_float(block_max_1, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = max_float(block_max_2, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = max_float(block_max_3, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
-                        block_max_4 = max_float(block_max_4, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256]);
-                        block_max_5 = max_float(block_max_5, probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320]);
+                        block_max_0 = max_float(block_max_0, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+                        block_max_1 = max_float(block_max_1, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_float(block_max_2, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_float(block_max_3, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
+                        block_max_4 = max_float(block_max_4, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)]);
+                        block_max_5 = max_float(block_max_5, probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)]);
                     }
                     const float new_max_0 = max_float(row_max_0, block_max_0);
                     const float new_max_1 = max_float(row_max_1, block_max_1);
@@ -1470,12 +1470,12 @@ void attention_fwd_causal_flash_f32(
                     const float rescale_5 = expf(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5);
                     }
                     float block_sum_0 = 0.0f;
                     float block_sum_1 = 0.0f;
@@ -1485,12 +1485,12 @@ void attention_fwd_causal_flash_f32(
                     float block_sum_5 = 0.0f;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1606,102 +1606,102 @@ void attention_fwd_causal_flash_f32(
                         float o_15f = O[16*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 15];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15b += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15c += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15d += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15e += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15f += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15b += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15c += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15d += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15e += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15f += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
                         }
                         O[16*c_tile + d*(6*i_tile + n*(b*heads + h))] = o_0;
                         O[16*c_tile + d*(6*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -1802,12 +1802,12 @@ void attention_fwd_causal_flash_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const float t_0 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_1 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const float t_2 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const float t_3 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const float t_4 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const float t_5 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const float t_0 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_1 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const float t_2 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const float t_3 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const float t_4 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const float t_5 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 16*((d) / 16); c < d; ++c) {
                             O[c + d*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             O[c + d*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -2021,102 +2021,102 @@ void attention_fwd_causal_flash_f32(
                             qk_5_14b += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[16*c + 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 14];
                             qk_5_15b += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K_panel[16*c + 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 15];
                         }
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8] = scale * qk_0_8b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9] = scale * qk_0_9b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10] = scale * qk_0_10b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11] = scale * qk_0_11b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12] = scale * qk_0_12b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13] = scale * qk_0_13b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14] = scale * qk_0_14b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15] = scale * qk_0_15b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72] = scale * qk_1_8b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73] = scale * qk_1_9b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74] = scale * qk_1_10b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75] = scale * qk_1_11b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76] = scale * qk_1_12b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77] = scale * qk_1_13b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78] = scale * qk_1_14b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79] = scale * qk_1_15b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136] = scale * qk_2_8b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137] = scale * qk_2_9b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138] = scale * qk_2_10b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139] = scale * qk_2_11b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140] = scale * qk_2_12b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141] = scale * qk_2_13b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142] = scale * qk_2_14b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143] = scale * qk_2_15b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200] = scale * qk_3_8b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201] = scale * qk_3_9b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202] = scale * qk_3_10b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203] = scale * qk_3_11b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204] = scale * qk_3_12b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205] = scale * qk_3_13b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206] = scale * qk_3_14b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207] = scale * qk_3_15b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264] = scale * qk_4_8b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265] = scale * qk_4_9b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266] = scale * qk_4_10b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267] = scale * qk_4_11b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268] = scale * qk_4_12b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269] = scale * qk_4_13b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270] = scale * qk_4_14b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271] = scale * qk_4_15b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328] = scale * qk_5_8b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329] = scale * qk_5_9b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330] = scale * qk_5_10b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331] = scale * qk_5_11b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332] = scale * qk_5_12b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333] = scale * qk_5_13b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334] = scale * qk_5_14b;
-                        probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335] = scale * qk_5_15b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 8] = scale * qk_0_8b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 9] = scale * qk_0_9b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 10] = scale * qk_0_10b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 11] = scale * qk_0_11b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 12] = scale * qk_0_12b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 13] = scale * qk_0_13b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 14] = scale * qk_0_14b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 15] = scale * qk_0_15b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 8] = scale * qk_1_8b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 9] = scale * qk_1_9b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 10] = scale * qk_1_10b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 11] = scale * qk_1_11b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 12] = scale * qk_1_12b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 13] = scale * qk_1_13b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 14] = scale * qk_1_14b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 15] = scale * qk_1_15b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 8] = scale * qk_2_8b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 9] = scale * qk_2_9b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 10] = scale * qk_2_10b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 11] = scale * qk_2_11b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 12] = scale * qk_2_12b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 13] = scale * qk_2_13b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 14] = scale * qk_2_14b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 15] = scale * qk_2_15b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 8] = scale * qk_3_8b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 9] = scale * qk_3_9b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 10] = scale * qk_3_10b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 11] = scale * qk_3_11b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 12] = scale * qk_3_12b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 13] = scale * qk_3_13b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 14] = scale * qk_3_14b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 15] = scale * qk_3_15b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 8] = scale * qk_4_8b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 9] = scale * qk_4_9b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 10] = scale * qk_4_10b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 11] = scale * qk_4_11b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 12] = scale * qk_4_12b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 13] = scale * qk_4_13b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 14] = scale * qk_4_14b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 15] = scale * qk_4_15b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 8] = scale * qk_5_8b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 9] = scale * qk_5_9b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 10] = scale * qk_5_10b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 11] = scale * qk_5_11b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 12] = scale * qk_5_12b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 13] = scale * qk_5_13b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 14] = scale * qk_5_14b;
+                        probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 15] = scale * qk_5_15b;
                     }
                     for (int64_t j = 16*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = d*(j + n*(b*heads + h));
@@ -2135,12 +2135,12 @@ void attention_fwd_causal_flash_f32(
                             qk_4 += Q[c + d*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + d*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     float block_max_0 = -INFINITY;
                     float block_max_1 = -INFINITY;
@@ -2150,12 +2150,12 @@ void attention_fwd_causal_flash_f32(
                     float block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_float(block_max_0, (6*i_tile >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-                        block_max_1 = max_float(block_max_1, (6*i_tile + 1 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-                        block_max_2 = max_float(block_max_2, (6*i_tile + 2 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-                        block_max_3 = max_float(block_max_3, (6*i_tile + 3 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
-                        block_max_4 = max_float(block_max_4, (6*i_tile + 4 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] : -INFINITY));
-                        block_max_5 = max_float(block_max_5, (6*i_tile + 5 >= j ? probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] : -INFINITY));
+                        block_max_0 = max_float(block_max_0, (6*i_tile >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_1 = max_float(block_max_1, (6*i_tile + 1 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_2 = max_float(block_max_2, (6*i_tile + 2 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_3 = max_float(block_max_3, (6*i_tile + 3 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_4 = max_float(block_max_4, (6*i_tile + 4 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_5 = max_float(block_max_5, (6*i_tile + 5 >= j ? probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const float new_max_0 = max_float(row_max_0, block_max_0);
                     const float new_max_1 = max_float(row_max_1, block_max_1);
@@ -2171,12 +2171,12 @@ void attention_fwd_causal_flash_f32(
                     const float rescale_5 = expf(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (6*i_tile >= j ? expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0f);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (6*i_tile + 1 >= j ? expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0f);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (6*i_tile + 2 >= j ? expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0f);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (6*i_tile + 3 >= j ? expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0f);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = (6*i_tile + 4 >= j ? expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4) : 0.0f);
-                        probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = (6*i_tile + 5 >= j ? expf(probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5) : 0.0f);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (6*i_tile >= j ? expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0f);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (6*i_tile + 1 >= j ? expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0f);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (6*i_tile + 2 >= j ? expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0f);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (6*i_tile + 3 >= j ? expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0f);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = (6*i_tile + 4 >= j ? expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4) : 0.0f);
+                        probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = (6*i_tile + 5 >= j ? expf(probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5) : 0.0f);
                     }
                     float block_sum_0 = 0.0f;
                     float block_sum_1 = 0.0f;
@@ -2186,12 +2186,12 @@ void attention_fwd_causal_flash_f32(
                     float block_sum_5 = 0.0f;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -2307,102 +2307,102 @@ void attention_fwd_causal_flash_f32(
                         float o_15l = O[16*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 15];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15g += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15h += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15i += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15j += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15k += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
-                            o_0l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h))];
-                            o_1l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
-                            o_2l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
-                            o_3l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
-                            o_4l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
-                            o_5l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
-                            o_6l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
-                            o_7l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
-                            o_8l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
-                            o_9l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
-                            o_10l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
-                            o_11l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
-                            o_12l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
-                            o_13l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
-                            o_14l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
-                            o_15l += probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15g += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15h += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15i += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15j += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15k += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
+                            o_0l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h))];
+                            o_1l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 1];
+                            o_2l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 2];
+                            o_3l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 3];
+                            o_4l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 4];
+                            o_5l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 5];
+                            o_6l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 6];
+                            o_7l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 7];
+                            o_8l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 8];
+                            o_9l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 9];
+                            o_10l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 10];
+                            o_11l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 11];
+                            o_12l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 12];
+                            o_13l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 13];
+                            o_14l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 14];
+                            o_15l += probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + d*(j + n*(b*heads + h)) + 15];
                         }
                         O[16*c_tile + d*(6*i_tile + n*(b*heads + h))] = o_0g;
                         O[16*c_tile + d*(6*i_tile + n*(b*heads + h)) + 1] = o_1g;
@@ -2503,12 +2503,12 @@ void attention_fwd_causal_flash_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const float t_0 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_1 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const float t_2 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const float t_3 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const float t_4 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const float t_5 = probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const float t_0 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_1 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const float t_2 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const float t_3 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const float t_4 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const float t_5 = probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 16*((d) / 16); c < d; ++c) {
                             O[c + d*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             O[c + d*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -2564,23 +2564,23 @@ void attention_fwd_causal_flash_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_float(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_float(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
                     }
                     const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
                     }
                     float block_sum = 0.0f;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -2589,7 +2589,7 @@ void attention_fwd_causal_flash_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -2605,23 +2605,23 @@ void attention_fwd_causal_flash_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_float(block_max, (i >= j ? probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+                        block_max = max_float(block_max, (i >= j ? probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0f);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? expf(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0f);
                     }
                     float block_sum = 0.0f;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -2630,7 +2630,7 @@ void attention_fwd_causal_flash_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];

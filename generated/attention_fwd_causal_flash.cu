@@ -184,38 +184,38 @@ __global__ void attention_fwd_causal_flash_f64_rows(
                 qk_3_6 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
@@ -229,20 +229,20 @@ __global__ void attention_fwd_causal_flash_f64_rows(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmax(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmax(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmax(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmax(block_max_0, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+            block_max_1 = fmax(block_max_1, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmax(block_max_2, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmax(block_max_3, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -253,20 +253,20 @@ __global__ void attention_fwd_causal_flash_f64_rows(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
         double block_sum_2 = 0.0;
         double block_sum_3 = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -312,38 +312,38 @@ __global__ void attention_fwd_causal_flash_f64_rows(
             double o_6d = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 6];
             double o_7d = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
             }
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h))] = o_0;
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -380,10 +380,10 @@ __global__ void attention_fwd_causal_flash_f64_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const double t_0 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((d) / 8); c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -464,38 +464,38 @@ __global__ void attention_fwd_causal_flash_f64_rows(
                 qk_3_6b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
@@ -509,20 +509,20 @@ __global__ void attention_fwd_causal_flash_f64_rows(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, (4*i_tile >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-            block_max_1 = fmax(block_max_1, (4*i_tile + 1 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-            block_max_2 = fmax(block_max_2, (4*i_tile + 2 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-            block_max_3 = fmax(block_max_3, (4*i_tile + 3 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
+            block_max_0 = fmax(block_max_0, (4*i_tile >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_1 = fmax(block_max_1, (4*i_tile + 1 >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_2 = fmax(block_max_2, (4*i_tile + 2 >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_3 = fmax(block_max_3, (4*i_tile + 3 >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -533,20 +533,20 @@ __global__ void attention_fwd_causal_flash_f64_rows(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (4*i_tile >= j ? exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (4*i_tile + 1 >= j ? exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (4*i_tile + 2 >= j ? exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (4*i_tile + 3 >= j ? exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
         double block_sum_2 = 0.0;
         double block_sum_3 = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -592,38 +592,38 @@ __global__ void attention_fwd_causal_flash_f64_rows(
             double o_6h = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 6];
             double o_7h = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
             }
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h))] = o_0e;
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
@@ -660,10 +660,10 @@ __global__ void attention_fwd_causal_flash_f64_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const double t_0 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((d) / 8); c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -723,20 +723,20 @@ __global__ void attention_fwd_causal_flash_f64_rows_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmax(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -744,7 +744,7 @@ __global__ void attention_fwd_causal_flash_f64_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -758,20 +758,20 @@ __global__ void attention_fwd_causal_flash_f64_rows_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, (i >= j ? probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max = fmax(block_max, (i >= j ? probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? exp(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -779,7 +779,7 @@ __global__ void attention_fwd_causal_flash_f64_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -976,38 +976,38 @@ __global__ void attention_fwd_causal_flash_f32_rows(
                 qk_3_6 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
@@ -1021,20 +1021,20 @@ __global__ void attention_fwd_causal_flash_f32_rows(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmaxf(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmaxf(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmaxf(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmaxf(block_max_0, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+            block_max_1 = fmaxf(block_max_1, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmaxf(block_max_2, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmaxf(block_max_3, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -1045,20 +1045,20 @@ __global__ void attention_fwd_causal_flash_f32_rows(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
         float block_sum_2 = 0.0f;
         float block_sum_3 = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1104,38 +1104,38 @@ __global__ void attention_fwd_causal_flash_f32_rows(
             float o_6d = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 6];
             float o_7d = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7b += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7c += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7d += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7b += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7c += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7d += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
             }
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h))] = o_0;
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -1172,10 +1172,10 @@ __global__ void attention_fwd_causal_flash_f32_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const float t_0 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((d) / 8); c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -1256,38 +1256,38 @@ __global__ void attention_fwd_causal_flash_f32_rows(
                 qk_3_6b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+            probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
@@ -1301,20 +1301,20 @@ __global__ void attention_fwd_causal_flash_f32_rows(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, (4*i_tile >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-            block_max_1 = fmaxf(block_max_1, (4*i_tile + 1 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-            block_max_2 = fmaxf(block_max_2, (4*i_tile + 2 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-            block_max_3 = fmaxf(block_max_3, (4*i_tile + 3 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
+            block_max_0 = fmaxf(block_max_0, (4*i_tile >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_1 = fmaxf(block_max_1, (4*i_tile + 1 >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_2 = fmaxf(block_max_2, (4*i_tile + 2 >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_3 = fmaxf(block_max_3, (4*i_tile + 3 >= j ? probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -1325,20 +1325,20 @@ __global__ void attention_fwd_causal_flash_f32_rows(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0f);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0f);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0f);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0f);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (4*i_tile >= j ? expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0f);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (4*i_tile + 1 >= j ? expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0f);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (4*i_tile + 2 >= j ? expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0f);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (4*i_tile + 3 >= j ? expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0f);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
         float block_sum_2 = 0.0f;
         float block_sum_3 = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1384,38 +1384,38 @@ __global__ void attention_fwd_causal_flash_f32_rows(
             float o_6h = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 6];
             float o_7h = O[8*c_tile + d*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7e += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7f += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7g += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
-                o_0h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h))];
-                o_1h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
-                o_2h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
-                o_3h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
-                o_4h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
-                o_5h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
-                o_6h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
-                o_7h += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7e += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7f += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7g += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
+                o_0h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h))];
+                o_1h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 1];
+                o_2h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 2];
+                o_3h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 3];
+                o_4h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 4];
+                o_5h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 5];
+                o_6h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 6];
+                o_7h += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*heads + h)) + 7];
             }
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h))] = o_0e;
             O[8*c_tile + d*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
@@ -1452,10 +1452,10 @@ __global__ void attention_fwd_causal_flash_f32_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const float t_0 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3 = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((d) / 8); c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -1515,20 +1515,20 @@ __global__ void attention_fwd_causal_flash_f32_rows_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmaxf(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -1536,7 +1536,7 @@ __global__ void attention_fwd_causal_flash_f32_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -1550,20 +1550,20 @@ __global__ void attention_fwd_causal_flash_f32_rows_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, (i >= j ? probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max = fmaxf(block_max, (i >= j ? probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0f);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? expf(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0f);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -1571,7 +1571,7 @@ __global__ void attention_fwd_causal_flash_f32_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }

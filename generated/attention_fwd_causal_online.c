@@ -122,14 +122,14 @@ void attention_fwd_causal_online_f64(
                             qk_6 += Q[c + d*(8*i_tile + n*(b*heads + h) + 6)] * K[K_row + c];
                             qk_7 += Q[c + d*(8*i_tile + n*(b*heads + h) + 7)] * K[K_row + c];
                         }
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (8*i_tile >= j ? scale * qk_0 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (8*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (8*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (8*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = (8*i_tile + 4 >= j ? scale * qk_4 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = (8*i_tile + 5 >= j ? scale * qk_5 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384] = (8*i_tile + 6 >= j ? scale * qk_6 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448] = (8*i_tile + 7 >= j ? scale * qk_7 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (8*i_tile >= j ? scale * qk_0 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (8*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (8*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (8*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = (8*i_tile + 4 >= j ? scale * qk_4 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = (8*i_tile + 5 >= j ? scale * qk_5 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)] = (8*i_tile + 6 >= j ? scale * qk_6 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)] = (8*i_tile + 7 >= j ? scale * qk_7 : -INFINITY);
                     }
                     double block_max_0 = -INFINITY;
                     double block_max_1 = -INFINITY;
@@ -141,14 +141,14 @@ void attention_fwd_causal_online_f64(
                     double block_max_7 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, block_max_6, block_max_7)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_double(block_max_0, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = max_double(block_max_1, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = max_double(block_max_2, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = max_double(block_max_3, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
-                        block_max_4 = max_double(block_max_4, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256]);
-                        block_max_5 = max_double(block_max_5, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320]);
-                        block_max_6 = max_double(block_max_6, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384]);
-                        block_max_7 = max_double(block_max_7, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448]);
+                        block_max_0 = max_double(block_max_0, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+                        block_max_1 = max_double(block_max_1, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_double(block_max_2, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_double(block_max_3, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
+                        block_max_4 = max_double(block_max_4, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)]);
+                        block_max_5 = max_double(block_max_5, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)]);
+                        block_max_6 = max_double(block_max_6, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)]);
+                        block_max_7 = max_double(block_max_7, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)]);
                     }
                     const double new_max_0 = max_double(row_max_0, block_max_0);
                     const double new_max_1 = max_double(row_max_1, block_max_1);
@@ -168,14 +168,14 @@ void attention_fwd_causal_online_f64(
                     const double rescale_7 = exp(row_max_7 - new_max_7);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384] - new_max_6);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448] = exp(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448] - new_max_7);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)] - new_max_6);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)] - new_max_7);
                     }
                     double block_sum_0 = 0.0;
                     double block_sum_1 = 0.0;
@@ -187,14 +187,14 @@ void attention_fwd_causal_online_f64(
                     double block_sum_7 = 0.0;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
-                        block_sum_6 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384];
-                        block_sum_7 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
+                        block_sum_0 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
+                        block_sum_6 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)];
+                        block_sum_7 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -218,22 +218,22 @@ void attention_fwd_causal_online_f64(
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
                         const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
                         const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
-                        const double t_0_0 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
-                        const double t_0_1 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
-                        const double t_0_2 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
-                        const double t_0_3 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 192];
-                        const double t_0_4 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 256];
-                        const double t_0_5 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 320];
-                        const double t_0_6 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 384];
-                        const double t_0_7 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 448];
-                        const double t_1_0 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
-                        const double t_1_1 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 65];
-                        const double t_1_2 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 129];
-                        const double t_1_3 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 193];
-                        const double t_1_4 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 257];
-                        const double t_1_5 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 321];
-                        const double t_1_6 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 385];
-                        const double t_1_7 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449];
+                        const double t_0_0 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_0_1 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const double t_0_2 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const double t_0_3 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const double t_0_4 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const double t_0_5 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
+                        const double t_0_6 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)];
+                        const double t_0_7 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)];
+                        const double t_1_0 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+                        const double t_1_1 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+                        const double t_1_2 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+                        const double t_1_3 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+                        const double t_1_4 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1];
+                        const double t_1_5 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1];
+                        const double t_1_6 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n) + 1];
+                        const double t_1_7 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
@@ -248,14 +248,14 @@ void attention_fwd_causal_online_f64(
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const double t_0b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_1b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const double t_2 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const double t_3 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const double t_4 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const double t_5 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
-                        const double t_6 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384];
-                        const double t_7 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
+                        const double t_0b = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_1b = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const double t_2 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const double t_3 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const double t_4 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const double t_5 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
+                        const double t_6 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)];
+                        const double t_7 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(8*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
@@ -321,23 +321,23 @@ void attention_fwd_causal_online_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? scale * qk : -INFINITY);
                     }
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_double(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_double(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
                     }
                     const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
                     }
                     double block_sum = 0.0;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -347,8 +347,8 @@ void attention_fwd_causal_online_f64(
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
                         const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
                         const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
-                        const double t_0 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
-                        const double t_1 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
+                        const double t_0 = probs[-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_1 = probs[-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
@@ -356,7 +356,7 @@ void attention_fwd_causal_online_f64(
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -445,14 +445,14 @@ void attention_fwd_causal_online_f32(
                             qk_6 += Q[c + d*(8*i_tile + n*(b*heads + h) + 6)] * K[K_row + c];
                             qk_7 += Q[c + d*(8*i_tile + n*(b*heads + h) + 7)] * K[K_row + c];
                         }
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (8*i_tile >= j ? scale * qk_0 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (8*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (8*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (8*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = (8*i_tile + 4 >= j ? scale * qk_4 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = (8*i_tile + 5 >= j ? scale * qk_5 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384] = (8*i_tile + 6 >= j ? scale * qk_6 : -INFINITY);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448] = (8*i_tile + 7 >= j ? scale * qk_7 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (8*i_tile >= j ? scale * qk_0 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (8*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (8*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (8*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = (8*i_tile + 4 >= j ? scale * qk_4 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = (8*i_tile + 5 >= j ? scale * qk_5 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)] = (8*i_tile + 6 >= j ? scale * qk_6 : -INFINITY);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)] = (8*i_tile + 7 >= j ? scale * qk_7 : -INFINITY);
                     }
                     float block_max_0 = -INFINITY;
                     float block_max_1 = -INFINITY;
@@ -464,14 +464,14 @@ void attention_fwd_causal_online_f32(
                     float block_max_7 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, block_max_6, block_max_7)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_float(block_max_0, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = max_float(block_max_1, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = max_float(block_max_2, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = max_float(block_max_3, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
-                        block_max_4 = max_float(block_max_4, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256]);
-                        block_max_5 = max_float(block_max_5, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320]);
-                        block_max_6 = max_float(block_max_6, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384]);
-                        block_max_7 = max_float(block_max_7, probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448]);
+                        block_max_0 = max_float(block_max_0, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+                        block_max_1 = max_float(block_max_1, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_float(block_max_2, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_float(block_max_3, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
+                        block_max_4 = max_float(block_max_4, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)]);
+                        block_max_5 = max_float(block_max_5, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)]);
+                        block_max_6 = max_float(block_max_6, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)]);
+                        block_max_7 = max_float(block_max_7, probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)]);
                     }
                     const float new_max_0 = max_float(row_max_0, block_max_0);
                     const float new_max_1 = max_float(row_max_1, block_max_1);
@@ -491,14 +491,14 @@ void attention_fwd_causal_online_f32(
                     const float rescale_7 = expf(row_max_7 - new_max_7);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384] - new_max_6);
-                        probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448] = expf(probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448] - new_max_7);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)] - new_max_6);
+                        probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)] - new_max_7);
                     }
                     float block_sum_0 = 0.0f;
                     float block_sum_1 = 0.0f;
@@ -510,14 +510,14 @@ void attention_fwd_causal_online_f32(
                     float block_sum_7 = 0.0f;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
-                        block_sum_6 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384];
-                        block_sum_7 += probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
+                        block_sum_0 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
+                        block_sum_6 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)];
+                        block_sum_7 += probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -541,22 +541,22 @@ void attention_fwd_causal_online_f32(
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
                         const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
                         const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
-                        const float t_0_0 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
-                        const float t_0_1 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
-                        const float t_0_2 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
-                        const float t_0_3 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 192];
-                        const float t_0_4 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 256];
-                        const float t_0_5 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 320];
-                        const float t_0_6 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 384];
-                        const float t_0_7 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 448];
-                        const float t_1_0 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
-                        const float t_1_1 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 65];
-                        const float t_1_2 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 129];
-                        const float t_1_3 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 193];
-                        const float t_1_4 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 257];
-                        const float t_1_5 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 321];
-                        const float t_1_6 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 385];
-                        const float t_1_7 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449];
+                        const float t_0_0 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_0_1 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const float t_0_2 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const float t_0_3 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const float t_0_4 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const float t_0_5 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
+                        const float t_0_6 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)];
+                        const float t_0_7 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)];
+                        const float t_1_0 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+                        const float t_1_1 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+                        const float t_1_2 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+                        const float t_1_3 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+                        const float t_1_4 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1];
+                        const float t_1_5 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1];
+                        const float t_1_6 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n) + 1];
+                        const float t_1_7 = probs[-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
@@ -571,14 +571,14 @@ void attention_fwd_causal_online_f32(
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const float t_0b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_1b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const float t_2 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const float t_3 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const float t_4 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const float t_5 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
-                        const float t_6 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384];
-                        const float t_7 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
+                        const float t_0b = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_1b = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const float t_2 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const float t_3 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const float t_4 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const float t_5 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
+                        const float t_6 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*(64 < n ? 64 : n)];
+                        const float t_7 = probs[j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(8*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
@@ -644,23 +644,23 @@ void attention_fwd_causal_online_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? scale * qk : -INFINITY);
                     }
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_float(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_float(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
                     }
                     const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                        probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
                     }
                     float block_sum = 0.0f;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -670,8 +670,8 @@ void attention_fwd_causal_online_f32(
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
                         const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
                         const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
-                        const float t_0 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
-                        const float t_1 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
+                        const float t_0 = probs[-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_1 = probs[-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
@@ -679,7 +679,7 @@ void attention_fwd_causal_online_f32(
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = d*(j + n*(b*heads + h));
-                        const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];

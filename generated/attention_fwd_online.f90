@@ -55,7 +55,7 @@ contains
     real(c_double), intent(in) :: V(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: O(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: lse(0:batch * heads * n - 1)
-    real(c_double), intent(out) :: probs(0:batch * heads * n * 64 - 1)
+    real(c_double), intent(out) :: probs(0:batch * heads * n * min(64, n) - 1)
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i, K_row, V_row0, V_row1, V_row
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
         & row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, &
@@ -138,14 +138,14 @@ contains
                 qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = scale * qk_6
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -158,21 +158,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)))
-              block_max_1 = max(block_max_1, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 64))
-              block_max_2 = max(block_max_2, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 128))
-              block_max_3 = max(block_max_3, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 192))
-              block_max_4 = max(block_max_4, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 256))
-              block_max_5 = max(block_max_5, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 320))
-              block_max_6 = max(block_max_6, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 384))
-              block_max_7 = max(block_max_7, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 448))
+              block_max_0 = max(block_max_0, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(64, n)))
+              block_max_1 = max(block_max_1, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n)))
+              block_max_2 = max(block_max_2, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n)))
+              block_max_3 = max(block_max_3, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n)))
+              block_max_4 = max(block_max_4, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n)))
+              block_max_5 = max(block_max_5, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n)))
+              block_max_6 = max(block_max_6, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(64, n)))
+              block_max_7 = max(block_max_7, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -192,22 +193,22 @@ contains
             rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(512*i_tile + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = exp(probs(512*i_tile + &
-                  & j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 128) - new_max_2)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 192) - new_max_3)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 256) - new_max_4)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 320) - new_max_5)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 384) - new_max_6)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 448) - new_max_7)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) - new_max_0)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) - new_max_1)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) - new_max_2)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) - new_max_3)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) - new_max_4)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) - new_max_5)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) - new_max_6)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) - new_max_7)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -220,20 +221,22 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              block_sum_2 = block_sum_2 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 128)
-              block_sum_3 = block_sum_3 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 192)
-              block_sum_4 = block_sum_4 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 256)
-              block_sum_5 = block_sum_5 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 320)
-              block_sum_6 = block_sum_6 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 384)
-              block_sum_7 = block_sum_7 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 448)
+              block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
+              block_sum_6 = block_sum_6 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(64, n))
+              block_sum_7 = block_sum_7 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -265,22 +268,22 @@ contains
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
               V_row0 = d*(2*j_tile + n*(b*heads + h))
               V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
-              t_0_0 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
-              t_0_1 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
-              t_0_2 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
-              t_0_3 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 192)
-              t_0_4 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 256)
-              t_0_5 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 320)
-              t_0_6 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 384)
-              t_0_7 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 448)
-              t_1_0 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
-              t_1_1 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 65)
-              t_1_2 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 129)
-              t_1_3 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 193)
-              t_1_4 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 257)
-              t_1_5 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 321)
-              t_1_6 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 385)
-              t_1_7 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449)
+              t_0_0 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n))
+              t_0_1 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_0_2 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_0_3 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_0_4 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_0_5 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n))
+              t_0_6 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n))
+              t_0_7 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n))
+              t_1_0 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 1)
+              t_1_1 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1)
+              t_1_2 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1)
+              t_1_3 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1)
+              t_1_4 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1)
+              t_1_5 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1)
+              t_1_6 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 1)
+              t_1_7 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 1)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
@@ -303,14 +306,14 @@ contains
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
-              t_6 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384)
-              t_7 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448)
+              t_0b = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n))
+              t_1b = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n))
+              t_6 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n))
+              t_7 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
@@ -393,24 +396,24 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(64*i + j - 64*j_blk + &
-                  & 64*n*(b*heads + h)) - new_max)
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = exp(probs(j - 64*j_blk + &
+                  & (i + n*(b*heads + h))*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -420,8 +423,8 @@ contains
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
               V_row0 = d*(2*j_tile + n*(b*heads + h))
               V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
-              t_0 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
-              t_1 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
+              t_0 = probs(-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*min(64, n))
+              t_1 = probs(-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*min(64, n) + 1)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(V_row0 &
@@ -430,7 +433,7 @@ contains
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
@@ -458,7 +461,7 @@ contains
     real(c_float), intent(in) :: V(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: O(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: lse(0:batch * heads * n - 1)
-    real(c_float), intent(out) :: probs(0:batch * heads * n * 64 - 1)
+    real(c_float), intent(out) :: probs(0:batch * heads * n * min(64, n) - 1)
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i, K_row, V_row0, V_row1, V_row
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
         & row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
@@ -540,14 +543,14 @@ contains
                 qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = scale * qk_6
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -560,21 +563,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)))
-              block_max_1 = max(block_max_1, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 64))
-              block_max_2 = max(block_max_2, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 128))
-              block_max_3 = max(block_max_3, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 192))
-              block_max_4 = max(block_max_4, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 256))
-              block_max_5 = max(block_max_5, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 320))
-              block_max_6 = max(block_max_6, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 384))
-              block_max_7 = max(block_max_7, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 448))
+              block_max_0 = max(block_max_0, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(64, n)))
+              block_max_1 = max(block_max_1, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n)))
+              block_max_2 = max(block_max_2, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n)))
+              block_max_3 = max(block_max_3, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n)))
+              block_max_4 = max(block_max_4, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n)))
+              block_max_5 = max(block_max_5, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n)))
+              block_max_6 = max(block_max_6, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(64, n)))
+              block_max_7 = max(block_max_7, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -594,22 +598,22 @@ contains
             rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(512*i_tile + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = exp(probs(512*i_tile + &
-                  & j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 128) - new_max_2)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 192) - new_max_3)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 256) - new_max_4)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 320) - new_max_5)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 384) - new_max_6)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 448) - new_max_7)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) - new_max_0)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) - new_max_1)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) - new_max_2)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) - new_max_3)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) - new_max_4)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) - new_max_5)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) - new_max_6)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) - new_max_7)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -622,20 +626,22 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              block_sum_2 = block_sum_2 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 128)
-              block_sum_3 = block_sum_3 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 192)
-              block_sum_4 = block_sum_4 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 256)
-              block_sum_5 = block_sum_5 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 320)
-              block_sum_6 = block_sum_6 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 384)
-              block_sum_7 = block_sum_7 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 448)
+              block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
+              block_sum_6 = block_sum_6 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(64, n))
+              block_sum_7 = block_sum_7 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -667,22 +673,22 @@ contains
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
               V_row0 = d*(2*j_tile + n*(b*heads + h))
               V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
-              t_0_0 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
-              t_0_1 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
-              t_0_2 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
-              t_0_3 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 192)
-              t_0_4 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 256)
-              t_0_5 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 320)
-              t_0_6 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 384)
-              t_0_7 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 448)
-              t_1_0 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
-              t_1_1 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 65)
-              t_1_2 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 129)
-              t_1_3 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 193)
-              t_1_4 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 257)
-              t_1_5 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 321)
-              t_1_6 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 385)
-              t_1_7 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449)
+              t_0_0 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n))
+              t_0_1 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_0_2 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_0_3 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_0_4 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_0_5 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n))
+              t_0_6 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n))
+              t_0_7 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n))
+              t_1_0 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 1)
+              t_1_1 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1)
+              t_1_2 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1)
+              t_1_3 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1)
+              t_1_4 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1)
+              t_1_5 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1)
+              t_1_6 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 1)
+              t_1_7 = probs(-64*j_blk + 2*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 1)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
@@ -705,14 +711,14 @@ contains
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
-              t_6 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384)
-              t_7 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448)
+              t_0b = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n))
+              t_1b = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n))
+              t_6 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n))
+              t_7 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
@@ -795,24 +801,24 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(64*i + j - 64*j_blk + &
-                  & 64*n*(b*heads + h)) - new_max)
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = exp(probs(j - 64*j_blk + &
+                  & (i + n*(b*heads + h))*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -822,8 +828,8 @@ contains
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
               V_row0 = d*(2*j_tile + n*(b*heads + h))
               V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
-              t_0 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
-              t_1 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
+              t_0 = probs(-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*min(64, n))
+              t_1 = probs(-64*j_blk + 2*j_tile + (i + n*(b*heads + h))*min(64, n) + 1)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(V_row0 &
@@ -832,7 +838,7 @@ contains
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)

@@ -140,20 +140,20 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmax(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmax(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmax(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmax(block_max_0, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+            block_max_1 = fmax(block_max_1, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmax(block_max_2, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmax(block_max_3, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -164,20 +164,20 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
         double block_sum_2 = 0.0;
         double block_sum_3 = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -194,22 +194,22 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
             const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const double t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const double t_0_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const double t_1_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t_1_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const double t_1_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const double t_1_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const double t_2_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t_2_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const double t_2_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const double t_2_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const double t_3_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const double t_3_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const double t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const double t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const double t_0_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_0_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_0_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_0_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t_1_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t_1_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t_1_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t_1_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t_2_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t_2_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t_2_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t_2_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t_3_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t_3_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t_3_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t_3_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
@@ -219,10 +219,10 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const double t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
@@ -308,20 +308,20 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? scale * qk : -INFINITY);
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmax(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -332,17 +332,17 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward_edge(
             const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const double t_0 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t_2 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t_3 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -1020,20 +1020,20 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmaxf(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmaxf(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmaxf(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmaxf(block_max_0, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+            block_max_1 = fmaxf(block_max_1, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmaxf(block_max_2, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmaxf(block_max_3, probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -1044,20 +1044,20 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+            probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
         float block_sum_2 = 0.0f;
         float block_sum_3 = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1074,22 +1074,22 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
             const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const float t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const float t_0_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const float t_1_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t_1_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const float t_1_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const float t_1_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const float t_2_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t_2_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const float t_2_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const float t_2_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const float t_3_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const float t_3_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const float t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const float t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const float t_0_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_0_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_0_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_0_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t_1_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t_1_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t_1_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t_1_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t_2_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t_2_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t_2_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t_2_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t_3_0 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t_3_1 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t_3_2 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t_3_3 = probs[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
@@ -1099,10 +1099,10 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const float t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3b = probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
                 O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
@@ -1188,20 +1188,20 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? scale * qk : -INFINITY);
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmaxf(block_max, probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < d; ++c) {
@@ -1212,17 +1212,17 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward_edge(
             const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const float t_0 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t_2 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t_3 = probs[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = d*(j + n*(b*heads + h));
-            const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }

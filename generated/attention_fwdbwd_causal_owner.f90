@@ -89,7 +89,7 @@ contains
     real(c_double), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: dV(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: delta(0:batch * heads * n - 1)
-    real(c_double), intent(out) :: probs(0:batch * heads * n * 32 - 1)
+    real(c_double), intent(out) :: probs(0:batch * heads * n * min(32, n) - 1)
     real(c_double), intent(out) :: qk_block(0:batch * heads * n * 64 - 1)
     real(c_double), intent(out) :: dov_block(0:batch * heads * n * 64 - 1)
     real(c_double), intent(out) :: t3_block(0:batch * heads * n * 64 - 1)
@@ -380,54 +380,101 @@ contains
                 qk_5_7 = qk_5_7 + Q(c + d*(6*i_tile + n*(b*heads + h) + 5)) * K_panel(8*c + &
                     & 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7)
               end do
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h)) = scale * qk_0_0
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 1) = scale * qk_0_1
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 2) = scale * qk_0_2
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 3) = scale * qk_0_3
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 4) = scale * qk_0_4
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 5) = scale * qk_0_5
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 6) = scale * qk_0_6
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 7) = scale * qk_0_7
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 32) = scale * qk_1_0
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 33) = scale * qk_1_1
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 34) = scale * qk_1_2
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 35) = scale * qk_1_3
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 36) = scale * qk_1_4
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 37) = scale * qk_1_5
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 38) = scale * qk_1_6
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 39) = scale * qk_1_7
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 64) = scale * qk_2_0
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 65) = scale * qk_2_1
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 66) = scale * qk_2_2
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 67) = scale * qk_2_3
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 68) = scale * qk_2_4
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 69) = scale * qk_2_5
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 70) = scale * qk_2_6
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 71) = scale * qk_2_7
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 96) = scale * qk_3_0
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 97) = scale * qk_3_1
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 98) = scale * qk_3_2
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 99) = scale * qk_3_3
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 100) = scale * qk_3_4
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 101) = scale * qk_3_5
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 102) = scale * qk_3_6
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 103) = scale * qk_3_7
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 128) = scale * qk_4_0
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 129) = scale * qk_4_1
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 130) = scale * qk_4_2
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 131) = scale * qk_4_3
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 132) = scale * qk_4_4
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 133) = scale * qk_4_5
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 134) = scale * qk_4_6
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 135) = scale * qk_4_7
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 160) = scale * qk_5_0
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 161) = scale * qk_5_1
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 162) = scale * qk_5_2
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 163) = scale * qk_5_3
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 164) = scale * qk_5_4
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 165) = scale * qk_5_5
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 166) = scale * qk_5_6
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 167) = scale * qk_5_7
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n)) = scale * qk_0_0
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 1) = scale * &
+                  & qk_0_1
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 2) = scale * &
+                  & qk_0_2
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 3) = scale * &
+                  & qk_0_3
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 4) = scale * &
+                  & qk_0_4
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 5) = scale * &
+                  & qk_0_5
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 6) = scale * &
+                  & qk_0_6
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 7) = scale * &
+                  & qk_0_7
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale * &
+                  & qk_1_0
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 1) = &
+                  & scale * qk_1_1
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 2) = &
+                  & scale * qk_1_2
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 3) = &
+                  & scale * qk_1_3
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 4) = &
+                  & scale * qk_1_4
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 5) = &
+                  & scale * qk_1_5
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 6) = &
+                  & scale * qk_1_6
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 7) = &
+                  & scale * qk_1_7
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale * &
+                  & qk_2_0
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 1) = &
+                  & scale * qk_2_1
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 2) = &
+                  & scale * qk_2_2
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 3) = &
+                  & scale * qk_2_3
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 4) = &
+                  & scale * qk_2_4
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 5) = &
+                  & scale * qk_2_5
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 6) = &
+                  & scale * qk_2_6
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 7) = &
+                  & scale * qk_2_7
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale * &
+                  & qk_3_0
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 1) = &
+                  & scale * qk_3_1
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 2) = &
+                  & scale * qk_3_2
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 3) = &
+                  & scale * qk_3_3
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 4) = &
+                  & scale * qk_3_4
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 5) = &
+                  & scale * qk_3_5
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 6) = &
+                  & scale * qk_3_6
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 7) = &
+                  & scale * qk_3_7
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale * &
+                  & qk_4_0
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 1) = &
+                  & scale * qk_4_1
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 2) = &
+                  & scale * qk_4_2
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 3) = &
+                  & scale * qk_4_3
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 4) = &
+                  & scale * qk_4_4
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 5) = &
+                  & scale * qk_4_5
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 6) = &
+                  & scale * qk_4_6
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 7) = &
+                  & scale * qk_4_7
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale * &
+                  & qk_5_0
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 1) = &
+                  & scale * qk_5_1
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 2) = &
+                  & scale * qk_5_2
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 3) = &
+                  & scale * qk_5_3
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 4) = &
+                  & scale * qk_5_4
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 5) = &
+                  & scale * qk_5_5
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 6) = &
+                  & scale * qk_5_6
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 7) = &
+                  & scale * qk_5_7
             end do
             do j = 8*((min(n, 32*j_blk + 32)) / 8), min(n, 32*j_blk + 32) - 1
               K_row = d*(j + n*(b*heads + h))
@@ -446,12 +493,12 @@ contains
                 qk_4 = qk_4 + Q(c + d*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + d*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk_0
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = scale * qk_1
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = scale * qk_2
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = scale * qk_3
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = scale * qk_4
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = scale * qk_5
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) = scale * qk_0
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale * qk_1
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale * qk_2
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale * qk_3
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale * qk_4
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -462,17 +509,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max_0 = max(block_max_0, probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)))
-              block_max_1 = max(block_max_1, probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 32))
-              block_max_2 = max(block_max_2, probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 64))
-              block_max_3 = max(block_max_3, probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 96))
-              block_max_4 = max(block_max_4, probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 128))
-              block_max_5 = max(block_max_5, probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 160))
+              block_max_0 = max(block_max_0, probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(32, n)))
+              block_max_1 = max(block_max_1, probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(32, n)))
+              block_max_2 = max(block_max_2, probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(32, n)))
+              block_max_3 = max(block_max_3, probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(32, n)))
+              block_max_4 = max(block_max_4, probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(32, n)))
+              block_max_5 = max(block_max_5, probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(32, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -488,18 +536,18 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = exp(probs(192*i_tile + j - &
-                  & 32*j_blk + 32*n*(b*heads + h)) - new_max_0)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = exp(probs(192*i_tile + &
-                  & j - 32*j_blk + 32*n*(b*heads + h) + 32) - new_max_1)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = exp(probs(192*i_tile + &
-                  & j - 32*j_blk + 32*n*(b*heads + h) + 64) - new_max_2)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = exp(probs(192*i_tile + &
-                  & j - 32*j_blk + 32*n*(b*heads + h) + 96) - new_max_3)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = exp(probs(192*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h) + 128) - new_max_4)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = exp(probs(192*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h) + 160) - new_max_5)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) - new_max_0)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) - new_max_1)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) - new_max_2)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) - new_max_3)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) - new_max_4)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) - new_max_5)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -510,14 +558,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum_0 = block_sum_0 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              block_sum_2 = block_sum_2 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              block_sum_3 = block_sum_3 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              block_sum_4 = block_sum_4 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 128)
-              block_sum_5 = block_sum_5 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 160)
+              block_sum_0 = block_sum_0 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(32, n))
+              block_sum_1 = block_sum_1 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(32, n))
+              block_sum_2 = block_sum_2 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(32, n))
+              block_sum_3 = block_sum_3 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(32, n))
+              block_sum_4 = block_sum_4 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(32, n))
+              block_sum_5 = block_sum_5 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(32, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -591,101 +643,101 @@ contains
               o_7f = O(8*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 7)
               !GCC$ novector
               do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-                o_0 = o_0 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)))
-                o_1 = o_1 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 7)
-                o_0b = o_0b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_0 = o_0 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1b = o_1b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_1 = o_1 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_2 = o_2 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_3 = o_3 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_4 = o_4 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_5 = o_5 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_6 = o_6 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_7 = o_7 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0c = o_0c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_0b = o_0b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1c = o_1c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_1b = o_1b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_2b = o_2b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_3b = o_3b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_4b = o_4b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_5b = o_5b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_6b = o_6b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_7b = o_7b + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0d = o_0d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_0c = o_0c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1d = o_1d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_1c = o_1c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_2c = o_2c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_3c = o_3c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_4c = o_4c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_5c = o_5c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_6c = o_6c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_7c = o_7c + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0e = o_0e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_0d = o_0d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1e = o_1e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_1d = o_1d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_2d = o_2d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_3d = o_3d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_4d = o_4d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_5d = o_5d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_6d = o_6d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_7d = o_7d + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0f = o_0f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_0e = o_0e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1f = o_1f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_1e = o_1e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_2e = o_2e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_3e = o_3e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_4e = o_4e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_5e = o_5e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_6e = o_6e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_7e = o_7e + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
+                o_0f = o_0f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)))
+                o_1f = o_1f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
+                o_2f = o_2f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
+                o_3f = o_3f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
+                o_4f = o_4f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
+                o_5f = o_5f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
+                o_6f = o_6f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
+                o_7f = o_7f + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
               end do
               O(8*c_tile + d*(6*i_tile + n*(b*heads + h))) = o_0
@@ -739,12 +791,12 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              t_1 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              t_2 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              t_3 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              t_4 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128)
-              t_5 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160)
+              t_0 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n))
+              t_1 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n))
+              t_2 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n))
+              t_3 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n))
+              t_4 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n))
+              t_5 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n))
               do c = 8*((d) / 8), d - 1
                 O(c + d*(6*i_tile + n*(b*heads + h))) = O(c + d*(6*i_tile + n*(b*heads + h))) + &
                     & t_0 * V(V_row + c)
@@ -916,54 +968,102 @@ contains
                 qk_5_7b = qk_5_7b + Q(c + d*(6*i_tile + n*(b*heads + h) + 5)) * K_panel(8*c + &
                     & 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7)
               end do
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h)) = scale * qk_0_0b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 1) = scale * qk_0_1b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 2) = scale * qk_0_2b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 3) = scale * qk_0_3b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 4) = scale * qk_0_4b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 5) = scale * qk_0_5b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 6) = scale * qk_0_6b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 7) = scale * qk_0_7b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 32) = scale * qk_1_0b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 33) = scale * qk_1_1b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 34) = scale * qk_1_2b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 35) = scale * qk_1_3b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 36) = scale * qk_1_4b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 37) = scale * qk_1_5b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 38) = scale * qk_1_6b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 39) = scale * qk_1_7b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 64) = scale * qk_2_0b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 65) = scale * qk_2_1b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 66) = scale * qk_2_2b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 67) = scale * qk_2_3b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 68) = scale * qk_2_4b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 69) = scale * qk_2_5b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 70) = scale * qk_2_6b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 71) = scale * qk_2_7b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 96) = scale * qk_3_0b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 97) = scale * qk_3_1b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 98) = scale * qk_3_2b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 99) = scale * qk_3_3b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 100) = scale * qk_3_4b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 101) = scale * qk_3_5b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 102) = scale * qk_3_6b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 103) = scale * qk_3_7b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 128) = scale * qk_4_0b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 129) = scale * qk_4_1b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 130) = scale * qk_4_2b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 131) = scale * qk_4_3b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 132) = scale * qk_4_4b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 133) = scale * qk_4_5b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 134) = scale * qk_4_6b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 135) = scale * qk_4_7b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 160) = scale * qk_5_0b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 161) = scale * qk_5_1b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 162) = scale * qk_5_2b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 163) = scale * qk_5_3b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 164) = scale * qk_5_4b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 165) = scale * qk_5_5b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 166) = scale * qk_5_6b
-              probs(192*i_tile - 32*j_blk + 8*j_tile + 32*n*(b*heads + h) + 167) = scale * qk_5_7b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n)) = scale * &
+                  & qk_0_0b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 1) = scale * &
+                  & qk_0_1b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 2) = scale * &
+                  & qk_0_2b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 3) = scale * &
+                  & qk_0_3b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 4) = scale * &
+                  & qk_0_4b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 5) = scale * &
+                  & qk_0_5b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 6) = scale * &
+                  & qk_0_6b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(32, n) + 7) = scale * &
+                  & qk_0_7b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale * &
+                  & qk_1_0b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 1) = &
+                  & scale * qk_1_1b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 2) = &
+                  & scale * qk_1_2b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 3) = &
+                  & scale * qk_1_3b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 4) = &
+                  & scale * qk_1_4b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 5) = &
+                  & scale * qk_1_5b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 6) = &
+                  & scale * qk_1_6b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(32, n) + 7) = &
+                  & scale * qk_1_7b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale * &
+                  & qk_2_0b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 1) = &
+                  & scale * qk_2_1b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 2) = &
+                  & scale * qk_2_2b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 3) = &
+                  & scale * qk_2_3b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 4) = &
+                  & scale * qk_2_4b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 5) = &
+                  & scale * qk_2_5b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 6) = &
+                  & scale * qk_2_6b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(32, n) + 7) = &
+                  & scale * qk_2_7b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale * &
+                  & qk_3_0b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 1) = &
+                  & scale * qk_3_1b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 2) = &
+                  & scale * qk_3_2b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 3) = &
+                  & scale * qk_3_3b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 4) = &
+                  & scale * qk_3_4b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 5) = &
+                  & scale * qk_3_5b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 6) = &
+                  & scale * qk_3_6b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(32, n) + 7) = &
+                  & scale * qk_3_7b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale * &
+                  & qk_4_0b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 1) = &
+                  & scale * qk_4_1b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 2) = &
+                  & scale * qk_4_2b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 3) = &
+                  & scale * qk_4_3b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 4) = &
+                  & scale * qk_4_4b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 5) = &
+                  & scale * qk_4_5b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 6) = &
+                  & scale * qk_4_6b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(32, n) + 7) = &
+                  & scale * qk_4_7b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale * &
+                  & qk_5_0b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 1) = &
+                  & scale * qk_5_1b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 2) = &
+                  & scale * qk_5_2b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 3) = &
+                  & scale * qk_5_3b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 4) = &
+                  & scale * qk_5_4b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 5) = &
+                  & scale * qk_5_5b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 6) = &
+                  & scale * qk_5_6b
+              probs(-32*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(32, n) + 7) = &
+                  & scale * qk_5_7b
             end do
             do j = 8*((min(n, 32*j_blk + 32)) / 8), min(n, 32*j_blk + 32) - 1
               K_row = d*(j + n*(b*heads + h))
@@ -982,12 +1082,12 @@ contains
                 qk_4 = qk_4 + Q(c + d*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + d*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk_0
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = scale * qk_1
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = scale * qk_2
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = scale * qk_3
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = scale * qk_4
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = scale * qk_5
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) = scale * qk_0
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale * qk_1
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale * qk_2
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale * qk_3
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale * qk_4
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -998,18 +1098,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max_0 = max(block_max_0, merge(probs(192*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h)), neg_inf, 6*i_tile >= j))
-              block_max_1 = max(block_max_1, merge(probs(192*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 32), neg_inf, 6*i_tile + 1 >= j))
-              block_max_2 = max(block_max_2, merge(probs(192*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 64), neg_inf, 6*i_tile + 2 >= j))
-              block_max_3 = max(block_max_3, merge(probs(192*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 96), neg_inf, 6*i_tile + 3 >= j))
-              block_max_4 = max(block_max_4, merge(probs(192*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 128), neg_inf, 6*i_tile + 4 >= j))
-              block_max_5 = max(block_max_5, merge(probs(192*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 160), neg_inf, 6*i_tile + 5 >= j))
+              block_max_0 = max(block_max_0, merge(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(32, n)), neg_inf, 6*i_tile >= j))
+              block_max_1 = max(block_max_1, merge(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 1)*min(32, n)), neg_inf, 6*i_tile + 1 >= j))
+              block_max_2 = max(block_max_2, merge(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 2)*min(32, n)), neg_inf, 6*i_tile + 2 >= j))
+              block_max_3 = max(block_max_3, merge(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 3)*min(32, n)), neg_inf, 6*i_tile + 3 >= j))
+              block_max_4 = max(block_max_4, merge(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 4)*min(32, n)), neg_inf, 6*i_tile + 4 >= j))
+              block_max_5 = max(block_max_5, merge(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 5)*min(32, n)), neg_inf, 6*i_tile + 5 >= j))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -1025,22 +1125,23 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = merge(exp(probs(192*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h)) - new_max_0), 0.0_c_double, 6*i_tile >= j)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = &
-                  & merge(exp(probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) - &
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) = merge(exp(probs(j - &
+                  & 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) - new_max_0), &
+                  & 0.0_c_double, 6*i_tile >= j)
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) - &
                   & new_max_1), 0.0_c_double, 6*i_tile + 1 >= j)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = &
-                  & merge(exp(probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) - &
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) - &
                   & new_max_2), 0.0_c_double, 6*i_tile + 2 >= j)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = &
-                  & merge(exp(probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) - &
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) - &
                   & new_max_3), 0.0_c_double, 6*i_tile + 3 >= j)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = &
-                  & merge(exp(probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) - &
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) - &
                   & new_max_4), 0.0_c_double, 6*i_tile + 4 >= j)
-              probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = &
-                  & merge(exp(probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) - &
+              probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) - &
                   & new_max_5), 0.0_c_double, 6*i_tile + 5 >= j)
             end do
             block_sum_0 = 0.0_c_double
@@ -1052,14 +1153,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum_0 = block_sum_0 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              block_sum_2 = block_sum_2 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              block_sum_3 = block_sum_3 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              block_sum_4 = block_sum_4 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 128)
-              block_sum_5 = block_sum_5 + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 160)
+              block_sum_0 = block_sum_0 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(32, n))
+              block_sum_1 = block_sum_1 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(32, n))
+              block_sum_2 = block_sum_2 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(32, n))
+              block_sum_3 = block_sum_3 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(32, n))
+              block_sum_4 = block_sum_4 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(32, n))
+              block_sum_5 = block_sum_5 + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(32, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -1133,101 +1238,101 @@ contains
               o_7l = O(8*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 7)
               !GCC$ novector
               do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-                o_0g = o_0g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)))
-                o_1g = o_1g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(8*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 7)
-                o_0h = o_0h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_0g = o_0g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1h = o_1h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_1g = o_1g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_2g = o_2g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_3g = o_3g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_4g = o_4g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_5g = o_5g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_6g = o_6g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_7g = o_7g + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0i = o_0i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_0h = o_0h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1i = o_1i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_1h = o_1h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2i = o_2i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_2h = o_2h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3i = o_3i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_3h = o_3h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4i = o_4i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_4h = o_4h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5i = o_5i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_5h = o_5h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6i = o_6i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_6h = o_6h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7i = o_7i + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_7h = o_7h + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0j = o_0j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_0i = o_0i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1j = o_1j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_1i = o_1i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2j = o_2j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_2i = o_2i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3j = o_3j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_3i = o_3i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4j = o_4j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_4i = o_4i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5j = o_5j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_5i = o_5i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6j = o_6j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_6i = o_6i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7j = o_7j + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_7i = o_7i + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0k = o_0k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_0j = o_0j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1k = o_1k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_1j = o_1j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2k = o_2k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_2j = o_2j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3k = o_3k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_3j = o_3j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4k = o_4k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_4j = o_4j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5k = o_5k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_5j = o_5j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6k = o_6k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_6j = o_6j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7k = o_7k + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_7j = o_7j + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0l = o_0l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_0k = o_0k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1l = o_1l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_1k = o_1k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2l = o_2l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_2k = o_2k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3l = o_3l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_3k = o_3k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4l = o_4l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_4k = o_4k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5l = o_5l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_5k = o_5k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6l = o_6l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_6k = o_6k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7l = o_7l + probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_7k = o_7k + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
+                o_0l = o_0l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)))
+                o_1l = o_1l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
+                o_2l = o_2l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
+                o_3l = o_3l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
+                o_4l = o_4l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
+                o_5l = o_5l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
+                o_6l = o_6l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
+                o_7l = o_7l + probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
               end do
               O(8*c_tile + d*(6*i_tile + n*(b*heads + h))) = o_0g
@@ -1281,12 +1386,12 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              t_1 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              t_2 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              t_3 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              t_4 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128)
-              t_5 = probs(192*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160)
+              t_0 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h))*min(32, n))
+              t_1 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(32, n))
+              t_2 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(32, n))
+              t_3 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(32, n))
+              t_4 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(32, n))
+              t_5 = probs(j - 32*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(32, n))
               do c = 8*((d) / 8), d - 1
                 O(c + d*(6*i_tile + n*(b*heads + h))) = O(c + d*(6*i_tile + n*(b*heads + h))) + &
                     & t_0 * V(V_row + c)
@@ -1377,24 +1482,24 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max = max(block_max, probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)))
+              block_max = max(block_max, probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = exp(probs(32*i + j - 32*j_blk + &
-                  & 32*n*(b*heads + h)) - new_max)
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = exp(probs(j - 32*j_blk + &
+                  & (i + n*(b*heads + h))*min(32, n)) - new_max)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum = block_sum + probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -1403,7 +1508,7 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              t = probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
@@ -1419,25 +1524,25 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max = max(block_max, merge(probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)), &
-                  & neg_inf, i >= j))
+              block_max = max(block_max, merge(probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, &
+                  & n)), neg_inf, i >= j))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = merge(exp(probs(32*i + j - &
-                  & 32*j_blk + 32*n*(b*heads + h)) - new_max), 0.0_c_double, i >= j)
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = merge(exp(probs(j - &
+                  & 32*j_blk + (i + n*(b*heads + h))*min(32, n)) - new_max), 0.0_c_double, i >= j)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum = block_sum + probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -1446,7 +1551,7 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              t = probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
@@ -3310,7 +3415,7 @@ contains
     real(c_float), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: dV(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: delta(0:batch * heads * n - 1)
-    real(c_float), intent(out) :: probs(0:batch * heads * n * 32 - 1)
+    real(c_float), intent(out) :: probs(0:batch * heads * n * min(32, n) - 1)
     real(c_float), intent(out) :: qk_block(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: dov_block(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: t3_block(0:batch * heads * n * 64 - 1)
@@ -3946,134 +4051,262 @@ contains
                 qk_7_15 = qk_7_15 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K_panel(16*c + &
                     & 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h)) = scale * qk_0_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 1) = scale * qk_0_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 2) = scale * qk_0_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 3) = scale * qk_0_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 4) = scale * qk_0_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 5) = scale * qk_0_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 6) = scale * qk_0_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 7) = scale * qk_0_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 8) = scale * qk_0_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 9) = scale * qk_0_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 10) = scale * qk_0_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 11) = scale * qk_0_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 12) = scale * qk_0_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 13) = scale * qk_0_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 14) = scale * qk_0_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 15) = scale * qk_0_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 32) = scale * qk_1_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 33) = scale * qk_1_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 34) = scale * qk_1_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 35) = scale * qk_1_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 36) = scale * qk_1_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 37) = scale * qk_1_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 38) = scale * qk_1_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 39) = scale * qk_1_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 40) = scale * qk_1_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 41) = scale * qk_1_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 42) = scale * qk_1_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 43) = scale * qk_1_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 44) = scale * qk_1_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 45) = scale * qk_1_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 46) = scale * qk_1_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 47) = scale * qk_1_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 64) = scale * qk_2_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 65) = scale * qk_2_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 66) = scale * qk_2_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 67) = scale * qk_2_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 68) = scale * qk_2_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 69) = scale * qk_2_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 70) = scale * qk_2_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 71) = scale * qk_2_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 72) = scale * qk_2_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 73) = scale * qk_2_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 74) = scale * qk_2_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 75) = scale * qk_2_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 76) = scale * qk_2_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 77) = scale * qk_2_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 78) = scale * qk_2_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 79) = scale * qk_2_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 96) = scale * qk_3_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 97) = scale * qk_3_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 98) = scale * qk_3_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 99) = scale * qk_3_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 100) = scale * qk_3_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 101) = scale * qk_3_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 102) = scale * qk_3_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 103) = scale * qk_3_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 104) = scale * qk_3_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 105) = scale * qk_3_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 106) = scale * qk_3_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 107) = scale * qk_3_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 108) = scale * qk_3_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 109) = scale * qk_3_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 110) = scale * qk_3_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 111) = scale * qk_3_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 128) = scale * qk_4_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 129) = scale * qk_4_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 130) = scale * qk_4_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 131) = scale * qk_4_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 132) = scale * qk_4_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 133) = scale * qk_4_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 134) = scale * qk_4_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 135) = scale * qk_4_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 136) = scale * qk_4_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 137) = scale * qk_4_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 138) = scale * qk_4_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 139) = scale * qk_4_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 140) = scale * qk_4_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 141) = scale * qk_4_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 142) = scale * qk_4_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 143) = scale * qk_4_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 160) = scale * qk_5_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 161) = scale * qk_5_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 162) = scale * qk_5_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 163) = scale * qk_5_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 164) = scale * qk_5_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 165) = scale * qk_5_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 166) = scale * qk_5_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 167) = scale * qk_5_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 168) = scale * qk_5_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 169) = scale * qk_5_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 170) = scale * qk_5_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 171) = scale * qk_5_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 172) = scale * qk_5_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 173) = scale * qk_5_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 174) = scale * qk_5_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 175) = scale * qk_5_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 192) = scale * qk_6_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 193) = scale * qk_6_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 194) = scale * qk_6_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 195) = scale * qk_6_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 196) = scale * qk_6_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 197) = scale * qk_6_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 198) = scale * qk_6_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 199) = scale * qk_6_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 200) = scale * qk_6_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 201) = scale * qk_6_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 202) = scale * qk_6_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 203) = scale * qk_6_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 204) = scale * qk_6_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 205) = scale * qk_6_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 206) = scale * qk_6_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 207) = scale * qk_6_15
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 224) = scale * qk_7_0
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 225) = scale * qk_7_1
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 226) = scale * qk_7_2
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 227) = scale * qk_7_3
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 228) = scale * qk_7_4
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 229) = scale * qk_7_5
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 230) = scale * qk_7_6
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 231) = scale * qk_7_7
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 232) = scale * qk_7_8
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 233) = scale * qk_7_9
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 234) = scale * qk_7_10
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 235) = scale * qk_7_11
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 236) = scale * qk_7_12
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 237) = scale * qk_7_13
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 238) = scale * qk_7_14
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 239) = scale * qk_7_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n)) = scale * &
+                  & qk_0_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 1) = scale &
+                  & * qk_0_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 2) = scale &
+                  & * qk_0_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 3) = scale &
+                  & * qk_0_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 4) = scale &
+                  & * qk_0_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 5) = scale &
+                  & * qk_0_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 6) = scale &
+                  & * qk_0_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 7) = scale &
+                  & * qk_0_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 8) = scale &
+                  & * qk_0_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 9) = scale &
+                  & * qk_0_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 10) = scale &
+                  & * qk_0_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 11) = scale &
+                  & * qk_0_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 12) = scale &
+                  & * qk_0_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 13) = scale &
+                  & * qk_0_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 14) = scale &
+                  & * qk_0_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 15) = scale &
+                  & * qk_0_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale &
+                  & * qk_1_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 1) = &
+                  & scale * qk_1_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 2) = &
+                  & scale * qk_1_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 3) = &
+                  & scale * qk_1_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 4) = &
+                  & scale * qk_1_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 5) = &
+                  & scale * qk_1_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 6) = &
+                  & scale * qk_1_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 7) = &
+                  & scale * qk_1_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 8) = &
+                  & scale * qk_1_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 9) = &
+                  & scale * qk_1_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 10) = &
+                  & scale * qk_1_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 11) = &
+                  & scale * qk_1_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 12) = &
+                  & scale * qk_1_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 13) = &
+                  & scale * qk_1_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 14) = &
+                  & scale * qk_1_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 15) = &
+                  & scale * qk_1_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale &
+                  & * qk_2_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 1) = &
+                  & scale * qk_2_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 2) = &
+                  & scale * qk_2_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 3) = &
+                  & scale * qk_2_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 4) = &
+                  & scale * qk_2_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 5) = &
+                  & scale * qk_2_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 6) = &
+                  & scale * qk_2_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 7) = &
+                  & scale * qk_2_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 8) = &
+                  & scale * qk_2_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 9) = &
+                  & scale * qk_2_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 10) = &
+                  & scale * qk_2_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 11) = &
+                  & scale * qk_2_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 12) = &
+                  & scale * qk_2_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 13) = &
+                  & scale * qk_2_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 14) = &
+                  & scale * qk_2_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 15) = &
+                  & scale * qk_2_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale &
+                  & * qk_3_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 1) = &
+                  & scale * qk_3_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 2) = &
+                  & scale * qk_3_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 3) = &
+                  & scale * qk_3_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 4) = &
+                  & scale * qk_3_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 5) = &
+                  & scale * qk_3_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 6) = &
+                  & scale * qk_3_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 7) = &
+                  & scale * qk_3_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 8) = &
+                  & scale * qk_3_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 9) = &
+                  & scale * qk_3_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 10) = &
+                  & scale * qk_3_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 11) = &
+                  & scale * qk_3_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 12) = &
+                  & scale * qk_3_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 13) = &
+                  & scale * qk_3_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 14) = &
+                  & scale * qk_3_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 15) = &
+                  & scale * qk_3_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale &
+                  & * qk_4_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 1) = &
+                  & scale * qk_4_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 2) = &
+                  & scale * qk_4_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 3) = &
+                  & scale * qk_4_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 4) = &
+                  & scale * qk_4_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 5) = &
+                  & scale * qk_4_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 6) = &
+                  & scale * qk_4_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 7) = &
+                  & scale * qk_4_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 8) = &
+                  & scale * qk_4_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 9) = &
+                  & scale * qk_4_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 10) = &
+                  & scale * qk_4_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 11) = &
+                  & scale * qk_4_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 12) = &
+                  & scale * qk_4_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 13) = &
+                  & scale * qk_4_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 14) = &
+                  & scale * qk_4_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 15) = &
+                  & scale * qk_4_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale &
+                  & * qk_5_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 1) = &
+                  & scale * qk_5_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 2) = &
+                  & scale * qk_5_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 3) = &
+                  & scale * qk_5_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 4) = &
+                  & scale * qk_5_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 5) = &
+                  & scale * qk_5_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 6) = &
+                  & scale * qk_5_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 7) = &
+                  & scale * qk_5_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 8) = &
+                  & scale * qk_5_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 9) = &
+                  & scale * qk_5_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 10) = &
+                  & scale * qk_5_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 11) = &
+                  & scale * qk_5_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 12) = &
+                  & scale * qk_5_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 13) = &
+                  & scale * qk_5_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 14) = &
+                  & scale * qk_5_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 15) = &
+                  & scale * qk_5_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) = scale &
+                  & * qk_6_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 1) = &
+                  & scale * qk_6_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 2) = &
+                  & scale * qk_6_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 3) = &
+                  & scale * qk_6_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 4) = &
+                  & scale * qk_6_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 5) = &
+                  & scale * qk_6_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 6) = &
+                  & scale * qk_6_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 7) = &
+                  & scale * qk_6_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 8) = &
+                  & scale * qk_6_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 9) = &
+                  & scale * qk_6_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 10) = &
+                  & scale * qk_6_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 11) = &
+                  & scale * qk_6_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 12) = &
+                  & scale * qk_6_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 13) = &
+                  & scale * qk_6_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 14) = &
+                  & scale * qk_6_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 15) = &
+                  & scale * qk_6_15
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) = scale &
+                  & * qk_7_0
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 1) = &
+                  & scale * qk_7_1
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 2) = &
+                  & scale * qk_7_2
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 3) = &
+                  & scale * qk_7_3
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 4) = &
+                  & scale * qk_7_4
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 5) = &
+                  & scale * qk_7_5
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 6) = &
+                  & scale * qk_7_6
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 7) = &
+                  & scale * qk_7_7
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 8) = &
+                  & scale * qk_7_8
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 9) = &
+                  & scale * qk_7_9
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 10) = &
+                  & scale * qk_7_10
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 11) = &
+                  & scale * qk_7_11
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 12) = &
+                  & scale * qk_7_12
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 13) = &
+                  & scale * qk_7_13
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 14) = &
+                  & scale * qk_7_14
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 15) = &
+                  & scale * qk_7_15
             end do
             do j = 16*((min(n, 32*j_blk + 32)) / 16), min(n, 32*j_blk + 32) - 1
               K_row = d*(j + n*(b*heads + h))
@@ -4096,14 +4329,14 @@ contains
                 qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk_0
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = scale * qk_1
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = scale * qk_2
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = scale * qk_3
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = scale * qk_4
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = scale * qk_5
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) = scale * qk_6
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) = scale * qk_7
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) = scale * qk_0
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale * qk_1
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale * qk_2
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale * qk_3
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale * qk_4
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale * qk_5
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) = scale * qk_6
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -4116,21 +4349,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max_0 = max(block_max_0, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)))
-              block_max_1 = max(block_max_1, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 32))
-              block_max_2 = max(block_max_2, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 64))
-              block_max_3 = max(block_max_3, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 96))
-              block_max_4 = max(block_max_4, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 128))
-              block_max_5 = max(block_max_5, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 160))
-              block_max_6 = max(block_max_6, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 192))
-              block_max_7 = max(block_max_7, probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) &
-                  & + 224))
+              block_max_0 = max(block_max_0, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(32, n)))
+              block_max_1 = max(block_max_1, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(32, n)))
+              block_max_2 = max(block_max_2, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(32, n)))
+              block_max_3 = max(block_max_3, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(32, n)))
+              block_max_4 = max(block_max_4, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(32, n)))
+              block_max_5 = max(block_max_5, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(32, n)))
+              block_max_6 = max(block_max_6, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(32, n)))
+              block_max_7 = max(block_max_7, probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(32, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -4150,22 +4384,22 @@ contains
             rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = exp(probs(256*i_tile + j - &
-                  & 32*j_blk + 32*n*(b*heads + h)) - new_max_0)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = exp(probs(256*i_tile + &
-                  & j - 32*j_blk + 32*n*(b*heads + h) + 32) - new_max_1)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = exp(probs(256*i_tile + &
-                  & j - 32*j_blk + 32*n*(b*heads + h) + 64) - new_max_2)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = exp(probs(256*i_tile + &
-                  & j - 32*j_blk + 32*n*(b*heads + h) + 96) - new_max_3)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = exp(probs(256*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h) + 128) - new_max_4)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = exp(probs(256*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h) + 160) - new_max_5)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) = exp(probs(256*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h) + 192) - new_max_6)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) = exp(probs(256*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h) + 224) - new_max_7)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) - new_max_0)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) - new_max_1)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) - new_max_2)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) - new_max_3)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) - new_max_4)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) - new_max_5)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) - new_max_6)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) = exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) - new_max_7)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -4178,18 +4412,22 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum_0 = block_sum_0 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              block_sum_2 = block_sum_2 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              block_sum_3 = block_sum_3 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              block_sum_4 = block_sum_4 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 128)
-              block_sum_5 = block_sum_5 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 160)
-              block_sum_6 = block_sum_6 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 192)
-              block_sum_7 = block_sum_7 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 224)
+              block_sum_0 = block_sum_0 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(32, n))
+              block_sum_1 = block_sum_1 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(32, n))
+              block_sum_2 = block_sum_2 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(32, n))
+              block_sum_3 = block_sum_3 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(32, n))
+              block_sum_4 = block_sum_4 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(32, n))
+              block_sum_5 = block_sum_5 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(32, n))
+              block_sum_6 = block_sum_6 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(32, n))
+              block_sum_7 = block_sum_7 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(32, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -4349,262 +4587,262 @@ contains
               o_15h = O(16*c_tile + d*(8*i_tile + n*(b*heads + h) + 7) + 15)
               !GCC$ novector
               do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-                o_0 = o_0 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)))
-                o_1 = o_1 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 7)
-                o_8 = o_8 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 8)
-                o_9 = o_9 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 9)
-                o_10 = o_10 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 10)
-                o_11 = o_11 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 11)
-                o_12 = o_12 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 12)
-                o_13 = o_13 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 13)
-                o_14 = o_14 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 14)
-                o_15 = o_15 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 15)
-                o_0b = o_0b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_0 = o_0 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1b = o_1b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_1 = o_1 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_2 = o_2 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_3 = o_3 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_4 = o_4 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_5 = o_5 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_6 = o_6 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_7 = o_7 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8b = o_8b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_8 = o_8 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9b = o_9b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_9 = o_9 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10b = o_10b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_10 = o_10 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11b = o_11b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_11 = o_11 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12b = o_12b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_12 = o_12 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13b = o_13b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_13 = o_13 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14b = o_14b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_14 = o_14 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15b = o_15b + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_15 = o_15 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0c = o_0c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_0b = o_0b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1c = o_1c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_1b = o_1b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_2b = o_2b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_3b = o_3b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_4b = o_4b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_5b = o_5b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_6b = o_6b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_7b = o_7b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8c = o_8c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_8b = o_8b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9c = o_9c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_9b = o_9b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10c = o_10c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11c = o_11c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12c = o_12c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13c = o_13c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14c = o_14c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15c = o_15c + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0d = o_0d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_10b = o_10b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11b = o_11b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12b = o_12b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13b = o_13b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14b = o_14b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15b = o_15b + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0c = o_0c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1d = o_1d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_1c = o_1c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_2c = o_2c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_3c = o_3c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_4c = o_4c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_5c = o_5c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_6c = o_6c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_7c = o_7c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8d = o_8d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_8c = o_8c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9d = o_9d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_9c = o_9c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10d = o_10d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11d = o_11d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12d = o_12d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13d = o_13d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14d = o_14d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15d = o_15d + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0e = o_0e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_10c = o_10c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11c = o_11c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12c = o_12c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13c = o_13c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14c = o_14c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15c = o_15c + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0d = o_0d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1e = o_1e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_1d = o_1d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_2d = o_2d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_3d = o_3d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_4d = o_4d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_5d = o_5d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_6d = o_6d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_7d = o_7d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8e = o_8e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_8d = o_8d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9e = o_9e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_9d = o_9d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10e = o_10e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11e = o_11e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12e = o_12e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13e = o_13e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14e = o_14e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15e = o_15e + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0f = o_0f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_10d = o_10d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11d = o_11d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12d = o_12d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13d = o_13d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14d = o_14d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15d = o_15d + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0e = o_0e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1f = o_1f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_1e = o_1e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_2e = o_2e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_3e = o_3e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_4e = o_4e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_5e = o_5e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_6e = o_6e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_7e = o_7e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8f = o_8f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_8e = o_8e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9f = o_9f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_9e = o_9e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10f = o_10f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11f = o_11f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12f = o_12f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13f = o_13f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14f = o_14f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15f = o_15f + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0g = o_0g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_10e = o_10e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11e = o_11e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12e = o_12e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13e = o_13e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14e = o_14e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15e = o_15e + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0f = o_0f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1g = o_1g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_1f = o_1f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_2f = o_2f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_3f = o_3f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_4f = o_4f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_5f = o_5f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_6f = o_6f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_7f = o_7f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8g = o_8g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_8f = o_8f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9g = o_9g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_9f = o_9f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10g = o_10g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11g = o_11g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12g = o_12g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13g = o_13g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14g = o_14g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15g = o_15g + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0h = o_0h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_10f = o_10f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11f = o_11f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12f = o_12f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13f = o_13f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14f = o_14f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15f = o_15f + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0g = o_0g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1h = o_1h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_1g = o_1g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_2g = o_2g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_3g = o_3g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_4g = o_4g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_5g = o_5g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_6g = o_6g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_7g = o_7g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8h = o_8h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_8g = o_8g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9h = o_9h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_9g = o_9g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10h = o_10h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11h = o_11h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12h = o_12h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13h = o_13h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14h = o_14h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15h = o_15h + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_10g = o_10g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11g = o_11g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12g = o_12g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13g = o_13g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14g = o_14g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15g = o_15g + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0h = o_0h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)))
+                o_1h = o_1h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
+                o_2h = o_2h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
+                o_3h = o_3h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
+                o_4h = o_4h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
+                o_5h = o_5h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
+                o_6h = o_6h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
+                o_7h = o_7h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
+                o_8h = o_8h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
+                o_9h = o_9h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
+                o_10h = o_10h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11h = o_11h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12h = o_12h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13h = o_13h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14h = o_14h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15h = o_15h + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
               end do
               O(16*c_tile + d*(8*i_tile + n*(b*heads + h))) = o_0
               O(16*c_tile + d*(8*i_tile + n*(b*heads + h)) + 1) = o_1
@@ -4737,14 +4975,14 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              t_1 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              t_2 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              t_3 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              t_4 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128)
-              t_5 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160)
-              t_6 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192)
-              t_7 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224)
+              t_0 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n))
+              t_1 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n))
+              t_2 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n))
+              t_3 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n))
+              t_4 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n))
+              t_5 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n))
+              t_6 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n))
+              t_7 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n))
               do c = 16*((d) / 16), d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
                     & t_0 * V(V_row + c)
@@ -5162,134 +5400,262 @@ contains
                 qk_7_15b = qk_7_15b + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K_panel(16*c + &
                     & 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h)) = scale * qk_0_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 1) = scale * qk_0_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 2) = scale * qk_0_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 3) = scale * qk_0_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 4) = scale * qk_0_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 5) = scale * qk_0_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 6) = scale * qk_0_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 7) = scale * qk_0_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 8) = scale * qk_0_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 9) = scale * qk_0_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 10) = scale * qk_0_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 11) = scale * qk_0_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 12) = scale * qk_0_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 13) = scale * qk_0_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 14) = scale * qk_0_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 15) = scale * qk_0_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 32) = scale * qk_1_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 33) = scale * qk_1_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 34) = scale * qk_1_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 35) = scale * qk_1_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 36) = scale * qk_1_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 37) = scale * qk_1_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 38) = scale * qk_1_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 39) = scale * qk_1_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 40) = scale * qk_1_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 41) = scale * qk_1_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 42) = scale * qk_1_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 43) = scale * qk_1_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 44) = scale * qk_1_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 45) = scale * qk_1_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 46) = scale * qk_1_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 47) = scale * qk_1_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 64) = scale * qk_2_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 65) = scale * qk_2_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 66) = scale * qk_2_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 67) = scale * qk_2_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 68) = scale * qk_2_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 69) = scale * qk_2_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 70) = scale * qk_2_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 71) = scale * qk_2_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 72) = scale * qk_2_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 73) = scale * qk_2_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 74) = scale * qk_2_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 75) = scale * qk_2_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 76) = scale * qk_2_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 77) = scale * qk_2_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 78) = scale * qk_2_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 79) = scale * qk_2_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 96) = scale * qk_3_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 97) = scale * qk_3_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 98) = scale * qk_3_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 99) = scale * qk_3_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 100) = scale * qk_3_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 101) = scale * qk_3_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 102) = scale * qk_3_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 103) = scale * qk_3_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 104) = scale * qk_3_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 105) = scale * qk_3_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 106) = scale * qk_3_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 107) = scale * qk_3_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 108) = scale * qk_3_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 109) = scale * qk_3_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 110) = scale * qk_3_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 111) = scale * qk_3_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 128) = scale * qk_4_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 129) = scale * qk_4_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 130) = scale * qk_4_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 131) = scale * qk_4_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 132) = scale * qk_4_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 133) = scale * qk_4_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 134) = scale * qk_4_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 135) = scale * qk_4_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 136) = scale * qk_4_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 137) = scale * qk_4_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 138) = scale * qk_4_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 139) = scale * qk_4_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 140) = scale * qk_4_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 141) = scale * qk_4_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 142) = scale * qk_4_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 143) = scale * qk_4_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 160) = scale * qk_5_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 161) = scale * qk_5_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 162) = scale * qk_5_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 163) = scale * qk_5_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 164) = scale * qk_5_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 165) = scale * qk_5_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 166) = scale * qk_5_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 167) = scale * qk_5_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 168) = scale * qk_5_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 169) = scale * qk_5_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 170) = scale * qk_5_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 171) = scale * qk_5_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 172) = scale * qk_5_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 173) = scale * qk_5_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 174) = scale * qk_5_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 175) = scale * qk_5_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 192) = scale * qk_6_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 193) = scale * qk_6_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 194) = scale * qk_6_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 195) = scale * qk_6_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 196) = scale * qk_6_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 197) = scale * qk_6_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 198) = scale * qk_6_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 199) = scale * qk_6_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 200) = scale * qk_6_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 201) = scale * qk_6_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 202) = scale * qk_6_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 203) = scale * qk_6_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 204) = scale * qk_6_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 205) = scale * qk_6_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 206) = scale * qk_6_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 207) = scale * qk_6_15b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 224) = scale * qk_7_0b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 225) = scale * qk_7_1b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 226) = scale * qk_7_2b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 227) = scale * qk_7_3b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 228) = scale * qk_7_4b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 229) = scale * qk_7_5b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 230) = scale * qk_7_6b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 231) = scale * qk_7_7b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 232) = scale * qk_7_8b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 233) = scale * qk_7_9b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 234) = scale * qk_7_10b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 235) = scale * qk_7_11b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 236) = scale * qk_7_12b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 237) = scale * qk_7_13b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 238) = scale * qk_7_14b
-              probs(256*i_tile - 32*j_blk + 16*j_tile + 32*n*(b*heads + h) + 239) = scale * qk_7_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n)) = scale * &
+                  & qk_0_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 1) = scale &
+                  & * qk_0_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 2) = scale &
+                  & * qk_0_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 3) = scale &
+                  & * qk_0_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 4) = scale &
+                  & * qk_0_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 5) = scale &
+                  & * qk_0_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 6) = scale &
+                  & * qk_0_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 7) = scale &
+                  & * qk_0_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 8) = scale &
+                  & * qk_0_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 9) = scale &
+                  & * qk_0_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 10) = scale &
+                  & * qk_0_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 11) = scale &
+                  & * qk_0_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 12) = scale &
+                  & * qk_0_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 13) = scale &
+                  & * qk_0_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 14) = scale &
+                  & * qk_0_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(32, n) + 15) = scale &
+                  & * qk_0_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale &
+                  & * qk_1_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 1) = &
+                  & scale * qk_1_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 2) = &
+                  & scale * qk_1_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 3) = &
+                  & scale * qk_1_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 4) = &
+                  & scale * qk_1_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 5) = &
+                  & scale * qk_1_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 6) = &
+                  & scale * qk_1_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 7) = &
+                  & scale * qk_1_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 8) = &
+                  & scale * qk_1_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 9) = &
+                  & scale * qk_1_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 10) = &
+                  & scale * qk_1_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 11) = &
+                  & scale * qk_1_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 12) = &
+                  & scale * qk_1_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 13) = &
+                  & scale * qk_1_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 14) = &
+                  & scale * qk_1_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(32, n) + 15) = &
+                  & scale * qk_1_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale &
+                  & * qk_2_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 1) = &
+                  & scale * qk_2_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 2) = &
+                  & scale * qk_2_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 3) = &
+                  & scale * qk_2_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 4) = &
+                  & scale * qk_2_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 5) = &
+                  & scale * qk_2_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 6) = &
+                  & scale * qk_2_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 7) = &
+                  & scale * qk_2_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 8) = &
+                  & scale * qk_2_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 9) = &
+                  & scale * qk_2_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 10) = &
+                  & scale * qk_2_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 11) = &
+                  & scale * qk_2_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 12) = &
+                  & scale * qk_2_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 13) = &
+                  & scale * qk_2_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 14) = &
+                  & scale * qk_2_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(32, n) + 15) = &
+                  & scale * qk_2_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale &
+                  & * qk_3_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 1) = &
+                  & scale * qk_3_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 2) = &
+                  & scale * qk_3_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 3) = &
+                  & scale * qk_3_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 4) = &
+                  & scale * qk_3_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 5) = &
+                  & scale * qk_3_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 6) = &
+                  & scale * qk_3_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 7) = &
+                  & scale * qk_3_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 8) = &
+                  & scale * qk_3_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 9) = &
+                  & scale * qk_3_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 10) = &
+                  & scale * qk_3_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 11) = &
+                  & scale * qk_3_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 12) = &
+                  & scale * qk_3_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 13) = &
+                  & scale * qk_3_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 14) = &
+                  & scale * qk_3_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(32, n) + 15) = &
+                  & scale * qk_3_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale &
+                  & * qk_4_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 1) = &
+                  & scale * qk_4_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 2) = &
+                  & scale * qk_4_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 3) = &
+                  & scale * qk_4_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 4) = &
+                  & scale * qk_4_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 5) = &
+                  & scale * qk_4_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 6) = &
+                  & scale * qk_4_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 7) = &
+                  & scale * qk_4_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 8) = &
+                  & scale * qk_4_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 9) = &
+                  & scale * qk_4_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 10) = &
+                  & scale * qk_4_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 11) = &
+                  & scale * qk_4_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 12) = &
+                  & scale * qk_4_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 13) = &
+                  & scale * qk_4_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 14) = &
+                  & scale * qk_4_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(32, n) + 15) = &
+                  & scale * qk_4_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale &
+                  & * qk_5_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 1) = &
+                  & scale * qk_5_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 2) = &
+                  & scale * qk_5_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 3) = &
+                  & scale * qk_5_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 4) = &
+                  & scale * qk_5_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 5) = &
+                  & scale * qk_5_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 6) = &
+                  & scale * qk_5_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 7) = &
+                  & scale * qk_5_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 8) = &
+                  & scale * qk_5_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 9) = &
+                  & scale * qk_5_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 10) = &
+                  & scale * qk_5_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 11) = &
+                  & scale * qk_5_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 12) = &
+                  & scale * qk_5_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 13) = &
+                  & scale * qk_5_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 14) = &
+                  & scale * qk_5_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(32, n) + 15) = &
+                  & scale * qk_5_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) = scale &
+                  & * qk_6_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 1) = &
+                  & scale * qk_6_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 2) = &
+                  & scale * qk_6_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 3) = &
+                  & scale * qk_6_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 4) = &
+                  & scale * qk_6_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 5) = &
+                  & scale * qk_6_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 6) = &
+                  & scale * qk_6_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 7) = &
+                  & scale * qk_6_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 8) = &
+                  & scale * qk_6_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 9) = &
+                  & scale * qk_6_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 10) = &
+                  & scale * qk_6_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 11) = &
+                  & scale * qk_6_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 12) = &
+                  & scale * qk_6_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 13) = &
+                  & scale * qk_6_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 14) = &
+                  & scale * qk_6_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(32, n) + 15) = &
+                  & scale * qk_6_15b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) = scale &
+                  & * qk_7_0b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 1) = &
+                  & scale * qk_7_1b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 2) = &
+                  & scale * qk_7_2b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 3) = &
+                  & scale * qk_7_3b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 4) = &
+                  & scale * qk_7_4b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 5) = &
+                  & scale * qk_7_5b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 6) = &
+                  & scale * qk_7_6b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 7) = &
+                  & scale * qk_7_7b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 8) = &
+                  & scale * qk_7_8b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 9) = &
+                  & scale * qk_7_9b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 10) = &
+                  & scale * qk_7_10b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 11) = &
+                  & scale * qk_7_11b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 12) = &
+                  & scale * qk_7_12b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 13) = &
+                  & scale * qk_7_13b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 14) = &
+                  & scale * qk_7_14b
+              probs(-32*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(32, n) + 15) = &
+                  & scale * qk_7_15b
             end do
             do j = 16*((min(n, 32*j_blk + 32)) / 16), min(n, 32*j_blk + 32) - 1
               K_row = d*(j + n*(b*heads + h))
@@ -5312,14 +5678,14 @@ contains
                 qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk_0
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = scale * qk_1
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = scale * qk_2
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = scale * qk_3
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = scale * qk_4
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = scale * qk_5
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) = scale * qk_6
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) = scale * qk_7
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) = scale * qk_0
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) = scale * qk_1
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) = scale * qk_2
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) = scale * qk_3
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) = scale * qk_4
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) = scale * qk_5
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) = scale * qk_6
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -5332,22 +5698,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max_0 = max(block_max_0, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h)), neg_inf, 8*i_tile >= j))
-              block_max_1 = max(block_max_1, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 32), neg_inf, 8*i_tile + 1 >= j))
-              block_max_2 = max(block_max_2, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 64), neg_inf, 8*i_tile + 2 >= j))
-              block_max_3 = max(block_max_3, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 96), neg_inf, 8*i_tile + 3 >= j))
-              block_max_4 = max(block_max_4, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 128), neg_inf, 8*i_tile + 4 >= j))
-              block_max_5 = max(block_max_5, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 160), neg_inf, 8*i_tile + 5 >= j))
-              block_max_6 = max(block_max_6, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 192), neg_inf, 8*i_tile + 6 >= j))
-              block_max_7 = max(block_max_7, merge(probs(256*i_tile + j - 32*j_blk + &
-                  & 32*n*(b*heads + h) + 224), neg_inf, 8*i_tile + 7 >= j))
+              block_max_0 = max(block_max_0, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(32, n)), neg_inf, 8*i_tile >= j))
+              block_max_1 = max(block_max_1, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 1)*min(32, n)), neg_inf, 8*i_tile + 1 >= j))
+              block_max_2 = max(block_max_2, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 2)*min(32, n)), neg_inf, 8*i_tile + 2 >= j))
+              block_max_3 = max(block_max_3, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 3)*min(32, n)), neg_inf, 8*i_tile + 3 >= j))
+              block_max_4 = max(block_max_4, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 4)*min(32, n)), neg_inf, 8*i_tile + 4 >= j))
+              block_max_5 = max(block_max_5, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 5)*min(32, n)), neg_inf, 8*i_tile + 5 >= j))
+              block_max_6 = max(block_max_6, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 6)*min(32, n)), neg_inf, 8*i_tile + 6 >= j))
+              block_max_7 = max(block_max_7, merge(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h) + 7)*min(32, n)), neg_inf, 8*i_tile + 7 >= j))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -5367,28 +5733,29 @@ contains
             rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) = merge(exp(probs(256*i_tile &
-                  & + j - 32*j_blk + 32*n*(b*heads + h)) - new_max_0), 0.0_c_float, 8*i_tile >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) = merge(exp(probs(j - &
+                  & 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) - new_max_0), &
+                  & 0.0_c_float, 8*i_tile >= j)
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) - &
                   & new_max_1), 0.0_c_float, 8*i_tile + 1 >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) - &
                   & new_max_2), 0.0_c_float, 8*i_tile + 2 >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) - &
                   & new_max_3), 0.0_c_float, 8*i_tile + 3 >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) - &
                   & new_max_4), 0.0_c_float, 8*i_tile + 4 >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) - &
                   & new_max_5), 0.0_c_float, 8*i_tile + 5 >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) - &
                   & new_max_6), 0.0_c_float, 8*i_tile + 6 >= j)
-              probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) = &
-                  & merge(exp(probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) - &
+              probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) = &
+                  & merge(exp(probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) - &
                   & new_max_7), 0.0_c_float, 8*i_tile + 7 >= j)
             end do
             block_sum_0 = 0.0_c_float
@@ -5402,18 +5769,22 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum_0 = block_sum_0 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              block_sum_2 = block_sum_2 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              block_sum_3 = block_sum_3 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              block_sum_4 = block_sum_4 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 128)
-              block_sum_5 = block_sum_5 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 160)
-              block_sum_6 = block_sum_6 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 192)
-              block_sum_7 = block_sum_7 + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + &
-                  & 224)
+              block_sum_0 = block_sum_0 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(32, n))
+              block_sum_1 = block_sum_1 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(32, n))
+              block_sum_2 = block_sum_2 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(32, n))
+              block_sum_3 = block_sum_3 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(32, n))
+              block_sum_4 = block_sum_4 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(32, n))
+              block_sum_5 = block_sum_5 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(32, n))
+              block_sum_6 = block_sum_6 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(32, n))
+              block_sum_7 = block_sum_7 + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(32, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -5573,262 +5944,262 @@ contains
               o_15p = O(16*c_tile + d*(8*i_tile + n*(b*heads + h) + 7) + 15)
               !GCC$ novector
               do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-                o_0i = o_0i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)))
-                o_1i = o_1i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 1)
-                o_2i = o_2i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 2)
-                o_3i = o_3i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 3)
-                o_4i = o_4i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 4)
-                o_5i = o_5i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 5)
-                o_6i = o_6i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 6)
-                o_7i = o_7i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 7)
-                o_8i = o_8i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 8)
-                o_9i = o_9i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 9)
-                o_10i = o_10i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11i = o_11i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12i = o_12i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13i = o_13i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14i = o_14i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15i = o_15i + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h)) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0j = o_0j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_0i = o_0i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1j = o_1j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_1i = o_1i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2j = o_2j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_2i = o_2i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3j = o_3j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_3i = o_3i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4j = o_4j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_4i = o_4i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5j = o_5j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_5i = o_5i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6j = o_6j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_6i = o_6i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7j = o_7j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_7i = o_7i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8j = o_8j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_8i = o_8i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9j = o_9j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_9i = o_9i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10j = o_10j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_10i = o_10i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11j = o_11j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_11i = o_11i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12j = o_12j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_12i = o_12i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13j = o_13j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_13i = o_13i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14j = o_14j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_14i = o_14i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15j = o_15j + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32) * &
+                o_15i = o_15i + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0k = o_0k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_0j = o_0j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1k = o_1k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_1j = o_1j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2k = o_2k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_2j = o_2j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3k = o_3k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_3j = o_3j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4k = o_4k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_4j = o_4j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5k = o_5k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_5j = o_5j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6k = o_6k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_6j = o_6j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7k = o_7k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_7j = o_7j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8k = o_8k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_8j = o_8j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9k = o_9k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
+                o_9j = o_9j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10k = o_10k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11k = o_11k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12k = o_12k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13k = o_13k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14k = o_14k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15k = o_15k + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0l = o_0l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_10j = o_10j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11j = o_11j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12j = o_12j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13j = o_13j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14j = o_14j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15j = o_15j + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0k = o_0k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1l = o_1l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_1k = o_1k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2l = o_2l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_2k = o_2k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3l = o_3l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_3k = o_3k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4l = o_4l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_4k = o_4k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5l = o_5l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_5k = o_5k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6l = o_6l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_6k = o_6k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7l = o_7l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_7k = o_7k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8l = o_8l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_8k = o_8k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9l = o_9l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
+                o_9k = o_9k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10l = o_10l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11l = o_11l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12l = o_12l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13l = o_13l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14l = o_14l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15l = o_15l + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0m = o_0m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_10k = o_10k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11k = o_11k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12k = o_12k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13k = o_13k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14k = o_14k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15k = o_15k + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0l = o_0l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1m = o_1m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_1l = o_1l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2m = o_2m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_2l = o_2l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3m = o_3m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_3l = o_3l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4m = o_4m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_4l = o_4l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5m = o_5m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_5l = o_5l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6m = o_6m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_6l = o_6l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7m = o_7m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_7l = o_7l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8m = o_8m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_8l = o_8l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9m = o_9m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
+                o_9l = o_9l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10m = o_10m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11m = o_11m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12m = o_12m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13m = o_13m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14m = o_14m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15m = o_15m + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0n = o_0n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_10l = o_10l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11l = o_11l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12l = o_12l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13l = o_13l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14l = o_14l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15l = o_15l + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0m = o_0m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1n = o_1n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_1m = o_1m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2n = o_2n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_2m = o_2m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3n = o_3n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_3m = o_3m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4n = o_4n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_4m = o_4m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5n = o_5n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_5m = o_5m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6n = o_6n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_6m = o_6m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7n = o_7n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_7m = o_7m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8n = o_8n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_8m = o_8m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9n = o_9n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
+                o_9m = o_9m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10n = o_10n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11n = o_11n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12n = o_12n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13n = o_13n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14n = o_14n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15n = o_15n + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0o = o_0o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_10m = o_10m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11m = o_11m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12m = o_12m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13m = o_13m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14m = o_14m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15m = o_15m + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0n = o_0n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1o = o_1o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_1n = o_1n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2o = o_2o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_2n = o_2n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3o = o_3o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_3n = o_3n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4o = o_4o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_4n = o_4n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5o = o_5o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_5n = o_5n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6o = o_6o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_6n = o_6n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7o = o_7o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_7n = o_7n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8o = o_8o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_8n = o_8n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9o = o_9o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
+                o_9n = o_9n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10o = o_10o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11o = o_11o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12o = o_12o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13o = o_13o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14o = o_14o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15o = o_15o + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0p = o_0p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_10n = o_10n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11n = o_11n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12n = o_12n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13n = o_13n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14n = o_14n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15n = o_15n + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0o = o_0o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1p = o_1p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_1o = o_1o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2p = o_2p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_2o = o_2o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3p = o_3p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_3o = o_3o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4p = o_4p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_4o = o_4o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5p = o_5p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_5o = o_5o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6p = o_6p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_6o = o_6o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7p = o_7p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_7o = o_7o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8p = o_8p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_8o = o_8o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9p = o_9p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
+                o_9o = o_9o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10p = o_10p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11p = o_11p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12p = o_12p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13p = o_13p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14p = o_14p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15p = o_15p + probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_10o = o_10o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11o = o_11o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12o = o_12o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13o = o_13o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14o = o_14o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15o = o_15o + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0p = o_0p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)))
+                o_1p = o_1p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
+                o_2p = o_2p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
+                o_3p = o_3p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
+                o_4p = o_4p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
+                o_5p = o_5p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
+                o_6p = o_6p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
+                o_7p = o_7p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
+                o_8p = o_8p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
+                o_9p = o_9p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
+                o_10p = o_10p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11p = o_11p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12p = o_12p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13p = o_13p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14p = o_14p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15p = o_15p + probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
               end do
               O(16*c_tile + d*(8*i_tile + n*(b*heads + h))) = o_0i
               O(16*c_tile + d*(8*i_tile + n*(b*heads + h)) + 1) = o_1i
@@ -5961,14 +6332,14 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h))
-              t_1 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 32)
-              t_2 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 64)
-              t_3 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 96)
-              t_4 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 128)
-              t_5 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 160)
-              t_6 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 192)
-              t_7 = probs(256*i_tile + j - 32*j_blk + 32*n*(b*heads + h) + 224)
+              t_0 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h))*min(32, n))
+              t_1 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(32, n))
+              t_2 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(32, n))
+              t_3 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(32, n))
+              t_4 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(32, n))
+              t_5 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(32, n))
+              t_6 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(32, n))
+              t_7 = probs(j - 32*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(32, n))
               do c = 16*((d) / 16), d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
                     & t_0 * V(V_row + c)
@@ -6078,24 +6449,24 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max = max(block_max, probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)))
+              block_max = max(block_max, probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = exp(probs(32*i + j - 32*j_blk + &
-                  & 32*n*(b*heads + h)) - new_max)
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = exp(probs(j - 32*j_blk + &
+                  & (i + n*(b*heads + h))*min(32, n)) - new_max)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum = block_sum + probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -6104,7 +6475,7 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              t = probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
@@ -6120,25 +6491,25 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = scale * qk
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_max = max(block_max, merge(probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)), &
-                  & neg_inf, i >= j))
+              block_max = max(block_max, merge(probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, &
+                  & n)), neg_inf, i >= j))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              probs(32*i + j - 32*j_blk + 32*n*(b*heads + h)) = merge(exp(probs(32*i + j - &
-                  & 32*j_blk + 32*n*(b*heads + h)) - new_max), 0.0_c_float, i >= j)
+              probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n)) = merge(exp(probs(j - &
+                  & 32*j_blk + (i + n*(b*heads + h))*min(32, n)) - new_max), 0.0_c_float, i >= j)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
-              block_sum = block_sum + probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -6147,7 +6518,7 @@ contains
             end do
             do j = 32*j_blk, min(n, 32*j_blk + 32) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(32*i + j - 32*j_blk + 32*n*(b*heads + h))
+              t = probs(j - 32*j_blk + (i + n*(b*heads + h))*min(32, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)

@@ -95,7 +95,7 @@ contains
     real(c_double), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: dV(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: delta(0:batch * heads * n - 1)
-    real(c_double), intent(out) :: probs(0:batch * heads * n * 64 - 1)
+    real(c_double), intent(out) :: probs(0:batch * heads * n * min(64, n) - 1)
     real(c_double), intent(out) :: qk_block(0:batch * heads * n * 64 - 1)
     real(c_double), intent(out) :: dov_block(0:batch * heads * n * 64 - 1)
     real(c_double), intent(out) :: t3_block(0:batch * heads * n * 64 - 1)
@@ -368,54 +368,101 @@ contains
                 qk_5_7 = qk_5_7 + Q(c + d*(6*i_tile + n*(b*heads + h) + 5)) * K_panel(8*c + &
                     & 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7)
               end do
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1) = scale * qk_0_1
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2) = scale * qk_0_2
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3) = scale * qk_0_3
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4) = scale * qk_0_4
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5) = scale * qk_0_5
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6) = scale * qk_0_6
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7) = scale * qk_0_7
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64) = scale * qk_1_0
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65) = scale * qk_1_1
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66) = scale * qk_1_2
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67) = scale * qk_1_3
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68) = scale * qk_1_4
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69) = scale * qk_1_5
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70) = scale * qk_1_6
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71) = scale * qk_1_7
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128) = scale * qk_2_0
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129) = scale * qk_2_1
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130) = scale * qk_2_2
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131) = scale * qk_2_3
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132) = scale * qk_2_4
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133) = scale * qk_2_5
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134) = scale * qk_2_6
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135) = scale * qk_2_7
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192) = scale * qk_3_0
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193) = scale * qk_3_1
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194) = scale * qk_3_2
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195) = scale * qk_3_3
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196) = scale * qk_3_4
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197) = scale * qk_3_5
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198) = scale * qk_3_6
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199) = scale * qk_3_7
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256) = scale * qk_4_0
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257) = scale * qk_4_1
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258) = scale * qk_4_2
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259) = scale * qk_4_3
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260) = scale * qk_4_4
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261) = scale * qk_4_5
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262) = scale * qk_4_6
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263) = scale * qk_4_7
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320) = scale * qk_5_0
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321) = scale * qk_5_1
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322) = scale * qk_5_2
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323) = scale * qk_5_3
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324) = scale * qk_5_4
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325) = scale * qk_5_5
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326) = scale * qk_5_6
-              probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327) = scale * qk_5_7
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0_0
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_0_1
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_0_2
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_0_3
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_0_4
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_0_5
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 6) = scale * &
+                  & qk_0_6
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 7) = scale * &
+                  & qk_0_7
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * &
+                  & qk_1_0
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1) = &
+                  & scale * qk_1_1
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 2) = &
+                  & scale * qk_1_2
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 3) = &
+                  & scale * qk_1_3
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 4) = &
+                  & scale * qk_1_4
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 5) = &
+                  & scale * qk_1_5
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 6) = &
+                  & scale * qk_1_6
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 7) = &
+                  & scale * qk_1_7
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * &
+                  & qk_2_0
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1) = &
+                  & scale * qk_2_1
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 2) = &
+                  & scale * qk_2_2
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 3) = &
+                  & scale * qk_2_3
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 4) = &
+                  & scale * qk_2_4
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 5) = &
+                  & scale * qk_2_5
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 6) = &
+                  & scale * qk_2_6
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 7) = &
+                  & scale * qk_2_7
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * &
+                  & qk_3_0
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1) = &
+                  & scale * qk_3_1
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 2) = &
+                  & scale * qk_3_2
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 3) = &
+                  & scale * qk_3_3
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 4) = &
+                  & scale * qk_3_4
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 5) = &
+                  & scale * qk_3_5
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 6) = &
+                  & scale * qk_3_6
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 7) = &
+                  & scale * qk_3_7
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * &
+                  & qk_4_0
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1) = &
+                  & scale * qk_4_1
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 2) = &
+                  & scale * qk_4_2
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 3) = &
+                  & scale * qk_4_3
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 4) = &
+                  & scale * qk_4_4
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 5) = &
+                  & scale * qk_4_5
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 6) = &
+                  & scale * qk_4_6
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 7) = &
+                  & scale * qk_4_7
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * &
+                  & qk_5_0
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1) = &
+                  & scale * qk_5_1
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 2) = &
+                  & scale * qk_5_2
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 3) = &
+                  & scale * qk_5_3
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 4) = &
+                  & scale * qk_5_4
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 5) = &
+                  & scale * qk_5_5
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 6) = &
+                  & scale * qk_5_6
+              probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 7) = &
+                  & scale * qk_5_7
             end do
             do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = d*(j + n*(b*heads + h))
@@ -434,12 +481,12 @@ contains
                 qk_4 = qk_4 + Q(c + d*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + d*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -450,17 +497,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)))
-              block_max_1 = max(block_max_1, probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 64))
-              block_max_2 = max(block_max_2, probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 128))
-              block_max_3 = max(block_max_3, probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 192))
-              block_max_4 = max(block_max_4, probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 256))
-              block_max_5 = max(block_max_5, probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 320))
+              block_max_0 = max(block_max_0, probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n)))
+              block_max_1 = max(block_max_1, probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n)))
+              block_max_2 = max(block_max_2, probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n)))
+              block_max_3 = max(block_max_3, probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n)))
+              block_max_4 = max(block_max_4, probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n)))
+              block_max_5 = max(block_max_5, probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -476,18 +524,18 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(384*i_tile + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = exp(probs(384*i_tile + &
-                  & j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = exp(probs(384*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 128) - new_max_2)
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = exp(probs(384*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 192) - new_max_3)
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = exp(probs(384*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 256) - new_max_4)
-              probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = exp(probs(384*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 320) - new_max_5)
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) - new_max_0)
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) - new_max_1)
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) - new_max_2)
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) - new_max_3)
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) - new_max_4)
+              probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) - new_max_5)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -498,16 +546,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              block_sum_2 = block_sum_2 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 128)
-              block_sum_3 = block_sum_3 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 192)
-              block_sum_4 = block_sum_4 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 256)
-              block_sum_5 = block_sum_5 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 320)
+              block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -581,101 +631,101 @@ contains
               o_7f = O(8*c_tile + d*(6*i_tile + n*(b*heads + h) + 5) + 7)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0 = o_0 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)))
-                o_1 = o_1 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(8*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 7)
-                o_0b = o_0b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_0 = o_0 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1b = o_1b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_1 = o_1 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_2 = o_2 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_3 = o_3 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_4 = o_4 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_5 = o_5 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_6 = o_6 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_7 = o_7 + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0c = o_0c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_0b = o_0b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1c = o_1c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_1b = o_1b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_2b = o_2b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_3b = o_3b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_4b = o_4b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_5b = o_5b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_6b = o_6b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_7b = o_7b + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0d = o_0d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_0c = o_0c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1d = o_1d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_1c = o_1c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_2c = o_2c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_3c = o_3c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_4c = o_4c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_5c = o_5c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_6c = o_6c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_7c = o_7c + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0e = o_0e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_0d = o_0d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1e = o_1e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_1d = o_1d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_2d = o_2d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_3d = o_3d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_4d = o_4d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_5d = o_5d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_6d = o_6d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_7d = o_7d + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_0f = o_0f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_0e = o_0e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)))
-                o_1f = o_1f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_1e = o_1e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_2e = o_2e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_3e = o_3e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_4e = o_4e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_5e = o_5e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_6e = o_6e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_7e = o_7e + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
+                o_0f = o_0f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)))
+                o_1f = o_1f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 1)
+                o_2f = o_2f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 2)
+                o_3f = o_3f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 3)
+                o_4f = o_4f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 4)
+                o_5f = o_5f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 5)
+                o_6f = o_6f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
+                    & V(8*c_tile + d*(j + n*(b*heads + h)) + 6)
+                o_7f = o_7f + probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(8*c_tile + d*(j + n*(b*heads + h)) + 7)
               end do
               O(8*c_tile + d*(6*i_tile + n*(b*heads + h))) = o_0
@@ -729,12 +779,12 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0 = probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              t_0 = probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n))
+              t_1 = probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n))
               do c = 8*((d) / 8), d - 1
                 O(c + d*(6*i_tile + n*(b*heads + h))) = O(c + d*(6*i_tile + n*(b*heads + h))) + &
                     & t_0 * V(V_row + c)
@@ -825,24 +875,24 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(64*i + j - 64*j_blk + &
-                  & 64*n*(b*heads + h)) - new_max)
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = exp(probs(j - 64*j_blk + &
+                  & (i + n*(b*heads + h))*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -851,7 +901,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
@@ -2701,7 +2751,7 @@ contains
     real(c_float), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: dV(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: delta(0:batch * heads * n - 1)
-    real(c_float), intent(out) :: probs(0:batch * heads * n * 64 - 1)
+    real(c_float), intent(out) :: probs(0:batch * heads * n * min(64, n) - 1)
     real(c_float), intent(out) :: qk_block(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: dov_block(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: t3_block(0:batch * heads * n * 64 - 1)
@@ -3289,134 +3339,262 @@ contains
                 qk_7_15 = qk_7_15 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K_panel(16*c + &
                     & 16*d*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = scale * qk_0_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = scale * qk_0_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = scale * qk_0_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = scale * qk_0_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = scale * qk_0_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = scale * qk_0_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = scale * qk_0_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = scale * qk_0_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = scale * qk_0_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = scale * qk_0_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = scale * qk_0_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = scale * qk_0_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = scale * qk_0_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = scale * qk_0_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = scale * qk_0_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = scale * qk_1_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = scale * qk_1_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = scale * qk_1_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = scale * qk_1_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = scale * qk_1_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = scale * qk_1_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = scale * qk_1_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = scale * qk_1_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = scale * qk_1_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = scale * qk_1_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = scale * qk_1_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = scale * qk_1_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = scale * qk_1_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = scale * qk_1_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = scale * qk_1_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = scale * qk_1_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = scale * qk_2_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = scale * qk_2_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = scale * qk_2_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = scale * qk_2_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = scale * qk_2_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = scale * qk_2_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = scale * qk_2_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = scale * qk_2_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = scale * qk_2_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = scale * qk_2_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = scale * qk_2_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = scale * qk_2_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = scale * qk_2_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = scale * qk_2_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = scale * qk_2_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = scale * qk_2_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = scale * qk_3_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = scale * qk_3_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = scale * qk_3_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = scale * qk_3_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = scale * qk_3_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = scale * qk_3_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = scale * qk_3_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = scale * qk_3_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = scale * qk_3_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = scale * qk_3_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = scale * qk_3_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = scale * qk_3_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = scale * qk_3_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = scale * qk_3_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = scale * qk_3_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = scale * qk_3_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = scale * qk_4_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = scale * qk_4_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = scale * qk_4_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = scale * qk_4_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = scale * qk_4_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = scale * qk_4_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = scale * qk_4_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = scale * qk_4_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = scale * qk_4_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = scale * qk_4_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = scale * qk_4_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = scale * qk_4_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = scale * qk_4_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = scale * qk_4_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = scale * qk_4_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = scale * qk_4_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = scale * qk_5_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = scale * qk_5_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = scale * qk_5_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = scale * qk_5_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = scale * qk_5_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = scale * qk_5_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = scale * qk_5_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = scale * qk_5_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = scale * qk_5_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = scale * qk_5_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = scale * qk_5_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = scale * qk_5_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = scale * qk_5_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = scale * qk_5_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = scale * qk_5_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = scale * qk_5_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 384) = scale * qk_6_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 385) = scale * qk_6_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 386) = scale * qk_6_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 387) = scale * qk_6_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 388) = scale * qk_6_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 389) = scale * qk_6_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 390) = scale * qk_6_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 391) = scale * qk_6_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 392) = scale * qk_6_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 393) = scale * qk_6_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 394) = scale * qk_6_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 395) = scale * qk_6_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 396) = scale * qk_6_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 397) = scale * qk_6_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 398) = scale * qk_6_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 399) = scale * qk_6_15
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 448) = scale * qk_7_0
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 449) = scale * qk_7_1
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 450) = scale * qk_7_2
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 451) = scale * qk_7_3
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 452) = scale * qk_7_4
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 453) = scale * qk_7_5
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 454) = scale * qk_7_6
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 455) = scale * qk_7_7
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 456) = scale * qk_7_8
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 457) = scale * qk_7_9
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 458) = scale * qk_7_10
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 459) = scale * qk_7_11
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 460) = scale * qk_7_12
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 461) = scale * qk_7_13
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 462) = scale * qk_7_14
-              probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 463) = scale * qk_7_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n)) = scale * &
+                  & qk_0_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 1) = scale &
+                  & * qk_0_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 2) = scale &
+                  & * qk_0_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 3) = scale &
+                  & * qk_0_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 4) = scale &
+                  & * qk_0_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 5) = scale &
+                  & * qk_0_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 6) = scale &
+                  & * qk_0_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 7) = scale &
+                  & * qk_0_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 8) = scale &
+                  & * qk_0_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 9) = scale &
+                  & * qk_0_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 10) = scale &
+                  & * qk_0_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 11) = scale &
+                  & * qk_0_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 12) = scale &
+                  & * qk_0_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 13) = scale &
+                  & * qk_0_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 14) = scale &
+                  & * qk_0_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h))*min(64, n) + 15) = scale &
+                  & * qk_0_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale &
+                  & * qk_1_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1) = &
+                  & scale * qk_1_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 2) = &
+                  & scale * qk_1_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 3) = &
+                  & scale * qk_1_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 4) = &
+                  & scale * qk_1_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 5) = &
+                  & scale * qk_1_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 6) = &
+                  & scale * qk_1_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 7) = &
+                  & scale * qk_1_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 8) = &
+                  & scale * qk_1_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 9) = &
+                  & scale * qk_1_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 10) = &
+                  & scale * qk_1_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 11) = &
+                  & scale * qk_1_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 12) = &
+                  & scale * qk_1_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 13) = &
+                  & scale * qk_1_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 14) = &
+                  & scale * qk_1_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 1)*min(64, n) + 15) = &
+                  & scale * qk_1_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale &
+                  & * qk_2_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1) = &
+                  & scale * qk_2_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 2) = &
+                  & scale * qk_2_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 3) = &
+                  & scale * qk_2_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 4) = &
+                  & scale * qk_2_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 5) = &
+                  & scale * qk_2_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 6) = &
+                  & scale * qk_2_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 7) = &
+                  & scale * qk_2_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 8) = &
+                  & scale * qk_2_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 9) = &
+                  & scale * qk_2_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 10) = &
+                  & scale * qk_2_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 11) = &
+                  & scale * qk_2_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 12) = &
+                  & scale * qk_2_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 13) = &
+                  & scale * qk_2_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 14) = &
+                  & scale * qk_2_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 2)*min(64, n) + 15) = &
+                  & scale * qk_2_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale &
+                  & * qk_3_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1) = &
+                  & scale * qk_3_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 2) = &
+                  & scale * qk_3_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 3) = &
+                  & scale * qk_3_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 4) = &
+                  & scale * qk_3_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 5) = &
+                  & scale * qk_3_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 6) = &
+                  & scale * qk_3_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 7) = &
+                  & scale * qk_3_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 8) = &
+                  & scale * qk_3_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 9) = &
+                  & scale * qk_3_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 10) = &
+                  & scale * qk_3_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 11) = &
+                  & scale * qk_3_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 12) = &
+                  & scale * qk_3_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 13) = &
+                  & scale * qk_3_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 14) = &
+                  & scale * qk_3_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 3)*min(64, n) + 15) = &
+                  & scale * qk_3_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale &
+                  & * qk_4_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1) = &
+                  & scale * qk_4_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 2) = &
+                  & scale * qk_4_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 3) = &
+                  & scale * qk_4_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 4) = &
+                  & scale * qk_4_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 5) = &
+                  & scale * qk_4_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 6) = &
+                  & scale * qk_4_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 7) = &
+                  & scale * qk_4_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 8) = &
+                  & scale * qk_4_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 9) = &
+                  & scale * qk_4_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 10) = &
+                  & scale * qk_4_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 11) = &
+                  & scale * qk_4_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 12) = &
+                  & scale * qk_4_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 13) = &
+                  & scale * qk_4_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 14) = &
+                  & scale * qk_4_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 4)*min(64, n) + 15) = &
+                  & scale * qk_4_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale &
+                  & * qk_5_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1) = &
+                  & scale * qk_5_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 2) = &
+                  & scale * qk_5_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 3) = &
+                  & scale * qk_5_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 4) = &
+                  & scale * qk_5_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 5) = &
+                  & scale * qk_5_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 6) = &
+                  & scale * qk_5_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 7) = &
+                  & scale * qk_5_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 8) = &
+                  & scale * qk_5_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 9) = &
+                  & scale * qk_5_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 10) = &
+                  & scale * qk_5_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 11) = &
+                  & scale * qk_5_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 12) = &
+                  & scale * qk_5_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 13) = &
+                  & scale * qk_5_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 14) = &
+                  & scale * qk_5_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 5)*min(64, n) + 15) = &
+                  & scale * qk_5_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = scale &
+                  & * qk_6_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 1) = &
+                  & scale * qk_6_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 2) = &
+                  & scale * qk_6_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 3) = &
+                  & scale * qk_6_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 4) = &
+                  & scale * qk_6_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 5) = &
+                  & scale * qk_6_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 6) = &
+                  & scale * qk_6_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 7) = &
+                  & scale * qk_6_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 8) = &
+                  & scale * qk_6_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 9) = &
+                  & scale * qk_6_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 10) = &
+                  & scale * qk_6_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 11) = &
+                  & scale * qk_6_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 12) = &
+                  & scale * qk_6_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 13) = &
+                  & scale * qk_6_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 14) = &
+                  & scale * qk_6_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 6)*min(64, n) + 15) = &
+                  & scale * qk_6_15
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = scale &
+                  & * qk_7_0
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 1) = &
+                  & scale * qk_7_1
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 2) = &
+                  & scale * qk_7_2
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 3) = &
+                  & scale * qk_7_3
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 4) = &
+                  & scale * qk_7_4
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 5) = &
+                  & scale * qk_7_5
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 6) = &
+                  & scale * qk_7_6
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 7) = &
+                  & scale * qk_7_7
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 8) = &
+                  & scale * qk_7_8
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 9) = &
+                  & scale * qk_7_9
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 10) = &
+                  & scale * qk_7_10
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 11) = &
+                  & scale * qk_7_11
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 12) = &
+                  & scale * qk_7_12
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 13) = &
+                  & scale * qk_7_13
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 14) = &
+                  & scale * qk_7_14
+              probs(-64*j_blk + 16*j_tile + (8*i_tile + n*(b*heads + h) + 7)*min(64, n) + 15) = &
+                  & scale * qk_7_15
             end do
             do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = d*(j + n*(b*heads + h))
@@ -3439,14 +3617,14 @@ contains
                 qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = scale * qk_6
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -3459,21 +3637,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)))
-              block_max_1 = max(block_max_1, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 64))
-              block_max_2 = max(block_max_2, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 128))
-              block_max_3 = max(block_max_3, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 192))
-              block_max_4 = max(block_max_4, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 256))
-              block_max_5 = max(block_max_5, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 320))
-              block_max_6 = max(block_max_6, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 384))
-              block_max_7 = max(block_max_7, probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) &
-                  & + 448))
+              block_max_0 = max(block_max_0, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(64, n)))
+              block_max_1 = max(block_max_1, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n)))
+              block_max_2 = max(block_max_2, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n)))
+              block_max_3 = max(block_max_3, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n)))
+              block_max_4 = max(block_max_4, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n)))
+              block_max_5 = max(block_max_5, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n)))
+              block_max_6 = max(block_max_6, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(64, n)))
+              block_max_7 = max(block_max_7, probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -3493,22 +3672,22 @@ contains
             rescale_7 = exp(row_max_7 - new_max_7)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(512*i_tile + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = exp(probs(512*i_tile + &
-                  & j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 128) - new_max_2)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 192) - new_max_3)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 256) - new_max_4)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 320) - new_max_5)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 384) - new_max_6)
-              probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = exp(probs(512*i_tile &
-                  & + j - 64*j_blk + 64*n*(b*heads + h) + 448) - new_max_7)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) - new_max_0)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) - new_max_1)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) - new_max_2)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) - new_max_3)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) - new_max_4)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) - new_max_5)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) - new_max_6)
+              probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) = exp(probs(j - &
+                  & 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) - new_max_7)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -3521,20 +3700,22 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5, block_sum_6, block_sum_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              block_sum_2 = block_sum_2 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 128)
-              block_sum_3 = block_sum_3 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 192)
-              block_sum_4 = block_sum_4 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 256)
-              block_sum_5 = block_sum_5 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 320)
-              block_sum_6 = block_sum_6 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 384)
-              block_sum_7 = block_sum_7 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + &
-                  & 448)
+              block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
+              block_sum_6 = block_sum_6 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 6)*min(64, n))
+              block_sum_7 = block_sum_7 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + &
+                  & 7)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -3694,262 +3875,262 @@ contains
               o_15h = O(16*c_tile + d*(8*i_tile + n*(b*heads + h) + 7) + 15)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0 = o_0 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)))
-                o_1 = o_1 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 7)
-                o_8 = o_8 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 8)
-                o_9 = o_9 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile + &
-                    & d*(j + n*(b*heads + h)) + 9)
-                o_10 = o_10 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 10)
-                o_11 = o_11 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 11)
-                o_12 = o_12 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 12)
-                o_13 = o_13 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 13)
-                o_14 = o_14 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 14)
-                o_15 = o_15 + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * V(16*c_tile &
-                    & + d*(j + n*(b*heads + h)) + 15)
-                o_0b = o_0b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_0 = o_0 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1b = o_1b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_1 = o_1 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_2 = o_2 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_3 = o_3 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_4 = o_4 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_5 = o_5 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_6 = o_6 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_7 = o_7 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8b = o_8b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_8 = o_8 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9b = o_9b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_9 = o_9 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10b = o_10b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_10 = o_10 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11b = o_11b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_11 = o_11 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12b = o_12b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_12 = o_12 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13b = o_13b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_13 = o_13 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14b = o_14b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_14 = o_14 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15b = o_15b + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                o_15 = o_15 + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0c = o_0c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_0b = o_0b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1c = o_1c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_1b = o_1b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_2b = o_2b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_3b = o_3b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_4b = o_4b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_5b = o_5b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_6b = o_6b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_7b = o_7b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8c = o_8c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_8b = o_8b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9c = o_9c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
+                o_9b = o_9b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10c = o_10c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11c = o_11c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12c = o_12c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13c = o_13c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14c = o_14c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15c = o_15c + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0d = o_0d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_10b = o_10b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11b = o_11b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12b = o_12b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13b = o_13b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14b = o_14b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15b = o_15b + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0c = o_0c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1d = o_1d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_1c = o_1c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_2c = o_2c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_3c = o_3c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_4c = o_4c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_5c = o_5c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_6c = o_6c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_7c = o_7c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8d = o_8d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_8c = o_8c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9d = o_9d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
+                o_9c = o_9c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10d = o_10d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11d = o_11d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12d = o_12d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13d = o_13d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14d = o_14d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15d = o_15d + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0e = o_0e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_10c = o_10c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11c = o_11c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12c = o_12c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13c = o_13c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14c = o_14c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15c = o_15c + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0d = o_0d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1e = o_1e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_1d = o_1d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_2d = o_2d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_3d = o_3d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_4d = o_4d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_5d = o_5d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_6d = o_6d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_7d = o_7d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8e = o_8e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_8d = o_8d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9e = o_9e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
+                o_9d = o_9d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10e = o_10e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11e = o_11e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12e = o_12e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13e = o_13e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14e = o_14e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15e = o_15e + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0f = o_0f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_10d = o_10d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11d = o_11d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12d = o_12d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13d = o_13d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14d = o_14d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15d = o_15d + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0e = o_0e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1f = o_1f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_1e = o_1e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_2e = o_2e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_3e = o_3e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_4e = o_4e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_5e = o_5e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_6e = o_6e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_7e = o_7e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8f = o_8f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_8e = o_8e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9f = o_9f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
+                o_9e = o_9e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10f = o_10f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11f = o_11f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12f = o_12f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13f = o_13f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14f = o_14f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15f = o_15f + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0g = o_0g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_10e = o_10e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11e = o_11e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12e = o_12e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13e = o_13e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14e = o_14e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15e = o_15e + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0f = o_0f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1g = o_1g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_1f = o_1f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_2f = o_2f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_3f = o_3f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_4f = o_4f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_5f = o_5f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_6f = o_6f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_7f = o_7f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8g = o_8g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_8f = o_8f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9g = o_9g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
+                o_9f = o_9f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10g = o_10g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11g = o_11g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12g = o_12g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13g = o_13g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14g = o_14g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15g = o_15g + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
-                o_0h = o_0h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_10f = o_10f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11f = o_11f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12f = o_12f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13f = o_13f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14f = o_14f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15f = o_15f + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0g = o_0g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)))
-                o_1h = o_1h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_1g = o_1g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_2g = o_2g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_3g = o_3g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_4g = o_4g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_5g = o_5g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_6g = o_6g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_7g = o_7g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
-                o_8h = o_8h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_8g = o_8g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
-                o_9h = o_9h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
+                o_9g = o_9g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) * &
                     & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
-                o_10h = o_10h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
-                o_11h = o_11h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
-                o_12h = o_12h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
-                o_13h = o_13h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
-                o_14h = o_14h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
-                o_15h = o_15h + probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_10g = o_10g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11g = o_11g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12g = o_12g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13g = o_13g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14g = o_14g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15g = o_15g + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
+                o_0h = o_0h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)))
+                o_1h = o_1h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 1)
+                o_2h = o_2h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 2)
+                o_3h = o_3h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 3)
+                o_4h = o_4h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 4)
+                o_5h = o_5h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 5)
+                o_6h = o_6h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 6)
+                o_7h = o_7h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 7)
+                o_8h = o_8h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 8)
+                o_9h = o_9h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) * &
+                    & V(16*c_tile + d*(j + n*(b*heads + h)) + 9)
+                o_10h = o_10h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 10)
+                o_11h = o_11h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 11)
+                o_12h = o_12h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 12)
+                o_13h = o_13h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 13)
+                o_14h = o_14h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 14)
+                o_15h = o_15h + probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n)) &
+                    & * V(16*c_tile + d*(j + n*(b*heads + h)) + 15)
               end do
               O(16*c_tile + d*(8*i_tile + n*(b*heads + h))) = o_0
               O(16*c_tile + d*(8*i_tile + n*(b*heads + h)) + 1) = o_1
@@ -4082,14 +4263,14 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t_0 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
-              t_6 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384)
-              t_7 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448)
+              t_0 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h))*min(64, n))
+              t_1 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 5)*min(64, n))
+              t_6 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 6)*min(64, n))
+              t_7 = probs(j - 64*j_blk + (8*i_tile + n*(b*heads + h) + 7)*min(64, n))
               do c = 16*((d) / 16), d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
                     & t_0 * V(V_row + c)
@@ -4199,24 +4380,24 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(64*i + j - 64*j_blk + &
-                  & 64*n*(b*heads + h)) - new_max)
+              probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = exp(probs(j - 64*j_blk + &
+                  & (i + n*(b*heads + h))*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -4225,7 +4406,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = d*(j + n*(b*heads + h))
-              t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)

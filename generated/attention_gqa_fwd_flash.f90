@@ -63,7 +63,7 @@ contains
     real(c_double), intent(in) :: V(0:batch * kv_heads * n * d - 1)
     real(c_double), intent(out) :: O(0:batch * kv_heads * group * n * d - 1)
     real(c_double), intent(out) :: lse(0:batch * kv_heads * group * n - 1)
-    real(c_double), intent(out) :: probs(0:batch * kv_heads * group * n * 64 - 1)
+    real(c_double), intent(out) :: probs(0:batch * kv_heads * group * n * min(64, n) - 1)
     real(c_double), intent(out) :: K_panel(0:batch * kv_heads * ((n) / 8) * d * 8 - 1)
     integer(c_int64_t) :: a0, a1, a2, a3, lane, b, g, r, i_tile, c, j_blk, j_tile, j, c_tile, i, &
         & K_panel_row, K_row, V_row, lse_row
@@ -295,102 +295,102 @@ contains
                   qk_5_7 = qk_5_7 + Q(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)) * &
                       & K_panel(8*c + 8*d*(j_tile + (b*kv_heads + g)*((n) / 8)) + 7)
                 end do
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r)) = &
-                    & scale * qk_0_0
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 1) = &
-                    & scale * qk_0_1
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 2) = &
-                    & scale * qk_0_2
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 3) = &
-                    & scale * qk_0_3
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 4) = &
-                    & scale * qk_0_4
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 5) = &
-                    & scale * qk_0_5
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 6) = &
-                    & scale * qk_0_6
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 7) = &
-                    & scale * qk_0_7
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      64) = scale * qk_1_0
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      65) = scale * qk_1_1
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      66) = scale * qk_1_2
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      67) = scale * qk_1_3
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      68) = scale * qk_1_4
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      69) = scale * qk_1_5
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      70) = scale * qk_1_6
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      71) = scale * qk_1_7
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      128) = scale * qk_2_0
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      129) = scale * qk_2_1
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      130) = scale * qk_2_2
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      131) = scale * qk_2_3
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      132) = scale * qk_2_4
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      133) = scale * qk_2_5
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      134) = scale * qk_2_6
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      135) = scale * qk_2_7
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      192) = scale * qk_3_0
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      193) = scale * qk_3_1
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      194) = scale * qk_3_2
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      195) = scale * qk_3_3
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      196) = scale * qk_3_4
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      197) = scale * qk_3_5
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      198) = scale * qk_3_6
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      199) = scale * qk_3_7
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      256) = scale * qk_4_0
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      257) = scale * qk_4_1
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      258) = scale * qk_4_2
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      259) = scale * qk_4_3
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      260) = scale * qk_4_4
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      261) = scale * qk_4_5
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      262) = scale * qk_4_6
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      263) = scale * qk_4_7
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      320) = scale * qk_5_0
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      321) = scale * qk_5_1
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      322) = scale * qk_5_2
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      323) = scale * qk_5_3
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      324) = scale * qk_5_4
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      325) = scale * qk_5_5
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      326) = scale * qk_5_6
-                probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      327) = scale * qk_5_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n)) = scale * qk_0_0
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 1) = scale * qk_0_1
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 2) = scale * qk_0_2
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 3) = scale * qk_0_3
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 4) = scale * qk_0_4
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 5) = scale * qk_0_5
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 6) = scale * qk_0_6
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 7) = scale * qk_0_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n)) = scale * qk_1_0
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 1) = scale * qk_1_1
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 2) = scale * qk_1_2
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 3) = scale * qk_1_3
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 4) = scale * qk_1_4
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 5) = scale * qk_1_5
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 6) = scale * qk_1_6
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 7) = scale * qk_1_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n)) = scale * qk_2_0
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 1) = scale * qk_2_1
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 2) = scale * qk_2_2
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 3) = scale * qk_2_3
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 4) = scale * qk_2_4
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 5) = scale * qk_2_5
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 6) = scale * qk_2_6
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 7) = scale * qk_2_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n)) = scale * qk_3_0
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 1) = scale * qk_3_1
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 2) = scale * qk_3_2
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 3) = scale * qk_3_3
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 4) = scale * qk_3_4
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 5) = scale * qk_3_5
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 6) = scale * qk_3_6
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 7) = scale * qk_3_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n)) = scale * qk_4_0
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 1) = scale * qk_4_1
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 2) = scale * qk_4_2
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 3) = scale * qk_4_3
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 4) = scale * qk_4_4
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 5) = scale * qk_4_5
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 6) = scale * qk_4_6
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 7) = scale * qk_4_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n)) = scale * qk_5_0
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 1) = scale * qk_5_1
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 2) = scale * qk_5_2
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 3) = scale * qk_5_3
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 4) = scale * qk_5_4
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 5) = scale * qk_5_5
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 6) = scale * qk_5_6
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 7) = scale * qk_5_7
               end do
               do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
                 K_row = d*(j + n*(b*kv_heads + g))
@@ -414,17 +414,18 @@ contains
                   qk_5 = qk_5 + Q(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)) * &
                       & K(K_row + c)
                 end do
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = scale * qk_0
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64) = scale &
-                    & * qk_1
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128) = &
-                    & scale * qk_2
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192) = &
-                    & scale * qk_3
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 256) = &
-                    & scale * qk_4
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 320) = &
-                    & scale * qk_5
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
+                    & scale * qk_0
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )) = scale * qk_1
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )) = scale * qk_2
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )) = scale * qk_3
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )) = scale * qk_4
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )) = scale * qk_5
               end do
               block_max_0 = neg_inf
               block_max_1 = neg_inf
@@ -435,18 +436,23 @@ contains
               !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
               !$omp& block_max_4, block_max_5)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_max_0 = max(block_max_0, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r)))
-                block_max_1 = max(block_max_1, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 64))
-                block_max_2 = max(block_max_2, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 128))
-                block_max_3 = max(block_max_3, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 192))
-                block_max_4 = max(block_max_4, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 256))
-                block_max_5 = max(block_max_5, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 320))
+                block_max_0 = max(block_max_0, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r))*min(64, n)))
+                block_max_1 = max(block_max_1, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )))
+                block_max_2 = max(block_max_2, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )))
+                block_max_3 = max(block_max_3, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )))
+                block_max_4 = max(block_max_4, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )))
+                block_max_5 = max(block_max_5, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )))
               end do
               new_max_0 = max(row_max_0, block_max_0)
               new_max_1 = max(row_max_1, block_max_1)
@@ -462,24 +468,24 @@ contains
               rescale_5 = exp(row_max_5 - new_max_5)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) - &
-                    & new_max_0)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 64) - new_max_1)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 128) - new_max_2)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 192) - new_max_3)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 256) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 256) - new_max_4)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 320) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 320) - new_max_5)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
+                    & exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                    & r))*min(64, n)) - new_max_0)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )) - new_max_1)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )) - new_max_2)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )) - new_max_3)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )) - new_max_4)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )) - new_max_5)
               end do
               block_sum_0 = 0.0_c_double
               block_sum_1 = 0.0_c_double
@@ -490,18 +496,23 @@ contains
               !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
               !$omp& block_sum_4, block_sum_5)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_sum_0 = block_sum_0 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r))
-                block_sum_1 = block_sum_1 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 64)
-                block_sum_2 = block_sum_2 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 128)
-                block_sum_3 = block_sum_3 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 192)
-                block_sum_4 = block_sum_4 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 256)
-                block_sum_5 = block_sum_5 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 320)
+                block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r))*min(64, n))
+                block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 1)*min(64, n &
+      ))
+                block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 2)*min(64, n &
+      ))
+                block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 3)*min(64, n &
+      ))
+                block_sum_4 = block_sum_4 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 4)*min(64, n &
+      ))
+                block_sum_5 = block_sum_5 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 5)*min(64, n &
+      ))
               end do
               row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
               row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -575,102 +586,142 @@ contains
                 o_7f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 7)
                 !GCC$ novector
                 do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                  o_0 = o_0 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1 = o_1 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2 = o_2 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3 = o_3 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4 = o_4 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5 = o_5 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6 = o_6 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7 = o_7 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_0b = o_0b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1b = o_1b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2b = o_2b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3b = o_3b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4b = o_4b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5b = o_5b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6b = o_6b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7b = o_7b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_0c = o_0c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1c = o_1c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2c = o_2c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3c = o_3c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4c = o_4c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5c = o_5c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6c = o_6c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7c = o_7c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_0d = o_0d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1d = o_1d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2d = o_2d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3d = o_3d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4d = o_4d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5d = o_5d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6d = o_6d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7d = o_7d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_0e = o_0e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1e = o_1e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2e = o_2e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3e = o_3e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4e = o_4e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5e = o_5e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6e = o_6e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7e = o_7e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_0f = o_0f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1f = o_1f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2f = o_2f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3f = o_3f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4f = o_4f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5f = o_5f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6f = o_6f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7f = o_7f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_0 = o_0 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1 = o_1 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2 = o_2 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3 = o_3 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4 = o_4 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5 = o_5 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6 = o_6 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7 = o_7 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_0b = o_0b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1b = o_1b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2b = o_2b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3b = o_3b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4b = o_4b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5b = o_5b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6b = o_6b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7b = o_7b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_0c = o_0c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1c = o_1c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2c = o_2c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3c = o_3c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4c = o_4c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5c = o_5c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6c = o_6c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7c = o_7c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_0d = o_0d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1d = o_1d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2d = o_2d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3d = o_3d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4d = o_4d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5d = o_5d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6d = o_6d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7d = o_7d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_0e = o_0e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1e = o_1e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2e = o_2e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3e = o_3e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4e = o_4e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5e = o_5e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6e = o_6e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7e = o_7e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_0f = o_0f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1f = o_1f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2f = o_2f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3f = o_3f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4f = o_4f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5f = o_5f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6f = o_6f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7f = o_7f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(8*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
                 end do
                 O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) = o_0
                 O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 1) = o_1
@@ -723,12 +774,22 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t_0 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r))
-                t_1 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64)
-                t_2 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128)
-                t_3 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192)
-                t_4 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 256)
-                t_5 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 320)
+                t_0 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min(64, n))
+                t_1 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 1)*min(64, n &
+      ))
+                t_2 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 2)*min(64, n &
+      ))
+                t_3 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 3)*min(64, n &
+      ))
+                t_4 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 4)*min(64, n &
+      ))
+                t_5 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 5)*min(64, n &
+      ))
                 do c = 8*((d) / 8), d - 1
                   O(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
                       & n*(group*(b*kv_heads + g) + r))) + t_0 * V(V_row + c)
@@ -801,26 +862,27 @@ contains
                 do c = 0, d - 1
                   qk = qk + Q(c + d*(i + n*(group*(b*kv_heads + g) + r))) * K(K_row + c)
                 end do
-                probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = scale * qk
+                probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = scale * qk
               end do
               block_max = neg_inf
               !$omp simd reduction(max:block_max)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_max = max(block_max, probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + &
-                    & g) + r)))
+                block_max = max(block_max, probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + &
+                    & r))*min(64, n)))
               end do
               new_max = max(row_max, block_max)
               rescale = exp(row_max - new_max)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = exp(probs(64*i + &
-                    & j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) - new_max)
+                probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
+                    & exp(probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) - &
+                    & new_max)
               end do
               block_sum = 0.0_c_double
               !$omp simd reduction(+:block_sum)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_sum = block_sum + probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                    & + r))
+                block_sum = block_sum + probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + &
+                    & r))*min(64, n))
               end do
               row_sum = row_sum * rescale + block_sum
               !$omp simd
@@ -830,7 +892,7 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t = probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r))
+                t = probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n))
                 !$omp simd
                 do c = 0, d - 1
                   O(c + d*(i + n*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
@@ -862,7 +924,7 @@ contains
     real(c_float), intent(in) :: V(0:batch * kv_heads * n * d - 1)
     real(c_float), intent(out) :: O(0:batch * kv_heads * group * n * d - 1)
     real(c_float), intent(out) :: lse(0:batch * kv_heads * group * n - 1)
-    real(c_float), intent(out) :: probs(0:batch * kv_heads * group * n * 64 - 1)
+    real(c_float), intent(out) :: probs(0:batch * kv_heads * group * n * min(64, n) - 1)
     real(c_float), intent(out) :: K_panel(0:batch * kv_heads * ((n) / 16) * d * 16 - 1)
     integer(c_int64_t) :: a0, a1, a2, a3, lane, b, g, r, i_tile, c, j_blk, j_tile, j, c_tile, i, &
         & K_panel_row, K_row, V_row, lse_row
@@ -1256,198 +1318,198 @@ contains
                   qk_5_15 = qk_5_15 + Q(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)) * &
                       & K_panel(16*c + 16*d*(j_tile + (b*kv_heads + g)*((n) / 16)) + 15)
                 end do
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r)) = &
-                    & scale * qk_0_0
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      1) = scale * qk_0_1
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      2) = scale * qk_0_2
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      3) = scale * qk_0_3
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      4) = scale * qk_0_4
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      5) = scale * qk_0_5
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      6) = scale * qk_0_6
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      7) = scale * qk_0_7
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      8) = scale * qk_0_8
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      9) = scale * qk_0_9
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      10) = scale * qk_0_10
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      11) = scale * qk_0_11
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      12) = scale * qk_0_12
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      13) = scale * qk_0_13
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      14) = scale * qk_0_14
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      15) = scale * qk_0_15
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      64) = scale * qk_1_0
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      65) = scale * qk_1_1
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      66) = scale * qk_1_2
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      67) = scale * qk_1_3
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      68) = scale * qk_1_4
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      69) = scale * qk_1_5
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      70) = scale * qk_1_6
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      71) = scale * qk_1_7
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      72) = scale * qk_1_8
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      73) = scale * qk_1_9
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      74) = scale * qk_1_10
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      75) = scale * qk_1_11
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      76) = scale * qk_1_12
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      77) = scale * qk_1_13
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      78) = scale * qk_1_14
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      79) = scale * qk_1_15
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      128) = scale * qk_2_0
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      129) = scale * qk_2_1
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      130) = scale * qk_2_2
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      131) = scale * qk_2_3
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      132) = scale * qk_2_4
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      133) = scale * qk_2_5
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      134) = scale * qk_2_6
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      135) = scale * qk_2_7
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      136) = scale * qk_2_8
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      137) = scale * qk_2_9
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      138) = scale * qk_2_10
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      139) = scale * qk_2_11
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      140) = scale * qk_2_12
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      141) = scale * qk_2_13
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      142) = scale * qk_2_14
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      143) = scale * qk_2_15
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      192) = scale * qk_3_0
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      193) = scale * qk_3_1
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      194) = scale * qk_3_2
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      195) = scale * qk_3_3
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      196) = scale * qk_3_4
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      197) = scale * qk_3_5
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      198) = scale * qk_3_6
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      199) = scale * qk_3_7
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      200) = scale * qk_3_8
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      201) = scale * qk_3_9
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      202) = scale * qk_3_10
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      203) = scale * qk_3_11
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      204) = scale * qk_3_12
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      205) = scale * qk_3_13
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      206) = scale * qk_3_14
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      207) = scale * qk_3_15
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      256) = scale * qk_4_0
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      257) = scale * qk_4_1
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      258) = scale * qk_4_2
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      259) = scale * qk_4_3
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      260) = scale * qk_4_4
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      261) = scale * qk_4_5
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      262) = scale * qk_4_6
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      263) = scale * qk_4_7
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      264) = scale * qk_4_8
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      265) = scale * qk_4_9
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      266) = scale * qk_4_10
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      267) = scale * qk_4_11
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      268) = scale * qk_4_12
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      269) = scale * qk_4_13
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      270) = scale * qk_4_14
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      271) = scale * qk_4_15
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      320) = scale * qk_5_0
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      321) = scale * qk_5_1
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      322) = scale * qk_5_2
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      323) = scale * qk_5_3
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      324) = scale * qk_5_4
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      325) = scale * qk_5_5
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      326) = scale * qk_5_6
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      327) = scale * qk_5_7
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      328) = scale * qk_5_8
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      329) = scale * qk_5_9
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      330) = scale * qk_5_10
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      331) = scale * qk_5_11
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      332) = scale * qk_5_12
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      333) = scale * qk_5_13
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      334) = scale * qk_5_14
-                probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(group*(b*kv_heads + g) + r) + &
-      335) = scale * qk_5_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n)) = scale * qk_0_0
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 1) = scale * qk_0_1
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 2) = scale * qk_0_2
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 3) = scale * qk_0_3
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 4) = scale * qk_0_4
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 5) = scale * qk_0_5
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 6) = scale * qk_0_6
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 7) = scale * qk_0_7
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 8) = scale * qk_0_8
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 9) = scale * qk_0_9
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 10) = scale * qk_0_10
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 11) = scale * qk_0_11
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 12) = scale * qk_0_12
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 13) = scale * qk_0_13
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 14) = scale * qk_0_14
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
+      64, n) + 15) = scale * qk_0_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n)) = scale * qk_1_0
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 1) = scale * qk_1_1
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 2) = scale * qk_1_2
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 3) = scale * qk_1_3
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 4) = scale * qk_1_4
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 5) = scale * qk_1_5
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 6) = scale * qk_1_6
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 7) = scale * qk_1_7
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 8) = scale * qk_1_8
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 9) = scale * qk_1_9
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 10) = scale * qk_1_10
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 11) = scale * qk_1_11
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 12) = scale * qk_1_12
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 13) = scale * qk_1_13
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 14) = scale * qk_1_14
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)* &
+      min(64, n) + 15) = scale * qk_1_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n)) = scale * qk_2_0
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 1) = scale * qk_2_1
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 2) = scale * qk_2_2
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 3) = scale * qk_2_3
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 4) = scale * qk_2_4
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 5) = scale * qk_2_5
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 6) = scale * qk_2_6
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 7) = scale * qk_2_7
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 8) = scale * qk_2_8
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 9) = scale * qk_2_9
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 10) = scale * qk_2_10
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 11) = scale * qk_2_11
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 12) = scale * qk_2_12
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 13) = scale * qk_2_13
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 14) = scale * qk_2_14
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)* &
+      min(64, n) + 15) = scale * qk_2_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n)) = scale * qk_3_0
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 1) = scale * qk_3_1
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 2) = scale * qk_3_2
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 3) = scale * qk_3_3
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 4) = scale * qk_3_4
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 5) = scale * qk_3_5
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 6) = scale * qk_3_6
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 7) = scale * qk_3_7
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 8) = scale * qk_3_8
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 9) = scale * qk_3_9
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 10) = scale * qk_3_10
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 11) = scale * qk_3_11
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 12) = scale * qk_3_12
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 13) = scale * qk_3_13
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 14) = scale * qk_3_14
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)* &
+      min(64, n) + 15) = scale * qk_3_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n)) = scale * qk_4_0
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 1) = scale * qk_4_1
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 2) = scale * qk_4_2
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 3) = scale * qk_4_3
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 4) = scale * qk_4_4
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 5) = scale * qk_4_5
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 6) = scale * qk_4_6
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 7) = scale * qk_4_7
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 8) = scale * qk_4_8
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 9) = scale * qk_4_9
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 10) = scale * qk_4_10
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 11) = scale * qk_4_11
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 12) = scale * qk_4_12
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 13) = scale * qk_4_13
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 14) = scale * qk_4_14
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)* &
+      min(64, n) + 15) = scale * qk_4_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n)) = scale * qk_5_0
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 1) = scale * qk_5_1
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 2) = scale * qk_5_2
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 3) = scale * qk_5_3
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 4) = scale * qk_5_4
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 5) = scale * qk_5_5
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 6) = scale * qk_5_6
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 7) = scale * qk_5_7
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 8) = scale * qk_5_8
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 9) = scale * qk_5_9
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 10) = scale * qk_5_10
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 11) = scale * qk_5_11
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 12) = scale * qk_5_12
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 13) = scale * qk_5_13
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 14) = scale * qk_5_14
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)* &
+      min(64, n) + 15) = scale * qk_5_15
               end do
               do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
                 K_row = d*(j + n*(b*kv_heads + g))
@@ -1471,17 +1533,18 @@ contains
                   qk_5 = qk_5 + Q(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)) * &
                       & K(K_row + c)
                 end do
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = scale * qk_0
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64) = scale &
-                    & * qk_1
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128) = &
-                    & scale * qk_2
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192) = &
-                    & scale * qk_3
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 256) = &
-                    & scale * qk_4
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 320) = &
-                    & scale * qk_5
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
+                    & scale * qk_0
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )) = scale * qk_1
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )) = scale * qk_2
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )) = scale * qk_3
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )) = scale * qk_4
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )) = scale * qk_5
               end do
               block_max_0 = neg_inf
               block_max_1 = neg_inf
@@ -1492,18 +1555,23 @@ contains
               !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
               !$omp& block_max_4, block_max_5)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_max_0 = max(block_max_0, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r)))
-                block_max_1 = max(block_max_1, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 64))
-                block_max_2 = max(block_max_2, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 128))
-                block_max_3 = max(block_max_3, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 192))
-                block_max_4 = max(block_max_4, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 256))
-                block_max_5 = max(block_max_5, probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 320))
+                block_max_0 = max(block_max_0, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r))*min(64, n)))
+                block_max_1 = max(block_max_1, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )))
+                block_max_2 = max(block_max_2, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )))
+                block_max_3 = max(block_max_3, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )))
+                block_max_4 = max(block_max_4, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )))
+                block_max_5 = max(block_max_5, probs(j - 64*j_blk + (6*i_tile + &
+                    & n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )))
               end do
               new_max_0 = max(row_max_0, block_max_0)
               new_max_1 = max(row_max_1, block_max_1)
@@ -1519,24 +1587,24 @@ contains
               rescale_5 = exp(row_max_5 - new_max_5)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) - &
-                    & new_max_0)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 64) - new_max_1)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 128) - new_max_2)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 192) - new_max_3)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 256) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 256) - new_max_4)
-                probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 320) = &
-                    & exp(probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + &
-                    & 320) - new_max_5)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
+                    & exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                    & r))*min(64, n)) - new_max_0)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*min(64, n &
+      )) - new_max_1)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*min(64, n &
+      )) - new_max_2)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*min(64, n &
+      )) - new_max_3)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)*min(64, n &
+      )) - new_max_4)
+                probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )) = exp(probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)*min(64, n &
+      )) - new_max_5)
               end do
               block_sum_0 = 0.0_c_float
               block_sum_1 = 0.0_c_float
@@ -1547,18 +1615,23 @@ contains
               !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
               !$omp& block_sum_4, block_sum_5)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_sum_0 = block_sum_0 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r))
-                block_sum_1 = block_sum_1 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 64)
-                block_sum_2 = block_sum_2 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 128)
-                block_sum_3 = block_sum_3 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 192)
-                block_sum_4 = block_sum_4 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 256)
-                block_sum_5 = block_sum_5 + probs(384*i_tile + j - 64*j_blk + &
-                    & 64*n*(group*(b*kv_heads + g) + r) + 320)
+                block_sum_0 = block_sum_0 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r))*min(64, n))
+                block_sum_1 = block_sum_1 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 1)*min(64, n &
+      ))
+                block_sum_2 = block_sum_2 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 2)*min(64, n &
+      ))
+                block_sum_3 = block_sum_3 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 3)*min(64, n &
+      ))
+                block_sum_4 = block_sum_4 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 4)*min(64, n &
+      ))
+                block_sum_5 = block_sum_5 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads &
+                    & + g) + r) + 5)*min(64, n &
+      ))
               end do
               row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
               row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -1680,198 +1753,278 @@ contains
                 o_15f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 15)
                 !GCC$ novector
                 do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                  o_0 = o_0 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1 = o_1 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2 = o_2 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3 = o_3 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4 = o_4 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5 = o_5 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6 = o_6 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7 = o_7 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_8 = o_8 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
-                  o_9 = o_9 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
-                  o_10 = o_10 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
-                  o_11 = o_11 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
-                  o_12 = o_12 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
-                  o_13 = o_13 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
-                  o_14 = o_14 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
-                  o_15 = o_15 + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
-                  o_0b = o_0b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1b = o_1b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2b = o_2b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3b = o_3b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4b = o_4b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5b = o_5b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6b = o_6b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7b = o_7b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_8b = o_8b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
-                  o_9b = o_9b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
-                  o_10b = o_10b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
-                  o_11b = o_11b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
-                  o_12b = o_12b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
-                  o_13b = o_13b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
-                  o_14b = o_14b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
-                  o_15b = o_15b + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 64) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
-                  o_0c = o_0c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1c = o_1c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2c = o_2c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3c = o_3c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4c = o_4c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5c = o_5c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6c = o_6c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7c = o_7c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_8c = o_8c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
-                  o_9c = o_9c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
-                  o_10c = o_10c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
-                  o_11c = o_11c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
-                  o_12c = o_12c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
-                  o_13c = o_13c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
-                  o_14c = o_14c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
-                  o_15c = o_15c + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 128) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
-                  o_0d = o_0d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1d = o_1d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2d = o_2d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3d = o_3d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4d = o_4d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5d = o_5d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6d = o_6d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7d = o_7d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_8d = o_8d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
-                  o_9d = o_9d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
-                  o_10d = o_10d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
-                  o_11d = o_11d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
-                  o_12d = o_12d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
-                  o_13d = o_13d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
-                  o_14d = o_14d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
-                  o_15d = o_15d + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 192) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
-                  o_0e = o_0e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1e = o_1e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2e = o_2e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3e = o_3e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4e = o_4e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5e = o_5e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6e = o_6e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7e = o_7e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_8e = o_8e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
-                  o_9e = o_9e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
-                  o_10e = o_10e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
-                  o_11e = o_11e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
-                  o_12e = o_12e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
-                  o_13e = o_13e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
-                  o_14e = o_14e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
-                  o_15e = o_15e + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 256) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
-                  o_0f = o_0f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
-                  o_1f = o_1f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
-                  o_2f = o_2f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
-                  o_3f = o_3f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
-                  o_4f = o_4f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
-                  o_5f = o_5f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
-                  o_6f = o_6f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
-                  o_7f = o_7f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
-                  o_8f = o_8f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
-                  o_9f = o_9f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + &
-                      & r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
-                  o_10f = o_10f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
-                  o_11f = o_11f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
-                  o_12f = o_12f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
-                  o_13f = o_13f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
-                  o_14f = o_14f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
-                  o_15f = o_15f + probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                      & + r) + 320) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
+                  o_0 = o_0 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1 = o_1 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2 = o_2 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3 = o_3 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4 = o_4 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5 = o_5 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6 = o_6 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7 = o_7 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_8 = o_8 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
+                  o_9 = o_9 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
+                  o_10 = o_10 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
+                  o_11 = o_11 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
+                  o_12 = o_12 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
+                  o_13 = o_13 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
+                  o_14 = o_14 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
+                  o_15 = o_15 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
+                      & r))*min(64, n)) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
+                  o_0b = o_0b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1b = o_1b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2b = o_2b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3b = o_3b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4b = o_4b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5b = o_5b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6b = o_6b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7b = o_7b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_8b = o_8b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
+                  o_9b = o_9b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
+                  o_10b = o_10b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
+                  o_11b = o_11b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
+                  o_12b = o_12b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
+                  o_13b = o_13b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
+                  o_14b = o_14b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
+                  o_15b = o_15b + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 1)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
+                  o_0c = o_0c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1c = o_1c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2c = o_2c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3c = o_3c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4c = o_4c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5c = o_5c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6c = o_6c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7c = o_7c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_8c = o_8c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
+                  o_9c = o_9c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
+                  o_10c = o_10c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
+                  o_11c = o_11c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
+                  o_12c = o_12c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
+                  o_13c = o_13c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
+                  o_14c = o_14c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
+                  o_15c = o_15c + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 2)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
+                  o_0d = o_0d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1d = o_1d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2d = o_2d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3d = o_3d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4d = o_4d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5d = o_5d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6d = o_6d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7d = o_7d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_8d = o_8d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
+                  o_9d = o_9d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
+                  o_10d = o_10d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
+                  o_11d = o_11d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
+                  o_12d = o_12d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
+                  o_13d = o_13d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
+                  o_14d = o_14d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
+                  o_15d = o_15d + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 3)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
+                  o_0e = o_0e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1e = o_1e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2e = o_2e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3e = o_3e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4e = o_4e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5e = o_5e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6e = o_6e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7e = o_7e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_8e = o_8e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
+                  o_9e = o_9e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
+                  o_10e = o_10e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
+                  o_11e = o_11e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
+                  o_12e = o_12e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
+                  o_13e = o_13e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
+                  o_14e = o_14e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
+                  o_15e = o_15e + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 4)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
+                  o_0f = o_0f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)))
+                  o_1f = o_1f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 1)
+                  o_2f = o_2f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 2)
+                  o_3f = o_3f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 3)
+                  o_4f = o_4f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 4)
+                  o_5f = o_5f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 5)
+                  o_6f = o_6f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 6)
+                  o_7f = o_7f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 7)
+                  o_8f = o_8f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 8)
+                  o_9f = o_9f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                      & 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 9)
+                  o_10f = o_10f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 10)
+                  o_11f = o_11f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 11)
+                  o_12f = o_12f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 12)
+                  o_13f = o_13f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 13)
+                  o_14f = o_14f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 14)
+                  o_15f = o_15f + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) &
+                      & + 5)*min(64, n &
+      )) * V(16*c_tile + d*(j + n*(b*kv_heads + g)) + 15)
                 end do
                 O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) = o_0
                 O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 1) = o_1
@@ -1972,12 +2125,22 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t_0 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r))
-                t_1 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64)
-                t_2 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128)
-                t_3 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192)
-                t_4 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 256)
-                t_5 = probs(384*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 320)
+                t_0 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min(64, n))
+                t_1 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 1)*min(64, n &
+      ))
+                t_2 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 2)*min(64, n &
+      ))
+                t_3 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 3)*min(64, n &
+      ))
+                t_4 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 4)*min(64, n &
+      ))
+                t_5 = probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + r) + &
+                    & 5)*min(64, n &
+      ))
                 do c = 16*((d) / 16), d - 1
                   O(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
                       & n*(group*(b*kv_heads + g) + r))) + t_0 * V(V_row + c)
@@ -2050,26 +2213,27 @@ contains
                 do c = 0, d - 1
                   qk = qk + Q(c + d*(i + n*(group*(b*kv_heads + g) + r))) * K(K_row + c)
                 end do
-                probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = scale * qk
+                probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = scale * qk
               end do
               block_max = neg_inf
               !$omp simd reduction(max:block_max)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_max = max(block_max, probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + &
-                    & g) + r)))
+                block_max = max(block_max, probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + &
+                    & r))*min(64, n)))
               end do
               new_max = max(row_max, block_max)
               rescale = exp(row_max - new_max)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) = exp(probs(64*i + &
-                    & j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)) - new_max)
+                probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
+                    & exp(probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) - &
+                    & new_max)
               end do
               block_sum = 0.0_c_float
               !$omp simd reduction(+:block_sum)
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                block_sum = block_sum + probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) &
-                    & + r))
+                block_sum = block_sum + probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + &
+                    & r))*min(64, n))
               end do
               row_sum = row_sum * rescale + block_sum
               !$omp simd
@@ -2079,7 +2243,7 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t = probs(64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r))
+                t = probs(j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*min(64, n))
                 !$omp simd
                 do c = 0, d - 1
                   O(c + d*(i + n*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &

@@ -881,54 +881,54 @@ void block_fwd_causal_composed_f64(
                             qk_5_6 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                             qk_5_7 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
                         }
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7;
                     }
                     for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -947,12 +947,12 @@ void block_fwd_causal_composed_f64(
                             qk_4 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     double block_max_0 = -INFINITY;
                     double block_max_1 = -INFINITY;
@@ -962,12 +962,12 @@ void block_fwd_causal_composed_f64(
                     double block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_double(block_max_0, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = max_double(block_max_1, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = max_double(block_max_2, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = max_double(block_max_3, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
-                        block_max_4 = max_double(block_max_4, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256]);
-                        block_max_5 = max_double(block_max_5, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320]);
+                        block_max_0 = max_double(block_max_0, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+                        block_max_1 = max_double(block_max_1, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_double(block_max_2, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_double(block_max_3, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
+                        block_max_4 = max_double(block_max_4, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)]);
+                        block_max_5 = max_double(block_max_5, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)]);
                     }
                     const double new_max_0 = max_double(row_max_0, block_max_0);
                     const double new_max_1 = max_double(row_max_1, block_max_1);
@@ -983,12 +983,12 @@ void block_fwd_causal_composed_f64(
                     const double rescale_5 = exp(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5);
                     }
                     double block_sum_0 = 0.0;
                     double block_sum_1 = 0.0;
@@ -998,12 +998,12 @@ void block_fwd_causal_composed_f64(
                     double block_sum_5 = 0.0;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1071,54 +1071,54 @@ void block_fwd_causal_composed_f64(
                         double o_7f = attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
                         }
                         attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h))] = o_0;
                         attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -1171,12 +1171,12 @@ void block_fwd_causal_composed_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const double t_0 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_1 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const double t_2 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const double t_3 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const double t_4 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const double t_5 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const double t_0 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_1 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const double t_2 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const double t_3 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const double t_4 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const double t_5 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                             attn[c + dh*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             attn[c + dh*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -1294,54 +1294,54 @@ void block_fwd_causal_composed_f64(
                             qk_5_6b += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                             qk_5_7b += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
                         }
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6b;
+                        attn_probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7b;
                     }
                     for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -1360,12 +1360,12 @@ void block_fwd_causal_composed_f64(
                             qk_4 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     double block_max_0 = -INFINITY;
                     double block_max_1 = -INFINITY;
@@ -1375,12 +1375,12 @@ void block_fwd_causal_composed_f64(
                     double block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_double(block_max_0, (6*i_tile >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-                        block_max_1 = max_double(block_max_1, (6*i_tile + 1 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-                        block_max_2 = max_double(block_max_2, (6*i_tile + 2 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-                        block_max_3 = max_double(block_max_3, (6*i_tile + 3 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
-                        block_max_4 = max_double(block_max_4, (6*i_tile + 4 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] : -INFINITY));
-                        block_max_5 = max_double(block_max_5, (6*i_tile + 5 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] : -INFINITY));
+                        block_max_0 = max_double(block_max_0, (6*i_tile >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_1 = max_double(block_max_1, (6*i_tile + 1 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_2 = max_double(block_max_2, (6*i_tile + 2 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_3 = max_double(block_max_3, (6*i_tile + 3 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_4 = max_double(block_max_4, (6*i_tile + 4 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_5 = max_double(block_max_5, (6*i_tile + 5 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const double new_max_0 = max_double(row_max_0, block_max_0);
                     const double new_max_1 = max_double(row_max_1, block_max_1);
@@ -1396,12 +1396,12 @@ void block_fwd_causal_composed_f64(
                     const double rescale_5 = exp(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (6*i_tile >= j ? exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (6*i_tile + 1 >= j ? exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (6*i_tile + 2 >= j ? exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (6*i_tile + 3 >= j ? exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = (6*i_tile + 4 >= j ? exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4) : 0.0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = (6*i_tile + 5 >= j ? exp(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5) : 0.0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (6*i_tile >= j ? exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (6*i_tile + 1 >= j ? exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (6*i_tile + 2 >= j ? exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (6*i_tile + 3 >= j ? exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = (6*i_tile + 4 >= j ? exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4) : 0.0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = (6*i_tile + 5 >= j ? exp(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5) : 0.0);
                     }
                     double block_sum_0 = 0.0;
                     double block_sum_1 = 0.0;
@@ -1411,12 +1411,12 @@ void block_fwd_causal_composed_f64(
                     double block_sum_5 = 0.0;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1484,54 +1484,54 @@ void block_fwd_causal_composed_f64(
                         double o_7l = attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
                         }
                         attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h))] = o_0g;
                         attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1] = o_1g;
@@ -1584,12 +1584,12 @@ void block_fwd_causal_composed_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const double t_0 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_1 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const double t_2 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const double t_3 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const double t_4 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const double t_5 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const double t_0 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const double t_1 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const double t_2 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const double t_3 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const double t_4 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const double t_5 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                             attn[c + dh*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             attn[c + dh*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -1645,23 +1645,23 @@ void block_fwd_causal_composed_f64(
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_double(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_double(block_max, attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
                     }
                     const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
                     }
                     double block_sum = 0.0;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -1670,7 +1670,7 @@ void block_fwd_causal_composed_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -1686,23 +1686,23 @@ void block_fwd_causal_composed_f64(
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_double(block_max, (i >= j ? attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+                        block_max = max_double(block_max, (i >= j ? attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0);
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? exp(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0);
                     }
                     double block_sum = 0.0;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -1711,7 +1711,7 @@ void block_fwd_causal_composed_f64(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -3910,102 +3910,102 @@ void block_fwd_causal_composed_f32(
                             qk_5_14 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14];
                             qk_5_15 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15];
                         }
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8] = scale * qk_0_8;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9] = scale * qk_0_9;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10] = scale * qk_0_10;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11] = scale * qk_0_11;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12] = scale * qk_0_12;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13] = scale * qk_0_13;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14] = scale * qk_0_14;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15] = scale * qk_0_15;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72] = scale * qk_1_8;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73] = scale * qk_1_9;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74] = scale * qk_1_10;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75] = scale * qk_1_11;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76] = scale * qk_1_12;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77] = scale * qk_1_13;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78] = scale * qk_1_14;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79] = scale * qk_1_15;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136] = scale * qk_2_8;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137] = scale * qk_2_9;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138] = scale * qk_2_10;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139] = scale * qk_2_11;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140] = scale * qk_2_12;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141] = scale * qk_2_13;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142] = scale * qk_2_14;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143] = scale * qk_2_15;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200] = scale * qk_3_8;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201] = scale * qk_3_9;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202] = scale * qk_3_10;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203] = scale * qk_3_11;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204] = scale * qk_3_12;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205] = scale * qk_3_13;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206] = scale * qk_3_14;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207] = scale * qk_3_15;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264] = scale * qk_4_8;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265] = scale * qk_4_9;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266] = scale * qk_4_10;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267] = scale * qk_4_11;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268] = scale * qk_4_12;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269] = scale * qk_4_13;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270] = scale * qk_4_14;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271] = scale * qk_4_15;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328] = scale * qk_5_8;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329] = scale * qk_5_9;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330] = scale * qk_5_10;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331] = scale * qk_5_11;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332] = scale * qk_5_12;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333] = scale * qk_5_13;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334] = scale * qk_5_14;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335] = scale * qk_5_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 8] = scale * qk_0_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 9] = scale * qk_0_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 10] = scale * qk_0_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 11] = scale * qk_0_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 12] = scale * qk_0_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 13] = scale * qk_0_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 14] = scale * qk_0_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 15] = scale * qk_0_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 8] = scale * qk_1_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 9] = scale * qk_1_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 10] = scale * qk_1_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 11] = scale * qk_1_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 12] = scale * qk_1_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 13] = scale * qk_1_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 14] = scale * qk_1_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 15] = scale * qk_1_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 8] = scale * qk_2_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 9] = scale * qk_2_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 10] = scale * qk_2_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 11] = scale * qk_2_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 12] = scale * qk_2_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 13] = scale * qk_2_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 14] = scale * qk_2_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 15] = scale * qk_2_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 8] = scale * qk_3_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 9] = scale * qk_3_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 10] = scale * qk_3_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 11] = scale * qk_3_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 12] = scale * qk_3_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 13] = scale * qk_3_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 14] = scale * qk_3_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 15] = scale * qk_3_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 8] = scale * qk_4_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 9] = scale * qk_4_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 10] = scale * qk_4_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 11] = scale * qk_4_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 12] = scale * qk_4_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 13] = scale * qk_4_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 14] = scale * qk_4_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 15] = scale * qk_4_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 8] = scale * qk_5_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 9] = scale * qk_5_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 10] = scale * qk_5_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 11] = scale * qk_5_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 12] = scale * qk_5_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 13] = scale * qk_5_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 14] = scale * qk_5_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 15] = scale * qk_5_15;
                     }
                     for (int64_t j = 16*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -4024,12 +4024,12 @@ void block_fwd_causal_composed_f32(
                             qk_4 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     float block_max_0 = -INFINITY;
                     float block_max_1 = -INFINITY;
@@ -4039,12 +4039,12 @@ void block_fwd_causal_composed_f32(
                     float block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_float(block_max_0, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = max_float(block_max_1, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = max_float(block_max_2, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = max_float(block_max_3, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
-                        block_max_4 = max_float(block_max_4, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256]);
-                        block_max_5 = max_float(block_max_5, attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320]);
+                        block_max_0 = max_float(block_max_0, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+                        block_max_1 = max_float(block_max_1, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+                        block_max_2 = max_float(block_max_2, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+                        block_max_3 = max_float(block_max_3, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
+                        block_max_4 = max_float(block_max_4, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)]);
+                        block_max_5 = max_float(block_max_5, attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)]);
                     }
                     const float new_max_0 = max_float(row_max_0, block_max_0);
                     const float new_max_1 = max_float(row_max_1, block_max_1);
@@ -4060,12 +4060,12 @@ void block_fwd_causal_composed_f32(
                     const float rescale_5 = expf(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5);
                     }
                     float block_sum_0 = 0.0f;
                     float block_sum_1 = 0.0f;
@@ -4075,12 +4075,12 @@ void block_fwd_causal_composed_f32(
                     float block_sum_5 = 0.0f;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -4196,102 +4196,102 @@ void block_fwd_causal_composed_f32(
                         float o_15f = attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15b += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15c += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15d += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15e += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15f += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
                         }
                         attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h))] = o_0;
                         attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -4392,12 +4392,12 @@ void block_fwd_causal_composed_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const float t_0 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_1 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const float t_2 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const float t_3 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const float t_4 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const float t_5 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const float t_0 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_1 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const float t_2 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const float t_3 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const float t_4 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const float t_5 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 16*((dh) / 16); c < dh; ++c) {
                             attn[c + dh*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             attn[c + dh*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -4611,102 +4611,102 @@ void block_fwd_causal_composed_f32(
                             qk_5_14b += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14];
                             qk_5_15b += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15];
                         }
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8] = scale * qk_0_8b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9] = scale * qk_0_9b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10] = scale * qk_0_10b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11] = scale * qk_0_11b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12] = scale * qk_0_12b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13] = scale * qk_0_13b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14] = scale * qk_0_14b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15] = scale * qk_0_15b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72] = scale * qk_1_8b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73] = scale * qk_1_9b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74] = scale * qk_1_10b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75] = scale * qk_1_11b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76] = scale * qk_1_12b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77] = scale * qk_1_13b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78] = scale * qk_1_14b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79] = scale * qk_1_15b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136] = scale * qk_2_8b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137] = scale * qk_2_9b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138] = scale * qk_2_10b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139] = scale * qk_2_11b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140] = scale * qk_2_12b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141] = scale * qk_2_13b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142] = scale * qk_2_14b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143] = scale * qk_2_15b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200] = scale * qk_3_8b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201] = scale * qk_3_9b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202] = scale * qk_3_10b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203] = scale * qk_3_11b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204] = scale * qk_3_12b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205] = scale * qk_3_13b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206] = scale * qk_3_14b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207] = scale * qk_3_15b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256] = scale * qk_4_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257] = scale * qk_4_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258] = scale * qk_4_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259] = scale * qk_4_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260] = scale * qk_4_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261] = scale * qk_4_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262] = scale * qk_4_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263] = scale * qk_4_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264] = scale * qk_4_8b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265] = scale * qk_4_9b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266] = scale * qk_4_10b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267] = scale * qk_4_11b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268] = scale * qk_4_12b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269] = scale * qk_4_13b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270] = scale * qk_4_14b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271] = scale * qk_4_15b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320] = scale * qk_5_0b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321] = scale * qk_5_1b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322] = scale * qk_5_2b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323] = scale * qk_5_3b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324] = scale * qk_5_4b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325] = scale * qk_5_5b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326] = scale * qk_5_6b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327] = scale * qk_5_7b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328] = scale * qk_5_8b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329] = scale * qk_5_9b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330] = scale * qk_5_10b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331] = scale * qk_5_11b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332] = scale * qk_5_12b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333] = scale * qk_5_13b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334] = scale * qk_5_14b;
-                        attn_probs[384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335] = scale * qk_5_15b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 8] = scale * qk_0_8b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 9] = scale * qk_0_9b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 10] = scale * qk_0_10b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 11] = scale * qk_0_11b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 12] = scale * qk_0_12b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 13] = scale * qk_0_13b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 14] = scale * qk_0_14b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 15] = scale * qk_0_15b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 8] = scale * qk_1_8b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 9] = scale * qk_1_9b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 10] = scale * qk_1_10b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 11] = scale * qk_1_11b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 12] = scale * qk_1_12b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 13] = scale * qk_1_13b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 14] = scale * qk_1_14b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 15] = scale * qk_1_15b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 8] = scale * qk_2_8b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 9] = scale * qk_2_9b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 10] = scale * qk_2_10b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 11] = scale * qk_2_11b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 12] = scale * qk_2_12b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 13] = scale * qk_2_13b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 14] = scale * qk_2_14b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 15] = scale * qk_2_15b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 8] = scale * qk_3_8b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 9] = scale * qk_3_9b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 10] = scale * qk_3_10b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 11] = scale * qk_3_11b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 12] = scale * qk_3_12b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 13] = scale * qk_3_13b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 14] = scale * qk_3_14b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 15] = scale * qk_3_15b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4_0b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 1] = scale * qk_4_1b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 2] = scale * qk_4_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 3] = scale * qk_4_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 4] = scale * qk_4_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 5] = scale * qk_4_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 6] = scale * qk_4_6b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 7] = scale * qk_4_7b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 8] = scale * qk_4_8b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 9] = scale * qk_4_9b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 10] = scale * qk_4_10b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 11] = scale * qk_4_11b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 12] = scale * qk_4_12b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 13] = scale * qk_4_13b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 14] = scale * qk_4_14b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n) + 15] = scale * qk_4_15b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5_0b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 1] = scale * qk_5_1b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 2] = scale * qk_5_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 3] = scale * qk_5_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 4] = scale * qk_5_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 5] = scale * qk_5_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 6] = scale * qk_5_6b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 7] = scale * qk_5_7b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 8] = scale * qk_5_8b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 9] = scale * qk_5_9b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 10] = scale * qk_5_10b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 11] = scale * qk_5_11b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 12] = scale * qk_5_12b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 13] = scale * qk_5_13b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 14] = scale * qk_5_14b;
+                        attn_probs[-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n) + 15] = scale * qk_5_15b;
                     }
                     for (int64_t j = 16*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -4725,12 +4725,12 @@ void block_fwd_causal_composed_f32(
                             qk_4 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
                             qk_5 += Q[c + dh*(6*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
                         }
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = scale * qk_4;
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = scale * qk_5;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = scale * qk_4;
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = scale * qk_5;
                     }
                     float block_max_0 = -INFINITY;
                     float block_max_1 = -INFINITY;
@@ -4740,12 +4740,12 @@ void block_fwd_causal_composed_f32(
                     float block_max_5 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = max_float(block_max_0, (6*i_tile >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-                        block_max_1 = max_float(block_max_1, (6*i_tile + 1 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-                        block_max_2 = max_float(block_max_2, (6*i_tile + 2 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-                        block_max_3 = max_float(block_max_3, (6*i_tile + 3 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
-                        block_max_4 = max_float(block_max_4, (6*i_tile + 4 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] : -INFINITY));
-                        block_max_5 = max_float(block_max_5, (6*i_tile + 5 >= j ? attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] : -INFINITY));
+                        block_max_0 = max_float(block_max_0, (6*i_tile >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_1 = max_float(block_max_1, (6*i_tile + 1 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_2 = max_float(block_max_2, (6*i_tile + 2 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_3 = max_float(block_max_3, (6*i_tile + 3 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_4 = max_float(block_max_4, (6*i_tile + 4 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] : -INFINITY));
+                        block_max_5 = max_float(block_max_5, (6*i_tile + 5 >= j ? attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const float new_max_0 = max_float(row_max_0, block_max_0);
                     const float new_max_1 = max_float(row_max_1, block_max_1);
@@ -4761,12 +4761,12 @@ void block_fwd_causal_composed_f32(
                     const float rescale_5 = expf(row_max_5 - new_max_5);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (6*i_tile >= j ? expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0f);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (6*i_tile + 1 >= j ? expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0f);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (6*i_tile + 2 >= j ? expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0f);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (6*i_tile + 3 >= j ? expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0f);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] = (6*i_tile + 4 >= j ? expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] - new_max_4) : 0.0f);
-                        attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] = (6*i_tile + 5 >= j ? expf(attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] - new_max_5) : 0.0f);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (6*i_tile >= j ? expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0f);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (6*i_tile + 1 >= j ? expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0f);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (6*i_tile + 2 >= j ? expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0f);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (6*i_tile + 3 >= j ? expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0f);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = (6*i_tile + 4 >= j ? expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] - new_max_4) : 0.0f);
+                        attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = (6*i_tile + 5 >= j ? expf(attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] - new_max_5) : 0.0f);
                     }
                     float block_sum_0 = 0.0f;
                     float block_sum_1 = 0.0f;
@@ -4776,12 +4776,12 @@ void block_fwd_causal_composed_f32(
                     float block_sum_5 = 0.0f;
                     #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum_0 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        block_sum_1 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        block_sum_2 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        block_sum_3 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        block_sum_4 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        block_sum_5 += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        block_sum_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        block_sum_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        block_sum_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        block_sum_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        block_sum_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        block_sum_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                     }
                     row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
                     row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -4897,102 +4897,102 @@ void block_fwd_causal_composed_f32(
                         float o_15l = attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15];
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15g += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15h += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15i += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15j += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15k += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15l += attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15g += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15h += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15i += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15j += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15k += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
+                            o_1l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                            o_2l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                            o_3l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                            o_4l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                            o_5l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                            o_6l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                            o_7l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_8l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
+                            o_9l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
+                            o_10l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
+                            o_11l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
+                            o_12l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
+                            o_13l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
+                            o_14l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
+                            o_15l += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
                         }
                         attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h))] = o_0g;
                         attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1] = o_1g;
@@ -5093,12 +5093,12 @@ void block_fwd_causal_composed_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const float t_0 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_1 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-                        const float t_2 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-                        const float t_3 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-                        const float t_4 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
-                        const float t_5 = attn_probs[384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320];
+                        const float t_0 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+                        const float t_1 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+                        const float t_2 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+                        const float t_3 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+                        const float t_4 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)];
+                        const float t_5 = attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)];
                         for (int64_t c = 16*((dh) / 16); c < dh; ++c) {
                             attn[c + dh*(6*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                             attn[c + dh*(6*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -5154,23 +5154,23 @@ void block_fwd_causal_composed_f32(
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_float(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_float(block_max, attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
                     }
                     const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
                     }
                     float block_sum = 0.0f;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -5179,7 +5179,7 @@ void block_fwd_causal_composed_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
@@ -5195,23 +5195,23 @@ void block_fwd_causal_composed_f32(
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
                         }
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
                     }
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = max_float(block_max, (i >= j ? attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+                        block_max = max_float(block_max, (i >= j ? attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
                     }
                     const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0f);
+                        attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? expf(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0f);
                     }
                     float block_sum = 0.0f;
                     #pragma omp simd reduction(+:block_sum)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
@@ -5220,7 +5220,7 @@ void block_fwd_causal_composed_f32(
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
-                        const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];

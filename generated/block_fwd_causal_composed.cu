@@ -1356,38 +1356,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_3_6 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -1401,20 +1401,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmax(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmax(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmax(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmax(block_max_0, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+            block_max_1 = fmax(block_max_1, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmax(block_max_2, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmax(block_max_3, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -1425,20 +1425,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
         double block_sum_2 = 0.0;
         double block_sum_3 = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1484,38 +1484,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             double o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
             double o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -1552,10 +1552,10 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const double t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                 attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -1636,38 +1636,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_3_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -1681,20 +1681,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, (4*i_tile >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-            block_max_1 = fmax(block_max_1, (4*i_tile + 1 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-            block_max_2 = fmax(block_max_2, (4*i_tile + 2 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-            block_max_3 = fmax(block_max_3, (4*i_tile + 3 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
+            block_max_0 = fmax(block_max_0, (4*i_tile >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_1 = fmax(block_max_1, (4*i_tile + 1 >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_2 = fmax(block_max_2, (4*i_tile + 2 >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_3 = fmax(block_max_3, (4*i_tile + 3 >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -1705,20 +1705,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (4*i_tile >= j ? exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (4*i_tile + 1 >= j ? exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (4*i_tile + 2 >= j ? exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (4*i_tile + 3 >= j ? exp(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
         double block_sum_2 = 0.0;
         double block_sum_3 = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -1764,38 +1764,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             double o_6h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
             double o_7h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0e;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
@@ -1832,10 +1832,10 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const double t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                 attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -1925,20 +1925,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmax(block_max, attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < dh; ++c) {
@@ -1946,7 +1946,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -1960,20 +1960,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, (i >= j ? attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max = fmax(block_max, (i >= j ? attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0);
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? exp(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < dh; ++c) {
@@ -1981,7 +1981,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -5137,38 +5137,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_3_6 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -5182,20 +5182,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmaxf(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmaxf(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmaxf(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmaxf(block_max_0, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)]);
+            block_max_1 = fmaxf(block_max_1, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)]);
+            block_max_2 = fmaxf(block_max_2, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)]);
+            block_max_3 = fmaxf(block_max_3, attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)]);
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -5206,20 +5206,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
         float block_sum_2 = 0.0f;
         float block_sum_3 = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -5265,38 +5265,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             float o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
             float o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7b += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7c += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7d += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -5333,10 +5333,10 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const float t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                 attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -5417,38 +5417,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_3_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_0_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_0_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_0_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_0_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_0_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_0_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_0_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1] = scale * qk_2_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2] = scale * qk_2_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3] = scale * qk_2_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 4] = scale * qk_2_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 5] = scale * qk_2_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 6] = scale * qk_2_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 7] = scale * qk_2_7b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3_0b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1] = scale * qk_3_1b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2] = scale * qk_3_2b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3] = scale * qk_3_3b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 4] = scale * qk_3_4b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 5] = scale * qk_3_5b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 6] = scale * qk_3_6b;
+            attn_probs[-64*j_blk + 8*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 7] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -5462,20 +5462,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = scale * qk_1;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = scale * qk_2;
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, (4*i_tile >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
-            block_max_1 = fmaxf(block_max_1, (4*i_tile + 1 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
-            block_max_2 = fmaxf(block_max_2, (4*i_tile + 2 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
-            block_max_3 = fmaxf(block_max_3, (4*i_tile + 3 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
+            block_max_0 = fmaxf(block_max_0, (4*i_tile >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_1 = fmaxf(block_max_1, (4*i_tile + 1 >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_2 = fmaxf(block_max_2, (4*i_tile + 2 >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] : -INFINITY));
+            block_max_3 = fmaxf(block_max_3, (4*i_tile + 3 >= j ? attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] : -INFINITY));
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -5486,20 +5486,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0f);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0f);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0f);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0f);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = (4*i_tile >= j ? expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max_0) : 0.0f);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = (4*i_tile + 1 >= j ? expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] - new_max_1) : 0.0f);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = (4*i_tile + 2 >= j ? expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] - new_max_2) : 0.0f);
+            attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = (4*i_tile + 3 >= j ? expf(attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] - new_max_3) : 0.0f);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
         float block_sum_2 = 0.0f;
         float block_sum_3 = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            block_sum_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            block_sum_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            block_sum_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            block_sum_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
         }
         row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
@@ -5545,38 +5545,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             float o_6h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
             float o_7h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0e;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
@@ -5613,10 +5613,10 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const float t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3 = attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                 attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
                 attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
@@ -5706,20 +5706,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmaxf(block_max, attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)]);
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < dh; ++c) {
@@ -5727,7 +5727,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
@@ -5741,20 +5741,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, (i >= j ? attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max = fmaxf(block_max, (i >= j ? attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] : -INFINITY));
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0f);
+            attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = (i >= j ? expf(attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] - new_max) : 0.0f);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
         }
         row_sum = row_sum * rescale + block_sum;
         for (int64_t c = 0; c < dh; ++c) {
@@ -5762,7 +5762,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t V_row = dh*(j + n*(b*heads + h));
-            const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
             }

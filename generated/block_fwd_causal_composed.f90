@@ -95,7 +95,7 @@ contains
     real(c_double), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
-    real(c_double), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
+    real(c_double), intent(out) :: attn_probs(0:batch * heads * n * min(64, n) - 1)
     real(c_double), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 8) * dh * 8 - 1)
     real(c_double), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
@@ -1143,94 +1143,102 @@ contains
                 qk_5_7 = qk_5_7 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c + &
                     & 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
               end do
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1) = scale * qk_0_1
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2) = scale * qk_0_2
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3) = scale * qk_0_3
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4) = scale * qk_0_4
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5) = scale * qk_0_5
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6) = scale * qk_0_6
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7) = scale * qk_0_7
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64) = scale * &
-                  & qk_1_0
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65) = scale * &
-                  & qk_1_1
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66) = scale * &
-                  & qk_1_2
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67) = scale * &
-                  & qk_1_3
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68) = scale * &
-                  & qk_1_4
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69) = scale * &
-                  & qk_1_5
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70) = scale * &
-                  & qk_1_6
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71) = scale * &
-                  & qk_1_7
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128) = scale * &
-                  & qk_2_0
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129) = scale * &
-                  & qk_2_1
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130) = scale * &
-                  & qk_2_2
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131) = scale * &
-                  & qk_2_3
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132) = scale * &
-                  & qk_2_4
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133) = scale * &
-                  & qk_2_5
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134) = scale * &
-                  & qk_2_6
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135) = scale * &
-                  & qk_2_7
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192) = scale * &
-                  & qk_3_0
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193) = scale * &
-                  & qk_3_1
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194) = scale * &
-                  & qk_3_2
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195) = scale * &
-                  & qk_3_3
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196) = scale * &
-                  & qk_3_4
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197) = scale * &
-                  & qk_3_5
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198) = scale * &
-                  & qk_3_6
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199) = scale * &
-                  & qk_3_7
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256) = scale * &
-                  & qk_4_0
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257) = scale * &
-                  & qk_4_1
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258) = scale * &
-                  & qk_4_2
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259) = scale * &
-                  & qk_4_3
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260) = scale * &
-                  & qk_4_4
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261) = scale * &
-                  & qk_4_5
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262) = scale * &
-                  & qk_4_6
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263) = scale * &
-                  & qk_4_7
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320) = scale * &
-                  & qk_5_0
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321) = scale * &
-                  & qk_5_1
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322) = scale * &
-                  & qk_5_2
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323) = scale * &
-                  & qk_5_3
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324) = scale * &
-                  & qk_5_4
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325) = scale * &
-                  & qk_5_5
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326) = scale * &
-                  & qk_5_6
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327) = scale * &
-                  & qk_5_7
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale &
+                  & * qk_0_0
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 1) = &
+                  & scale * qk_0_1
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 2) = &
+                  & scale * qk_0_2
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 3) = &
+                  & scale * qk_0_3
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 4) = &
+                  & scale * qk_0_4
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 5) = &
+                  & scale * qk_0_5
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 6) = &
+                  & scale * qk_0_6
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 7) = &
+                  & scale * qk_0_7
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & scale * qk_1_0
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1) &
+                  & = scale * qk_1_1
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 2) &
+                  & = scale * qk_1_2
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 3) &
+                  & = scale * qk_1_3
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 4) &
+                  & = scale * qk_1_4
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 5) &
+                  & = scale * qk_1_5
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 6) &
+                  & = scale * qk_1_6
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 7) &
+                  & = scale * qk_1_7
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & scale * qk_2_0
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1) &
+                  & = scale * qk_2_1
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 2) &
+                  & = scale * qk_2_2
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 3) &
+                  & = scale * qk_2_3
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 4) &
+                  & = scale * qk_2_4
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 5) &
+                  & = scale * qk_2_5
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 6) &
+                  & = scale * qk_2_6
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 7) &
+                  & = scale * qk_2_7
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & scale * qk_3_0
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1) &
+                  & = scale * qk_3_1
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 2) &
+                  & = scale * qk_3_2
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 3) &
+                  & = scale * qk_3_3
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 4) &
+                  & = scale * qk_3_4
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 5) &
+                  & = scale * qk_3_5
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 6) &
+                  & = scale * qk_3_6
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 7) &
+                  & = scale * qk_3_7
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & scale * qk_4_0
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1) &
+                  & = scale * qk_4_1
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 2) &
+                  & = scale * qk_4_2
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 3) &
+                  & = scale * qk_4_3
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 4) &
+                  & = scale * qk_4_4
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 5) &
+                  & = scale * qk_4_5
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 6) &
+                  & = scale * qk_4_6
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 7) &
+                  & = scale * qk_4_7
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & scale * qk_5_0
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1) &
+                  & = scale * qk_5_1
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 2) &
+                  & = scale * qk_5_2
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 3) &
+                  & = scale * qk_5_3
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 4) &
+                  & = scale * qk_5_4
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 5) &
+                  & = scale * qk_5_5
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 6) &
+                  & = scale * qk_5_6
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 7) &
+                  & = scale * qk_5_7
             end do
             do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
@@ -1249,12 +1257,12 @@ contains
                 qk_4 = qk_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -1265,18 +1273,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h)))
-              block_max_1 = max(block_max_1, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 64))
-              block_max_2 = max(block_max_2, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 128))
-              block_max_3 = max(block_max_3, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 192))
-              block_max_4 = max(block_max_4, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 256))
-              block_max_5 = max(block_max_5, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 320))
+              block_max_0 = max(block_max_0, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n)))
+              block_max_1 = max(block_max_1, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 1)*min(64, n)))
+              block_max_2 = max(block_max_2, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 2)*min(64, n)))
+              block_max_3 = max(block_max_3, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 3)*min(64, n)))
+              block_max_4 = max(block_max_4, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 4)*min(64, n)))
+              block_max_5 = max(block_max_5, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 5)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -1292,21 +1300,23 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) - &
+                  & new_max_0)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) - &
+                  & new_max_1)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) - &
                   & new_max_2)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) - &
                   & new_max_3)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) - &
                   & new_max_4)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) - &
                   & new_max_5)
             end do
             block_sum_0 = 0.0_c_double
@@ -1318,17 +1328,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 64)
-              block_sum_2 = block_sum_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 128)
-              block_sum_3 = block_sum_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 192)
-              block_sum_4 = block_sum_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 256)
-              block_sum_5 = block_sum_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 320)
+              block_sum_0 = block_sum_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -1402,102 +1413,102 @@ contains
               o_7f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0 = o_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_0 = o_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1 = o_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_1 = o_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_2 = o_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_3 = o_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_4 = o_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_5 = o_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_6 = o_6 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_7 = o_7 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0b = o_0b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1b = o_1b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0c = o_0c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1c = o_1c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0d = o_0d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1d = o_1d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0e = o_0e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1e = o_1e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0f = o_0f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1f = o_1f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0b = o_0b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1b = o_1b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2b = o_2b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3b = o_3b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4b = o_4b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5b = o_5b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6b = o_6b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7b = o_7b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0c = o_0c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1c = o_1c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2c = o_2c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3c = o_3c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4c = o_4c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5c = o_5c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6c = o_6c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7c = o_7c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0d = o_0d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1d = o_1d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2d = o_2d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3d = o_3d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4d = o_4d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5d = o_5d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6d = o_6d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7d = o_7d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0e = o_0e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1e = o_1e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2e = o_2e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3e = o_3e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4e = o_4e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5e = o_5e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6e = o_6e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7e = o_7e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0f = o_0f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1f = o_1f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2f = o_2f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3f = o_3f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4f = o_4f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5f = o_5f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6f = o_6f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7f = o_7f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
               end do
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1
@@ -1550,12 +1561,12 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t_0 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              t_0 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n))
+              t_1 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n))
               do c = 8*((dh) / 8), dh - 1
                 attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
@@ -1727,101 +1738,102 @@ contains
                 qk_5_7b = qk_5_7b + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(8*c &
                     & + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
               end do
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1) = scale * &
-                  & qk_0_1b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2) = scale * &
-                  & qk_0_2b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3) = scale * &
-                  & qk_0_3b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4) = scale * &
-                  & qk_0_4b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5) = scale * &
-                  & qk_0_5b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6) = scale * &
-                  & qk_0_6b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7) = scale * &
-                  & qk_0_7b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64) = scale * &
-                  & qk_1_0b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65) = scale * &
-                  & qk_1_1b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66) = scale * &
-                  & qk_1_2b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67) = scale * &
-                  & qk_1_3b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68) = scale * &
-                  & qk_1_4b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69) = scale * &
-                  & qk_1_5b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70) = scale * &
-                  & qk_1_6b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71) = scale * &
-                  & qk_1_7b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128) = scale * &
-                  & qk_2_0b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129) = scale * &
-                  & qk_2_1b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130) = scale * &
-                  & qk_2_2b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131) = scale * &
-                  & qk_2_3b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132) = scale * &
-                  & qk_2_4b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133) = scale * &
-                  & qk_2_5b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134) = scale * &
-                  & qk_2_6b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135) = scale * &
-                  & qk_2_7b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192) = scale * &
-                  & qk_3_0b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193) = scale * &
-                  & qk_3_1b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194) = scale * &
-                  & qk_3_2b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195) = scale * &
-                  & qk_3_3b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196) = scale * &
-                  & qk_3_4b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197) = scale * &
-                  & qk_3_5b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198) = scale * &
-                  & qk_3_6b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199) = scale * &
-                  & qk_3_7b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 256) = scale * &
-                  & qk_4_0b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 257) = scale * &
-                  & qk_4_1b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 258) = scale * &
-                  & qk_4_2b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 259) = scale * &
-                  & qk_4_3b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 260) = scale * &
-                  & qk_4_4b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 261) = scale * &
-                  & qk_4_5b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 262) = scale * &
-                  & qk_4_6b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 263) = scale * &
-                  & qk_4_7b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 320) = scale * &
-                  & qk_5_0b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 321) = scale * &
-                  & qk_5_1b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 322) = scale * &
-                  & qk_5_2b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 323) = scale * &
-                  & qk_5_3b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 324) = scale * &
-                  & qk_5_4b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 325) = scale * &
-                  & qk_5_5b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 326) = scale * &
-                  & qk_5_6b
-              attn_probs(384*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 327) = scale * &
-                  & qk_5_7b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale &
+                  & * qk_0_0b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 1) = &
+                  & scale * qk_0_1b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 2) = &
+                  & scale * qk_0_2b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 3) = &
+                  & scale * qk_0_3b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 4) = &
+                  & scale * qk_0_4b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 5) = &
+                  & scale * qk_0_5b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 6) = &
+                  & scale * qk_0_6b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 7) = &
+                  & scale * qk_0_7b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & scale * qk_1_0b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1) &
+                  & = scale * qk_1_1b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 2) &
+                  & = scale * qk_1_2b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 3) &
+                  & = scale * qk_1_3b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 4) &
+                  & = scale * qk_1_4b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 5) &
+                  & = scale * qk_1_5b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 6) &
+                  & = scale * qk_1_6b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 7) &
+                  & = scale * qk_1_7b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & scale * qk_2_0b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1) &
+                  & = scale * qk_2_1b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 2) &
+                  & = scale * qk_2_2b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 3) &
+                  & = scale * qk_2_3b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 4) &
+                  & = scale * qk_2_4b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 5) &
+                  & = scale * qk_2_5b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 6) &
+                  & = scale * qk_2_6b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 7) &
+                  & = scale * qk_2_7b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & scale * qk_3_0b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1) &
+                  & = scale * qk_3_1b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 2) &
+                  & = scale * qk_3_2b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 3) &
+                  & = scale * qk_3_3b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 4) &
+                  & = scale * qk_3_4b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 5) &
+                  & = scale * qk_3_5b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 6) &
+                  & = scale * qk_3_6b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 7) &
+                  & = scale * qk_3_7b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & scale * qk_4_0b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1) &
+                  & = scale * qk_4_1b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 2) &
+                  & = scale * qk_4_2b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 3) &
+                  & = scale * qk_4_3b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 4) &
+                  & = scale * qk_4_4b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 5) &
+                  & = scale * qk_4_5b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 6) &
+                  & = scale * qk_4_6b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 7) &
+                  & = scale * qk_4_7b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & scale * qk_5_0b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1) &
+                  & = scale * qk_5_1b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 2) &
+                  & = scale * qk_5_2b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 3) &
+                  & = scale * qk_5_3b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 4) &
+                  & = scale * qk_5_4b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 5) &
+                  & = scale * qk_5_5b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 6) &
+                  & = scale * qk_5_6b
+              attn_probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 7) &
+                  & = scale * qk_5_7b
             end do
             do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
@@ -1840,12 +1852,12 @@ contains
                 qk_4 = qk_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -1856,18 +1868,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h)), neg_inf, 6*i_tile >= j))
-              block_max_1 = max(block_max_1, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 64), neg_inf, 6*i_tile + 1 >= j))
-              block_max_2 = max(block_max_2, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 128), neg_inf, 6*i_tile + 2 >= j))
-              block_max_3 = max(block_max_3, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 192), neg_inf, 6*i_tile + 3 >= j))
-              block_max_4 = max(block_max_4, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 256), neg_inf, 6*i_tile + 4 >= j))
-              block_max_5 = max(block_max_5, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 320), neg_inf, 6*i_tile + 5 >= j))
+              block_max_0 = max(block_max_0, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h))*min(64, n)), neg_inf, 6*i_tile >= j))
+              block_max_1 = max(block_max_1, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 1)*min(64, n)), neg_inf, 6*i_tile + 1 >= j))
+              block_max_2 = max(block_max_2, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 2)*min(64, n)), neg_inf, 6*i_tile + 2 >= j))
+              block_max_3 = max(block_max_3, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 3)*min(64, n)), neg_inf, 6*i_tile + 3 >= j))
+              block_max_4 = max(block_max_4, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 4)*min(64, n)), neg_inf, 6*i_tile + 4 >= j))
+              block_max_5 = max(block_max_5, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 5)*min(64, n)), neg_inf, 6*i_tile + 5 >= j))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -1883,24 +1895,24 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - &
-                  & new_max_0), 0.0_c_double, 6*i_tile >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - &
-                  & new_max_1), 0.0_c_double, 6*i_tile + 1 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
-                  & new_max_2), 0.0_c_double, 6*i_tile + 2 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
-                  & new_max_3), 0.0_c_double, 6*i_tile + 3 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
-                  & new_max_4), 0.0_c_double, 6*i_tile + 4 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
-                  & new_max_5), 0.0_c_double, 6*i_tile + 5 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                  & - new_max_0), 0.0_c_double, 6*i_tile >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                  & n)) - new_max_1), 0.0_c_double, 6*i_tile + 1 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                  & n)) - new_max_2), 0.0_c_double, 6*i_tile + 2 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                  & n)) - new_max_3), 0.0_c_double, 6*i_tile + 3 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                  & n)) - new_max_4), 0.0_c_double, 6*i_tile + 4 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                  & n)) - new_max_5), 0.0_c_double, 6*i_tile + 5 >= j)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -1911,17 +1923,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 64)
-              block_sum_2 = block_sum_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 128)
-              block_sum_3 = block_sum_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 192)
-              block_sum_4 = block_sum_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 256)
-              block_sum_5 = block_sum_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 320)
+              block_sum_0 = block_sum_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -1995,102 +2008,102 @@ contains
               o_7l = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0g = o_0g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1g = o_1g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0h = o_0h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1h = o_1h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0i = o_0i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1i = o_1i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2i = o_2i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3i = o_3i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4i = o_4i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5i = o_5i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6i = o_6i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7i = o_7i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0j = o_0j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1j = o_1j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2j = o_2j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3j = o_3j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4j = o_4j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5j = o_5j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6j = o_6j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7j = o_7j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0k = o_0k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1k = o_1k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2k = o_2k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3k = o_3k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4k = o_4k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5k = o_5k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6k = o_6k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7k = o_7k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_0l = o_0l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
-                o_1l = o_1l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2l = o_2l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3l = o_3l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4l = o_4l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5l = o_5l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6l = o_6l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7l = o_7l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0g = o_0g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1g = o_1g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2g = o_2g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3g = o_3g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4g = o_4g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5g = o_5g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6g = o_6g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7g = o_7g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0h = o_0h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1h = o_1h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2h = o_2h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3h = o_3h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4h = o_4h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5h = o_5h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6h = o_6h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7h = o_7h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0i = o_0i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1i = o_1i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2i = o_2i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3i = o_3i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4i = o_4i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5i = o_5i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6i = o_6i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7i = o_7i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0j = o_0j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1j = o_1j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2j = o_2j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3j = o_3j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4j = o_4j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5j = o_5j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6j = o_6j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7j = o_7j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0k = o_0k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1k = o_1k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2k = o_2k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3k = o_3k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4k = o_4k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5k = o_5k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6k = o_6k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7k = o_7k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_0l = o_0l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                o_1l = o_1l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2l = o_2l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3l = o_3l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4l = o_4l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5l = o_5l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6l = o_6l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7l = o_7l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
               end do
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0g
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1g
@@ -2143,12 +2156,12 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t_0 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              t_0 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n))
+              t_1 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n))
               do c = 8*((dh) / 8), dh - 1
                 attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
@@ -2217,24 +2230,25 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, &
+                  & n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(attn_probs(64*i + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max)
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = exp(attn_probs(j - &
+                  & 64*j_blk + (i + n*(b*heads + h))*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -2243,7 +2257,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
@@ -2260,25 +2274,26 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, merge(attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + &
-                  & h)), neg_inf, i >= j))
+              block_max = max(block_max, merge(attn_probs(j - 64*j_blk + (i + n*(b*heads + &
+                  & h))*min(64, n)), neg_inf, i >= j))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(exp(attn_probs(64*i + &
-                  & j - 64*j_blk + 64*n*(b*heads + h)) - new_max), 0.0_c_double, i >= j)
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) - &
+                  & new_max), 0.0_c_double, i >= j)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -2287,7 +2302,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
@@ -3250,7 +3265,7 @@ contains
     real(c_float), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
-    real(c_float), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
+    real(c_float), intent(out) :: attn_probs(0:batch * heads * n * min(64, n) - 1)
     real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
     real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 16) * heads * dh * 16 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
@@ -5078,197 +5093,198 @@ contains
                 qk_5_15 = qk_5_15 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
                     & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = scale * &
-                  & qk_0_1
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = scale * &
-                  & qk_0_2
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = scale * &
-                  & qk_0_3
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = scale * &
-                  & qk_0_4
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = scale * &
-                  & qk_0_5
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = scale * &
-                  & qk_0_6
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = scale * &
-                  & qk_0_7
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = scale * &
-                  & qk_0_8
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = scale * &
-                  & qk_0_9
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = scale * &
-                  & qk_0_10
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = scale * &
-                  & qk_0_11
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = scale * &
-                  & qk_0_12
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = scale * &
-                  & qk_0_13
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = scale * &
-                  & qk_0_14
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = scale * &
-                  & qk_0_15
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = scale * &
-                  & qk_1_0
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = scale * &
-                  & qk_1_1
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = scale * &
-                  & qk_1_2
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = scale * &
-                  & qk_1_3
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = scale * &
-                  & qk_1_4
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = scale * &
-                  & qk_1_5
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = scale * &
-                  & qk_1_6
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = scale * &
-                  & qk_1_7
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = scale * &
-                  & qk_1_8
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = scale * &
-                  & qk_1_9
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = scale * &
-                  & qk_1_10
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = scale * &
-                  & qk_1_11
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = scale * &
-                  & qk_1_12
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = scale * &
-                  & qk_1_13
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = scale * &
-                  & qk_1_14
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = scale * &
-                  & qk_1_15
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = scale * &
-                  & qk_2_0
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = scale * &
-                  & qk_2_1
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = scale * &
-                  & qk_2_2
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = scale * &
-                  & qk_2_3
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = scale * &
-                  & qk_2_4
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = scale * &
-                  & qk_2_5
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = scale * &
-                  & qk_2_6
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = scale * &
-                  & qk_2_7
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = scale * &
-                  & qk_2_8
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = scale * &
-                  & qk_2_9
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = scale * &
-                  & qk_2_10
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = scale * &
-                  & qk_2_11
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = scale * &
-                  & qk_2_12
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = scale * &
-                  & qk_2_13
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = scale * &
-                  & qk_2_14
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = scale * &
-                  & qk_2_15
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = scale * &
-                  & qk_3_0
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = scale * &
-                  & qk_3_1
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = scale * &
-                  & qk_3_2
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = scale * &
-                  & qk_3_3
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = scale * &
-                  & qk_3_4
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = scale * &
-                  & qk_3_5
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = scale * &
-                  & qk_3_6
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = scale * &
-                  & qk_3_7
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = scale * &
-                  & qk_3_8
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = scale * &
-                  & qk_3_9
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = scale * &
-                  & qk_3_10
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = scale * &
-                  & qk_3_11
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = scale * &
-                  & qk_3_12
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = scale * &
-                  & qk_3_13
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = scale * &
-                  & qk_3_14
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = scale * &
-                  & qk_3_15
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = scale * &
-                  & qk_4_0
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = scale * &
-                  & qk_4_1
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = scale * &
-                  & qk_4_2
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = scale * &
-                  & qk_4_3
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = scale * &
-                  & qk_4_4
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = scale * &
-                  & qk_4_5
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = scale * &
-                  & qk_4_6
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = scale * &
-                  & qk_4_7
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = scale * &
-                  & qk_4_8
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = scale * &
-                  & qk_4_9
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = scale * &
-                  & qk_4_10
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = scale * &
-                  & qk_4_11
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = scale * &
-                  & qk_4_12
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = scale * &
-                  & qk_4_13
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = scale * &
-                  & qk_4_14
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = scale * &
-                  & qk_4_15
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = scale * &
-                  & qk_5_0
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = scale * &
-                  & qk_5_1
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = scale * &
-                  & qk_5_2
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = scale * &
-                  & qk_5_3
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = scale * &
-                  & qk_5_4
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = scale * &
-                  & qk_5_5
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = scale * &
-                  & qk_5_6
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = scale * &
-                  & qk_5_7
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = scale * &
-                  & qk_5_8
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = scale * &
-                  & qk_5_9
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = scale * &
-                  & qk_5_10
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = scale * &
-                  & qk_5_11
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = scale * &
-                  & qk_5_12
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = scale * &
-                  & qk_5_13
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = scale * &
-                  & qk_5_14
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = scale * &
-                  & qk_5_15
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale &
+                  & * qk_0_0
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 1) = &
+                  & scale * qk_0_1
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 2) = &
+                  & scale * qk_0_2
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 3) = &
+                  & scale * qk_0_3
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 4) = &
+                  & scale * qk_0_4
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 5) = &
+                  & scale * qk_0_5
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 6) = &
+                  & scale * qk_0_6
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 7) = &
+                  & scale * qk_0_7
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 8) = &
+                  & scale * qk_0_8
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 9) = &
+                  & scale * qk_0_9
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 10) = &
+                  & scale * qk_0_10
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 11) = &
+                  & scale * qk_0_11
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 12) = &
+                  & scale * qk_0_12
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 13) = &
+                  & scale * qk_0_13
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 14) = &
+                  & scale * qk_0_14
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 15) = &
+                  & scale * qk_0_15
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & scale * qk_1_0
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1) &
+                  & = scale * qk_1_1
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 2) &
+                  & = scale * qk_1_2
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 3) &
+                  & = scale * qk_1_3
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 4) &
+                  & = scale * qk_1_4
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 5) &
+                  & = scale * qk_1_5
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 6) &
+                  & = scale * qk_1_6
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 7) &
+                  & = scale * qk_1_7
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 8) &
+                  & = scale * qk_1_8
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 9) &
+                  & = scale * qk_1_9
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 10) = scale * qk_1_10
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 11) = scale * qk_1_11
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 12) = scale * qk_1_12
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 13) = scale * qk_1_13
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 14) = scale * qk_1_14
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 15) = scale * qk_1_15
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & scale * qk_2_0
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1) &
+                  & = scale * qk_2_1
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 2) &
+                  & = scale * qk_2_2
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 3) &
+                  & = scale * qk_2_3
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 4) &
+                  & = scale * qk_2_4
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 5) &
+                  & = scale * qk_2_5
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 6) &
+                  & = scale * qk_2_6
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 7) &
+                  & = scale * qk_2_7
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 8) &
+                  & = scale * qk_2_8
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 9) &
+                  & = scale * qk_2_9
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 10) = scale * qk_2_10
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 11) = scale * qk_2_11
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 12) = scale * qk_2_12
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 13) = scale * qk_2_13
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 14) = scale * qk_2_14
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 15) = scale * qk_2_15
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & scale * qk_3_0
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1) &
+                  & = scale * qk_3_1
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 2) &
+                  & = scale * qk_3_2
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 3) &
+                  & = scale * qk_3_3
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 4) &
+                  & = scale * qk_3_4
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 5) &
+                  & = scale * qk_3_5
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 6) &
+                  & = scale * qk_3_6
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 7) &
+                  & = scale * qk_3_7
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 8) &
+                  & = scale * qk_3_8
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 9) &
+                  & = scale * qk_3_9
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 10) = scale * qk_3_10
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 11) = scale * qk_3_11
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 12) = scale * qk_3_12
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 13) = scale * qk_3_13
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 14) = scale * qk_3_14
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 15) = scale * qk_3_15
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & scale * qk_4_0
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1) &
+                  & = scale * qk_4_1
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 2) &
+                  & = scale * qk_4_2
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 3) &
+                  & = scale * qk_4_3
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 4) &
+                  & = scale * qk_4_4
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 5) &
+                  & = scale * qk_4_5
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 6) &
+                  & = scale * qk_4_6
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 7) &
+                  & = scale * qk_4_7
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 8) &
+                  & = scale * qk_4_8
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 9) &
+                  & = scale * qk_4_9
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 10) = scale * qk_4_10
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 11) = scale * qk_4_11
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 12) = scale * qk_4_12
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 13) = scale * qk_4_13
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 14) = scale * qk_4_14
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 15) = scale * qk_4_15
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & scale * qk_5_0
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1) &
+                  & = scale * qk_5_1
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 2) &
+                  & = scale * qk_5_2
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 3) &
+                  & = scale * qk_5_3
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 4) &
+                  & = scale * qk_5_4
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 5) &
+                  & = scale * qk_5_5
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 6) &
+                  & = scale * qk_5_6
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 7) &
+                  & = scale * qk_5_7
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 8) &
+                  & = scale * qk_5_8
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 9) &
+                  & = scale * qk_5_9
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 10) = scale * qk_5_10
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 11) = scale * qk_5_11
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 12) = scale * qk_5_12
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 13) = scale * qk_5_13
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 14) = scale * qk_5_14
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 15) = scale * qk_5_15
             end do
             do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
@@ -5287,12 +5303,12 @@ contains
                 qk_4 = qk_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -5303,18 +5319,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h)))
-              block_max_1 = max(block_max_1, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 64))
-              block_max_2 = max(block_max_2, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 128))
-              block_max_3 = max(block_max_3, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 192))
-              block_max_4 = max(block_max_4, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 256))
-              block_max_5 = max(block_max_5, attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 320))
+              block_max_0 = max(block_max_0, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n)))
+              block_max_1 = max(block_max_1, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 1)*min(64, n)))
+              block_max_2 = max(block_max_2, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 2)*min(64, n)))
+              block_max_3 = max(block_max_3, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 3)*min(64, n)))
+              block_max_4 = max(block_max_4, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 4)*min(64, n)))
+              block_max_5 = max(block_max_5, attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h) + 5)*min(64, n)))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -5330,21 +5346,23 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) - &
+                  & new_max_0)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) - &
+                  & new_max_1)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) - &
                   & new_max_2)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) - &
                   & new_max_3)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) - &
                   & new_max_4)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) - &
                   & new_max_5)
             end do
             block_sum_0 = 0.0_c_float
@@ -5356,17 +5374,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 64)
-              block_sum_2 = block_sum_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 128)
-              block_sum_3 = block_sum_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 192)
-              block_sum_4 = block_sum_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 256)
-              block_sum_5 = block_sum_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 320)
+              block_sum_0 = block_sum_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -5488,198 +5507,198 @@ contains
               o_15f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0 = o_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_0 = o_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1 = o_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_1 = o_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2 = o_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_2 = o_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3 = o_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_3 = o_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4 = o_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_4 = o_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5 = o_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_5 = o_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6 = o_6 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_6 = o_6 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7 = o_7 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_7 = o_7 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8 = o_8 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_8 = o_8 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9 = o_9 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                o_9 = o_9 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
                     & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10 = o_10 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11 = o_11 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12 = o_12 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13 = o_13 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14 = o_14 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15 = o_15 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0b = o_0b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1b = o_1b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2b = o_2b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3b = o_3b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4b = o_4b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5b = o_5b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6b = o_6b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7b = o_7b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8b = o_8b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9b = o_9b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10b = o_10b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11b = o_11b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12b = o_12b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13b = o_13b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14b = o_14b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15b = o_15b + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0c = o_0c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1c = o_1c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2c = o_2c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3c = o_3c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4c = o_4c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5c = o_5c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6c = o_6c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7c = o_7c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8c = o_8c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9c = o_9c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10c = o_10c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                o_10 = o_10 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
                     & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11c = o_11c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                o_11 = o_11 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
                     & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12c = o_12c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                o_12 = o_12 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
                     & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13c = o_13c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                o_13 = o_13 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
                     & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14c = o_14c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                o_14 = o_14 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
                     & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15c = o_15c + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                o_15 = o_15 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
                     & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0d = o_0d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1d = o_1d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2d = o_2d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3d = o_3d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4d = o_4d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5d = o_5d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6d = o_6d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7d = o_7d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8d = o_8d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9d = o_9d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10d = o_10d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11d = o_11d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12d = o_12d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13d = o_13d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14d = o_14d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15d = o_15d + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0e = o_0e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1e = o_1e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2e = o_2e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3e = o_3e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4e = o_4e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5e = o_5e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6e = o_6e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7e = o_7e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8e = o_8e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9e = o_9e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10e = o_10e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11e = o_11e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12e = o_12e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13e = o_13e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14e = o_14e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15e = o_15e + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0f = o_0f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1f = o_1f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2f = o_2f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3f = o_3f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4f = o_4f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5f = o_5f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6f = o_6f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7f = o_7f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8f = o_8f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9f = o_9f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10f = o_10f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11f = o_11f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12f = o_12f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13f = o_13f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14f = o_14f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15f = o_15f + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0b = o_0b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1b = o_1b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2b = o_2b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3b = o_3b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4b = o_4b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5b = o_5b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6b = o_6b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7b = o_7b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8b = o_8b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9b = o_9b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10b = o_10b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11b = o_11b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12b = o_12b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13b = o_13b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14b = o_14b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15b = o_15b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0c = o_0c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1c = o_1c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2c = o_2c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3c = o_3c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4c = o_4c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5c = o_5c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6c = o_6c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7c = o_7c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8c = o_8c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9c = o_9c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10c = o_10c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11c = o_11c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12c = o_12c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13c = o_13c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14c = o_14c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15c = o_15c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0d = o_0d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1d = o_1d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2d = o_2d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3d = o_3d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4d = o_4d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5d = o_5d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6d = o_6d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7d = o_7d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8d = o_8d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9d = o_9d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10d = o_10d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11d = o_11d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12d = o_12d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13d = o_13d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14d = o_14d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15d = o_15d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0e = o_0e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1e = o_1e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2e = o_2e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3e = o_3e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4e = o_4e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5e = o_5e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6e = o_6e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7e = o_7e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8e = o_8e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9e = o_9e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10e = o_10e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11e = o_11e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12e = o_12e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13e = o_13e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14e = o_14e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15e = o_15e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0f = o_0f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1f = o_1f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2f = o_2f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3f = o_3f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4f = o_4f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5f = o_5f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6f = o_6f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7f = o_7f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8f = o_8f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9f = o_9f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10f = o_10f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11f = o_11f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12f = o_12f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13f = o_13f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14f = o_14f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15f = o_15f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
               end do
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1
@@ -5780,12 +5799,12 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t_0 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              t_0 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n))
+              t_1 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n))
               do c = 16*((dh) / 16), dh - 1
                 attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
@@ -6101,197 +6120,198 @@ contains
                 qk_5_15b = qk_5_15b + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * &
                     & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = scale * &
-                  & qk_0_1b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = scale * &
-                  & qk_0_2b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = scale * &
-                  & qk_0_3b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = scale * &
-                  & qk_0_4b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = scale * &
-                  & qk_0_5b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = scale * &
-                  & qk_0_6b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = scale * &
-                  & qk_0_7b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = scale * &
-                  & qk_0_8b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = scale * &
-                  & qk_0_9b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = scale * &
-                  & qk_0_10b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = scale * &
-                  & qk_0_11b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = scale * &
-                  & qk_0_12b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = scale * &
-                  & qk_0_13b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = scale * &
-                  & qk_0_14b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = scale * &
-                  & qk_0_15b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = scale * &
-                  & qk_1_0b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = scale * &
-                  & qk_1_1b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = scale * &
-                  & qk_1_2b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = scale * &
-                  & qk_1_3b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = scale * &
-                  & qk_1_4b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = scale * &
-                  & qk_1_5b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = scale * &
-                  & qk_1_6b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = scale * &
-                  & qk_1_7b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = scale * &
-                  & qk_1_8b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = scale * &
-                  & qk_1_9b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = scale * &
-                  & qk_1_10b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = scale * &
-                  & qk_1_11b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = scale * &
-                  & qk_1_12b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = scale * &
-                  & qk_1_13b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = scale * &
-                  & qk_1_14b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = scale * &
-                  & qk_1_15b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = scale * &
-                  & qk_2_0b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = scale * &
-                  & qk_2_1b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = scale * &
-                  & qk_2_2b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = scale * &
-                  & qk_2_3b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = scale * &
-                  & qk_2_4b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = scale * &
-                  & qk_2_5b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = scale * &
-                  & qk_2_6b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = scale * &
-                  & qk_2_7b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = scale * &
-                  & qk_2_8b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = scale * &
-                  & qk_2_9b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = scale * &
-                  & qk_2_10b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = scale * &
-                  & qk_2_11b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = scale * &
-                  & qk_2_12b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = scale * &
-                  & qk_2_13b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = scale * &
-                  & qk_2_14b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = scale * &
-                  & qk_2_15b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = scale * &
-                  & qk_3_0b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = scale * &
-                  & qk_3_1b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = scale * &
-                  & qk_3_2b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = scale * &
-                  & qk_3_3b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = scale * &
-                  & qk_3_4b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = scale * &
-                  & qk_3_5b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = scale * &
-                  & qk_3_6b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = scale * &
-                  & qk_3_7b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = scale * &
-                  & qk_3_8b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = scale * &
-                  & qk_3_9b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = scale * &
-                  & qk_3_10b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = scale * &
-                  & qk_3_11b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = scale * &
-                  & qk_3_12b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = scale * &
-                  & qk_3_13b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = scale * &
-                  & qk_3_14b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = scale * &
-                  & qk_3_15b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = scale * &
-                  & qk_4_0b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = scale * &
-                  & qk_4_1b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = scale * &
-                  & qk_4_2b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = scale * &
-                  & qk_4_3b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = scale * &
-                  & qk_4_4b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = scale * &
-                  & qk_4_5b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = scale * &
-                  & qk_4_6b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = scale * &
-                  & qk_4_7b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = scale * &
-                  & qk_4_8b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = scale * &
-                  & qk_4_9b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = scale * &
-                  & qk_4_10b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = scale * &
-                  & qk_4_11b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = scale * &
-                  & qk_4_12b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = scale * &
-                  & qk_4_13b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = scale * &
-                  & qk_4_14b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = scale * &
-                  & qk_4_15b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = scale * &
-                  & qk_5_0b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = scale * &
-                  & qk_5_1b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = scale * &
-                  & qk_5_2b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = scale * &
-                  & qk_5_3b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = scale * &
-                  & qk_5_4b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = scale * &
-                  & qk_5_5b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = scale * &
-                  & qk_5_6b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = scale * &
-                  & qk_5_7b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = scale * &
-                  & qk_5_8b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = scale * &
-                  & qk_5_9b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = scale * &
-                  & qk_5_10b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = scale * &
-                  & qk_5_11b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = scale * &
-                  & qk_5_12b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = scale * &
-                  & qk_5_13b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = scale * &
-                  & qk_5_14b
-              attn_probs(384*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = scale * &
-                  & qk_5_15b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale &
+                  & * qk_0_0b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 1) = &
+                  & scale * qk_0_1b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 2) = &
+                  & scale * qk_0_2b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 3) = &
+                  & scale * qk_0_3b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 4) = &
+                  & scale * qk_0_4b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 5) = &
+                  & scale * qk_0_5b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 6) = &
+                  & scale * qk_0_6b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 7) = &
+                  & scale * qk_0_7b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 8) = &
+                  & scale * qk_0_8b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 9) = &
+                  & scale * qk_0_9b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 10) = &
+                  & scale * qk_0_10b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 11) = &
+                  & scale * qk_0_11b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 12) = &
+                  & scale * qk_0_12b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 13) = &
+                  & scale * qk_0_13b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 14) = &
+                  & scale * qk_0_14b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h))*min(64, n) + 15) = &
+                  & scale * qk_0_15b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & scale * qk_1_0b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 1) &
+                  & = scale * qk_1_1b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 2) &
+                  & = scale * qk_1_2b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 3) &
+                  & = scale * qk_1_3b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 4) &
+                  & = scale * qk_1_4b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 5) &
+                  & = scale * qk_1_5b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 6) &
+                  & = scale * qk_1_6b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 7) &
+                  & = scale * qk_1_7b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 8) &
+                  & = scale * qk_1_8b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + 9) &
+                  & = scale * qk_1_9b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 10) = scale * qk_1_10b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 11) = scale * qk_1_11b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 12) = scale * qk_1_12b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 13) = scale * qk_1_13b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 14) = scale * qk_1_14b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 1)*min(64, n) + &
+                  & 15) = scale * qk_1_15b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & scale * qk_2_0b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 1) &
+                  & = scale * qk_2_1b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 2) &
+                  & = scale * qk_2_2b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 3) &
+                  & = scale * qk_2_3b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 4) &
+                  & = scale * qk_2_4b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 5) &
+                  & = scale * qk_2_5b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 6) &
+                  & = scale * qk_2_6b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 7) &
+                  & = scale * qk_2_7b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 8) &
+                  & = scale * qk_2_8b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + 9) &
+                  & = scale * qk_2_9b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 10) = scale * qk_2_10b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 11) = scale * qk_2_11b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 12) = scale * qk_2_12b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 13) = scale * qk_2_13b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 14) = scale * qk_2_14b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 2)*min(64, n) + &
+                  & 15) = scale * qk_2_15b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & scale * qk_3_0b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 1) &
+                  & = scale * qk_3_1b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 2) &
+                  & = scale * qk_3_2b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 3) &
+                  & = scale * qk_3_3b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 4) &
+                  & = scale * qk_3_4b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 5) &
+                  & = scale * qk_3_5b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 6) &
+                  & = scale * qk_3_6b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 7) &
+                  & = scale * qk_3_7b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 8) &
+                  & = scale * qk_3_8b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + 9) &
+                  & = scale * qk_3_9b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 10) = scale * qk_3_10b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 11) = scale * qk_3_11b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 12) = scale * qk_3_12b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 13) = scale * qk_3_13b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 14) = scale * qk_3_14b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 3)*min(64, n) + &
+                  & 15) = scale * qk_3_15b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & scale * qk_4_0b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 1) &
+                  & = scale * qk_4_1b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 2) &
+                  & = scale * qk_4_2b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 3) &
+                  & = scale * qk_4_3b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 4) &
+                  & = scale * qk_4_4b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 5) &
+                  & = scale * qk_4_5b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 6) &
+                  & = scale * qk_4_6b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 7) &
+                  & = scale * qk_4_7b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 8) &
+                  & = scale * qk_4_8b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + 9) &
+                  & = scale * qk_4_9b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 10) = scale * qk_4_10b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 11) = scale * qk_4_11b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 12) = scale * qk_4_12b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 13) = scale * qk_4_13b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 14) = scale * qk_4_14b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 4)*min(64, n) + &
+                  & 15) = scale * qk_4_15b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & scale * qk_5_0b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 1) &
+                  & = scale * qk_5_1b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 2) &
+                  & = scale * qk_5_2b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 3) &
+                  & = scale * qk_5_3b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 4) &
+                  & = scale * qk_5_4b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 5) &
+                  & = scale * qk_5_5b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 6) &
+                  & = scale * qk_5_6b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 7) &
+                  & = scale * qk_5_7b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 8) &
+                  & = scale * qk_5_8b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + 9) &
+                  & = scale * qk_5_9b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 10) = scale * qk_5_10b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 11) = scale * qk_5_11b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 12) = scale * qk_5_12b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 13) = scale * qk_5_13b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 14) = scale * qk_5_14b
+              attn_probs(-64*j_blk + 16*j_tile + (6*i_tile + n*(b*heads + h) + 5)*min(64, n) + &
+                  & 15) = scale * qk_5_15b
             end do
             do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
@@ -6310,12 +6330,12 @@ contains
                 qk_4 = qk_4 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
                 qk_5 = qk_5 + Q(c + dh*(6*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
               end do
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = scale * qk_0
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = scale * qk_1
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = scale * qk_2
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = scale * qk_3
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = scale * qk_4
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = scale * qk_5
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -6326,18 +6346,18 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h)), neg_inf, 6*i_tile >= j))
-              block_max_1 = max(block_max_1, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 64), neg_inf, 6*i_tile + 1 >= j))
-              block_max_2 = max(block_max_2, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 128), neg_inf, 6*i_tile + 2 >= j))
-              block_max_3 = max(block_max_3, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 192), neg_inf, 6*i_tile + 3 >= j))
-              block_max_4 = max(block_max_4, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 256), neg_inf, 6*i_tile + 4 >= j))
-              block_max_5 = max(block_max_5, merge(attn_probs(384*i_tile + j - 64*j_blk + &
-                  & 64*n*(b*heads + h) + 320), neg_inf, 6*i_tile + 5 >= j))
+              block_max_0 = max(block_max_0, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h))*min(64, n)), neg_inf, 6*i_tile >= j))
+              block_max_1 = max(block_max_1, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 1)*min(64, n)), neg_inf, 6*i_tile + 1 >= j))
+              block_max_2 = max(block_max_2, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 2)*min(64, n)), neg_inf, 6*i_tile + 2 >= j))
+              block_max_3 = max(block_max_3, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 3)*min(64, n)), neg_inf, 6*i_tile + 3 >= j))
+              block_max_4 = max(block_max_4, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 4)*min(64, n)), neg_inf, 6*i_tile + 4 >= j))
+              block_max_5 = max(block_max_5, merge(attn_probs(j - 64*j_blk + (6*i_tile + &
+                  & n*(b*heads + h) + 5)*min(64, n)), neg_inf, 6*i_tile + 5 >= j))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -6353,24 +6373,24 @@ contains
             rescale_5 = exp(row_max_5 - new_max_5)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - &
-                  & new_max_0), 0.0_c_float, 6*i_tile >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - &
-                  & new_max_1), 0.0_c_float, 6*i_tile + 1 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
-                  & new_max_2), 0.0_c_float, 6*i_tile + 2 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
-                  & new_max_3), 0.0_c_float, 6*i_tile + 3 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
-                  & new_max_4), 0.0_c_float, 6*i_tile + 4 >= j)
-              attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & merge(exp(attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
-                  & new_max_5), 0.0_c_float, 6*i_tile + 5 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                  & - new_max_0), 0.0_c_float, 6*i_tile >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                  & n)) - new_max_1), 0.0_c_float, 6*i_tile + 1 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                  & n)) - new_max_2), 0.0_c_float, 6*i_tile + 2 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                  & n)) - new_max_3), 0.0_c_float, 6*i_tile + 3 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                  & n)) - new_max_4), 0.0_c_float, 6*i_tile + 4 >= j)
+              attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                  & n)) - new_max_5), 0.0_c_float, 6*i_tile + 5 >= j)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -6381,17 +6401,18 @@ contains
             !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
             !$omp& block_sum_4, block_sum_5)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum_0 = block_sum_0 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              block_sum_1 = block_sum_1 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 64)
-              block_sum_2 = block_sum_2 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 128)
-              block_sum_3 = block_sum_3 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 192)
-              block_sum_4 = block_sum_4 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 256)
-              block_sum_5 = block_sum_5 + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + &
-                  & h) + 320)
+              block_sum_0 = block_sum_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + &
+                  & h))*min(64, n))
+              block_sum_1 = block_sum_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 1)*min(64, n))
+              block_sum_2 = block_sum_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 2)*min(64, n))
+              block_sum_3 = block_sum_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 3)*min(64, n))
+              block_sum_4 = block_sum_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 4)*min(64, n))
+              block_sum_5 = block_sum_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                  & 5)*min(64, n))
             end do
             row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
             row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
@@ -6513,198 +6534,198 @@ contains
               o_15l = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-                o_0g = o_0g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1g = o_1g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2g = o_2g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3g = o_3g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4g = o_4g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5g = o_5g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6g = o_6g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7g = o_7g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8g = o_8g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9g = o_9g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10g = o_10g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11g = o_11g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12g = o_12g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13g = o_13g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14g = o_14g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15g = o_15g + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0h = o_0h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1h = o_1h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2h = o_2h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3h = o_3h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4h = o_4h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5h = o_5h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6h = o_6h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7h = o_7h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8h = o_8h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9h = o_9h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10h = o_10h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11h = o_11h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12h = o_12h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13h = o_13h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14h = o_14h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15h = o_15h + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0i = o_0i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1i = o_1i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2i = o_2i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3i = o_3i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4i = o_4i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5i = o_5i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6i = o_6i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7i = o_7i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8i = o_8i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9i = o_9i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10i = o_10i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11i = o_11i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12i = o_12i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13i = o_13i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14i = o_14i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15i = o_15i + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0j = o_0j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1j = o_1j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2j = o_2j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3j = o_3j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4j = o_4j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5j = o_5j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6j = o_6j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7j = o_7j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8j = o_8j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9j = o_9j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10j = o_10j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11j = o_11j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12j = o_12j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13j = o_13j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14j = o_14j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15j = o_15j + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0k = o_0k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1k = o_1k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2k = o_2k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3k = o_3k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4k = o_4k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5k = o_5k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6k = o_6k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7k = o_7k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8k = o_8k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9k = o_9k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10k = o_10k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11k = o_11k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12k = o_12k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13k = o_13k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14k = o_14k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15k = o_15k + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
-                o_0l = o_0l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
-                o_1l = o_1l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
-                o_2l = o_2l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
-                o_3l = o_3l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
-                o_4l = o_4l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
-                o_5l = o_5l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
-                o_6l = o_6l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
-                o_7l = o_7l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
-                o_8l = o_8l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
-                o_9l = o_9l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
-                o_10l = o_10l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
-                o_11l = o_11l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
-                o_12l = o_12l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
-                o_13l = o_13l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
-                o_14l = o_14l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
-                o_15l = o_15l + attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0g = o_0g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1g = o_1g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2g = o_2g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3g = o_3g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4g = o_4g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5g = o_5g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6g = o_6g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7g = o_7g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8g = o_8g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9g = o_9g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
+                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10g = o_10g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11g = o_11g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12g = o_12g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13g = o_13g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14g = o_14g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15g = o_15g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0h = o_0h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1h = o_1h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2h = o_2h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3h = o_3h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4h = o_4h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5h = o_5h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6h = o_6h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7h = o_7h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8h = o_8h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9h = o_9h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10h = o_10h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11h = o_11h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12h = o_12h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13h = o_13h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14h = o_14h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15h = o_15h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0i = o_0i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1i = o_1i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2i = o_2i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3i = o_3i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4i = o_4i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5i = o_5i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6i = o_6i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7i = o_7i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8i = o_8i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9i = o_9i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10i = o_10i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11i = o_11i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12i = o_12i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13i = o_13i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14i = o_14i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15i = o_15i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0j = o_0j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1j = o_1j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2j = o_2j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3j = o_3j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4j = o_4j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5j = o_5j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6j = o_6j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7j = o_7j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8j = o_8j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9j = o_9j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10j = o_10j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11j = o_11j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12j = o_12j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13j = o_13j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14j = o_14j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15j = o_15j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0k = o_0k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1k = o_1k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2k = o_2k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3k = o_3k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4k = o_4k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5k = o_5k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6k = o_6k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7k = o_7k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8k = o_8k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9k = o_9k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10k = o_10k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11k = o_11k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12k = o_12k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13k = o_13k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14k = o_14k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15k = o_15k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_0l = o_0l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                o_1l = o_1l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                o_2l = o_2l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                o_3l = o_3l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                o_4l = o_4l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                o_5l = o_5l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                o_6l = o_6l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                o_7l = o_7l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                o_8l = o_8l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                o_9l = o_9l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
+                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                o_10l = o_10l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                o_11l = o_11l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                o_12l = o_12l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                o_13l = o_13l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                o_14l = o_14l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                o_15l = o_15l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
+                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
               end do
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0g
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1g
@@ -6805,12 +6826,12 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t_0 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
-              t_4 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
-              t_5 = attn_probs(384*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
+              t_0 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n))
+              t_1 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, n))
+              t_2 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, n))
+              t_3 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, n))
+              t_4 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, n))
+              t_5 = attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, n))
               do c = 16*((dh) / 16), dh - 1
                 attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
@@ -6879,24 +6900,25 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, &
+                  & n)))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(attn_probs(64*i + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max)
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = exp(attn_probs(j - &
+                  & 64*j_blk + (i + n*(b*heads + h))*min(64, n)) - new_max)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -6905,7 +6927,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
@@ -6922,25 +6944,26 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, merge(attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + &
-                  & h)), neg_inf, i >= j))
+              block_max = max(block_max, merge(attn_probs(j - 64*j_blk + (i + n*(b*heads + &
+                  & h))*min(64, n)), neg_inf, i >= j))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(exp(attn_probs(64*i + &
-                  & j - 64*j_blk + 64*n*(b*heads + h)) - new_max), 0.0_c_float, i >= j)
+              attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) - &
+                  & new_max), 0.0_c_float, i >= j)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_sum = block_sum + attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum = block_sum + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
@@ -6949,7 +6972,7 @@ contains
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
-              t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+              t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &

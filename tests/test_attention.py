@@ -31,8 +31,12 @@ def _sizes(onf):
 
 
 def _elements(buffer):
-    """The buffer's element count, whole divisions as divisions (a panel of n // 16 tiles)."""
-    return sympy.Mul(*buffer.shape).replace(idiv, lambda a, b: a / b)
+    """The buffer's element count, whole divisions as divisions (a panel of n // 16 tiles),
+    a minimum with a number as that number, which it never exceeds (a block's score row of
+    min(n, 64))."""
+    bounded = lambda m: min(a for a in m.args if a.is_Number)
+    return sympy.Mul(*buffer.shape).replace(idiv, lambda a, b: a / b).replace(
+        lambda e: isinstance(e, sympy.Min) and any(a.is_Number for a in e.args), bounded)
 
 
 # ---- memory ----------------------------------------------------------------------------

@@ -107,6 +107,42 @@ def test_rows_a_multiple_of_a_size_apart_are_vectorized():
     assert not marked(32 * group)
 
 
+def test_rows_min_n_b_apart_are_vectorized():
+    """The online softmax's scratch rows are min(n, 64) long (a value the C compiler does
+    not know): over a block's at most min(n, 64) keys (at most 64, at most n - 64 i_blk <= n:
+    a loop variable is never negative) two rows' ranges never meet. Rows min(n, 32) apart
+    would meet, and from k alone no bound holds."""
+    blk, k = sym("i_blk"), sym("k")
+
+    def marked(start, gap):
+        loop = Loop(I, start, sympy.Min(N, 64 * blk + 64), (
+            Store("y", (I - 64 * blk,), S.Load("x", I)),
+            Store("y", (I - 64 * blk + gap,), S.Load("x", I))))
+        onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
+                  (Nest("y", (loop,), "test"),), flat=True)
+        return mark_simd(onf).nests[0].body[0].simd
+
+    assert marked(64 * blk, sympy.Min(N, 64))
+    assert marked(64 * blk, -3 * sympy.Min(N, 64))
+    assert not marked(64 * blk, sympy.Min(N, 32))
+    assert not marked(16 * k, sympy.Min(N, 64))
+
+
+def test_the_flash_forwards_block_passes_stay_vectorized():
+    """attention_fwd flash: its score rows min(n, B) long, and every loop over a block's
+    keys but the register tiles' vectorized (the exponentials included: a scalar exp per
+    key made the float32 kernel 1.3x slower)."""
+    onf = onf_of("attention_fwd", "flash")
+    probs = next(b for b in onf.temps if b.name == "probs")
+    assert probs.shape[-1] == sympy.Min(N, 64)
+    keys = [lp for n in onf.nests for lp in walk(n.body) if isinstance(lp, Loop)
+            and lp.var.name == "j" and not lp.vector_tile
+            and not any(isinstance(s, Loop) for s in lp.body)]
+    exps = [lp for lp in keys if any(isinstance(s, Store) and s.array == "probs" and
+                                     "exp" in str(s.value) for s in lp.body)]
+    assert len(keys) == 6 and exps and all(lp.simd for lp in keys)  # 3 passes, tile and edge
+
+
 def _marked(*body):
     loop = Loop(I, sympy.Integer(1), N, tuple(body))
     onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),

@@ -110,7 +110,7 @@ def _predict(kernel, variant, dtype, params) -> Cost:
     view = counting_view(onf)
     return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),
-                minimum=_each_element_once(minimum_traffic(view.nests), onf),
+                minimum=_each_element_once(minimum_traffic(view.nests), view.elements),
                 scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
                 atomics=atomic_updates(onf), working_set=_largest(working_set(view.nests)),
                 assumptions=view.assumptions)
@@ -125,10 +125,10 @@ def _largest(candidates) -> sympy.Expr:
     return sympy.Max(*kept)
 
 
-def _each_element_once(minimum, onf) -> Dict[str, Moved]:
+def _each_element_once(minimum, elements) -> Dict[str, Moved]:
     """With an infinite cache an element moves at most once each way: where the regions
     over-count an array (two index forms of it, taken disjoint: the owner's K read as j in
-    the forward and as p + parts j_in in the key rows' pass), its size is the count."""
-    sizes = {b.name: sympy.Mul(*b.shape) for b in onf.inputs + onf.outputs + onf.temps}
-    at_most = lambda n, array: sizes[array] if at_least(n, sizes[array]) else n
+    the forward and as p + parts j_in in the key rows' pass), its size (as the counting view
+    counts it) is the count."""
+    at_most = lambda n, array: elements[array] if at_least(n, elements[array]) else n
     return {a: Moved(at_most(m.read, a), at_most(m.written, a)) for a, m in minimum.items()}

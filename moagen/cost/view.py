@@ -23,7 +23,7 @@ then an over-count (up to twice the rows it walks), recorded with the assumption
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import gcd, lcm
-from typing import Tuple
+from typing import Dict, Tuple
 
 import sympy
 
@@ -36,6 +36,7 @@ from moagen.onf.loops import Loop, Nest, ONF, Store, map_stmt_exprs, subs_stmts,
 class View:
     nests: Tuple[Nest, ...]
     assumptions: Tuple[str, ...]  # e.g. "64 divides n"
+    elements: Dict[str, sympy.Expr]  # each array's size as the view counts it
 
 
 def counting_view(onf: ONF) -> View:
@@ -78,6 +79,19 @@ def counting_view(onf: ONF) -> View:
             assumed.append(CAUSAL_ROWS_UNCUT)
         return uncut
 
+    def full_rows(e):
+        """Min(B, x) of sizes, a scratch row of a block of B keys (min(n, B) of them), as B:
+        the view assumes B divides x, so B <= x (recorded where nothing had assumed it)."""
+        def row(m):
+            block = [a for a in m.args if a.is_Integer]
+            if len(m.args) != 2 or not block or not m.free_symbols <= sizes:
+                return m
+            (b,), (x,) = block, [a for a in m.args if not a.is_Integer]
+            if f"{b} divides {x}" not in assumed:
+                assumed.append(f"{x} >= {b}")
+            return b
+        return sympy.sympify(e).replace(lambda x: isinstance(x, sympy.Min), row)
+
     def stmt(s, maxima, parts):
         if isinstance(s, Loop):
             start, stop = bound(s.start, maxima, parts), bound(s.stop, maxima, parts)
@@ -93,7 +107,7 @@ def counting_view(onf: ONF) -> View:
             if start == 0 and stop.is_Integer:  # a fixed number of parts, or of lanes
                 parts = {**parts, s.var: int(stop)}
             return replace(s, start=start, stop=stop, body=block(s.body, inner, parts))
-        index = lambda e: _full_tiles(divide(e), maxima)
+        index = lambda e: full_rows(_full_tiles(divide(e), maxima))
         s = map_stmt_exprs(s, lambda e: _map_offsets(e, index))
         return replace(s, index=tuple(map(index, s.index))) if isinstance(s, Store) else s
 
@@ -101,7 +115,9 @@ def counting_view(onf: ONF) -> View:
         return tuple(x for x in (stmt(s, maxima, parts) for s in stmts) if x is not None)
 
     nests = tuple(replace(n, body=block(n.body, {}, {})) for n in onf.nests)
-    return View(tuple(n for n in nests if n.body), tuple(dict.fromkeys(assumed)))
+    elements = {b.name: full_rows(sympy.Mul(*b.shape))
+                for b in onf.inputs + onf.outputs + onf.temps}
+    return View(tuple(n for n in nests if n.body), tuple(dict.fromkeys(assumed)), elements)
 
 
 CAUSAL_ROWS_UNCUT = "the causal rows' cut not counted (an over-count of the key rows' pass)"

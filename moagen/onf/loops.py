@@ -194,13 +194,16 @@ def enclose(loops, body):
 
 def scratch_row(who, hint, loops, size, names, temps) -> str:
     """A new scratch array with a row of `size` values per iteration of `loops` (a block of
-    keys' scores), added to temps; its name. Its shape is the loops' extents: they must run
-    from 0 to bounds that do not depend on each other."""
-    if any(lp.start != 0 or lp.stop.free_symbols & {x.var for x in loops} for lp in loops):
+    keys' scores), added to temps; its name. Its shape is the loops' extents and size: the
+    loops must run from 0 to bounds that do not depend on each other, and size on none of
+    them."""
+    outer = {x.var for x in loops}
+    if any(lp.start != 0 or lp.stop.free_symbols & outer for lp in loops) or \
+            sympy.sympify(size).free_symbols & outer:
         raise ScheduleError(f"{who}: the loops around the keys are not rectangular from 0: no "
                             "scratch row per iteration to keep a block's values in")
     name = names.claim(names.new(hint))
-    temps.append(Buffer(name, tuple(lp.stop for lp in loops) + (sympy.Integer(size),)))
+    temps.append(Buffer(name, tuple(lp.stop for lp in loops) + (sympy.sympify(size),)))
     return name
 
 

@@ -24,10 +24,10 @@ With `block` = B > 1 the running max moves once per block of B keys, FlashAttent
             for k: P[row, k] = exp(P[row, k] - m');  l = l * a + sum_k P[row, k]
             X = X * a;  for j in block jb: X += P[row, j - B jb] * g(j);  m = m'
 
-P is a scratch row of B per iteration of the loops around (it stays in L1). The scores of a
-block are independent dot products, the rescale of X is once per block instead of once per
-key, and the accumulation into X is a plain sum the compiler can keep in registers. The
-values are the same up to rounding (the sums are regrouped by block).
+P is a scratch row of min(n, B) per iteration of the loops around (it stays in L1). The
+scores of a block are independent dot products, the rescale of X is once per block instead
+of once per key, and the accumulation into X is a plain sum the compiler can keep in
+registers. The values are the same up to rounding (the sums are regrouped by block).
 
 Preconditions, checked: the same f in all three (up to bound names); every use of m and l
 inside the loop is that exact quotient; every store inside accumulates a sum.
@@ -164,7 +164,12 @@ def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
 def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     """([the loop over blocks of keys], the stores it rescales with their loops)."""
     size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
-    probs = scratch_row(transform, "probs", loops, size, names, temps)
+    # a row of min(n, B): a short sequence's rows take only its keys, and their stride is
+    # then a value the C compiler does not know. Knowing it (B), gcc 12 takes the rows' reads
+    # in the P V tile for a group and reads each probability it broadcasts by loading a
+    # vector from its row and broadcasting the first lane: a vector-unit instruction more
+    # per broadcast and loads across cache lines (float32's flash forward 10% slower)
+    probs = scratch_row(transform, "probs", loops, sympy.Min(loop.stop, size), names, temps)
     scope = {lp.var.name for lp in loops} | loop_vars((loop,))
     block = claim_loop(names, loop_role(j.name, "blk"), scope, transform)
     first = size * block

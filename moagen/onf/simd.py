@@ -130,16 +130,18 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
     by one element per iteration, a whole nonzero number of loop extents apart (the rows of
     unrolled copies), or a distance at least the longest the loop runs (the rows of a
     block's scratch: 64 apart, over at most the 64 keys of a block; 64 times the sizes in
-    `positive`, each at least 1, when the scratch has a row per query head of a group).
-    Remembered: sympy's simplify is most of the time the generator takes, and a kernel's
-    dtypes and languages, and the block's stages, ask the same questions."""
+    `positive`, each at least 1, when the scratch has a row per query head of a group;
+    min(n, 64) apart over at most min(n, 64) keys). Remembered: sympy's simplify is most of
+    the time the generator takes, and a kernel's dtypes and languages, and the block's
+    stages, ask the same questions."""
     if sympy.diff(a, var) != 1 or sympy.diff(b, var) != 1:
         return False
-    gap, longest = simplified(a - b), _longest(start, stop)
-    if longest is not None:
+    gap, bounds = simplified(a - b), _longest(start, stop, positive)
+    if bounds:
         at_least_one = {s: sympy.Symbol(s.name, integer=True, positive=True)
-                        for s in positive & gap.free_symbols}
-        if (abs(gap.subs(at_least_one)) - longest).is_nonnegative:
+                        for s in positive & (gap.free_symbols | bounds[-1].free_symbols)}
+        if any((abs(gap.subs(at_least_one)) - bound.subs(at_least_one)).is_nonnegative
+               for bound in bounds):
             return True
         if gap.is_number:
             return False
@@ -148,14 +150,22 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def _longest(start, stop):
-    """A number of iterations a loop from start to stop never exceeds (its stop may be
-    Min(n, start + 64), its start Max(64 i_blk, k0): a causal block's rows past its keys),
-    or None. Remembered apart from _ranges_apart: a loop's every pair of stores asks it."""
+def _longest(start, stop, positive=frozenset()):
+    """Numbers of iterations a loop from start to stop never exceeds (its stop may be
+    Min(n, start + 64), its start Max(64 i_blk, k0): a causal block's rows past its keys):
+    the least of its spans that are numbers, then the least of all its spans with their
+    loop variables' negative terms dropped (a loop variable, an index, is never negative:
+    n - 64 j_blk is at most n); empty where no span is a number. Remembered apart from
+    _ranges_apart: a loop's every pair of stores asks it."""
     stops = stop.args if isinstance(stop, sympy.Min) else (stop,)
     spans = [simplified(end - low) for end in stops for low in _lower_bounds(start)]
     numbers = [span for span in spans if span.is_number]
-    return min(numbers) if numbers else None
+    if not numbers:
+        return ()
+    dropped = [sympy.Add(*(t for t in sympy.Add.make_args(span)
+                           if not (t.as_coeff_Mul()[0] < 0 and t.free_symbols - positive)))
+               for span in spans]
+    return (min(numbers), sympy.Min(*dropped))
 
 
 def _lower_bounds(start):
