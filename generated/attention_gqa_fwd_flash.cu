@@ -90,8 +90,8 @@ __global__ void attention_gqa_fwd_flash_f64_rows_pack_K(
 }
 
 /* rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
- * for b, g, r, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c (simd), c_tile
- *     / c (register tile), c (simd), j (register tile), c
+ * for b, g, r, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
+ *     (register tile), c (simd), j (register tile), c
  */
 __global__ void attention_gqa_fwd_flash_f64_rows(
     const double *__restrict__ Q,
@@ -285,45 +285,45 @@ __global__ void attention_gqa_fwd_flash_f64_rows(
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
         row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
         row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
-        for (int64_t c = 0; c < d; ++c) {
+        for (int64_t c = 8*((d) / 8); c < d; ++c) {
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] * rescale_0;
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] * rescale_1;
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] * rescale_2;
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] * rescale_3;
         }
         for (int64_t c_tile = 0; c_tile < ((d) / 8); ++c_tile) {
-            double o_0 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))];
-            double o_1 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 1];
-            double o_2 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 2];
-            double o_3 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 3];
-            double o_4 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 4];
-            double o_5 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 5];
-            double o_6 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 6];
-            double o_7 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 7];
-            double o_0b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)];
-            double o_1b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1];
-            double o_2b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2];
-            double o_3b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3];
-            double o_4b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4];
-            double o_5b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5];
-            double o_6b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6];
-            double o_7b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7];
-            double o_0c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)];
-            double o_1c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1];
-            double o_2c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2];
-            double o_3c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3];
-            double o_4c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4];
-            double o_5c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5];
-            double o_6c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6];
-            double o_7c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7];
-            double o_0d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)];
-            double o_1d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1];
-            double o_2d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2];
-            double o_3d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3];
-            double o_4d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4];
-            double o_5d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5];
-            double o_6d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6];
-            double o_7d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7];
+            double o_0 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] * rescale_0;
+            double o_1 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 1] * rescale_0;
+            double o_2 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 2] * rescale_0;
+            double o_3 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 3] * rescale_0;
+            double o_4 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 4] * rescale_0;
+            double o_5 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 5] * rescale_0;
+            double o_6 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 6] * rescale_0;
+            double o_7 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 7] * rescale_0;
+            double o_0b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] * rescale_1;
+            double o_1b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1] * rescale_1;
+            double o_2b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2] * rescale_1;
+            double o_3b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3] * rescale_1;
+            double o_4b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4] * rescale_1;
+            double o_5b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5] * rescale_1;
+            double o_6b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6] * rescale_1;
+            double o_7b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7] * rescale_1;
+            double o_0c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] * rescale_2;
+            double o_1c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1] * rescale_2;
+            double o_2c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2] * rescale_2;
+            double o_3c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3] * rescale_2;
+            double o_4c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4] * rescale_2;
+            double o_5c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5] * rescale_2;
+            double o_6c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6] * rescale_2;
+            double o_7c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7] * rescale_2;
+            double o_0d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] * rescale_3;
+            double o_1d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1] * rescale_3;
+            double o_2d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2] * rescale_3;
+            double o_3d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3] * rescale_3;
+            double o_4d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4] * rescale_3;
+            double o_5d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5] * rescale_3;
+            double o_6d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6] * rescale_3;
+            double o_7d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                 o_0 += probs[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*kv_heads + g))];
                 o_1 += probs[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*kv_heads + g)) + 1];
@@ -574,8 +574,8 @@ __global__ void attention_gqa_fwd_flash_f32_rows_pack_K(
 }
 
 /* rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
- * for b, g, r, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c (simd), c_tile
- *     / c (register tile), c (simd), j (register tile), c
+ * for b, g, r, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
+ *     (register tile), c (simd), j (register tile), c
  */
 __global__ void attention_gqa_fwd_flash_f32_rows(
     const float *__restrict__ Q,
@@ -769,45 +769,45 @@ __global__ void attention_gqa_fwd_flash_f32_rows(
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
         row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
         row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
-        for (int64_t c = 0; c < d; ++c) {
+        for (int64_t c = 8*((d) / 8); c < d; ++c) {
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] * rescale_0;
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] * rescale_1;
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] * rescale_2;
             O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] = O[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] * rescale_3;
         }
         for (int64_t c_tile = 0; c_tile < ((d) / 8); ++c_tile) {
-            float o_0 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))];
-            float o_1 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 1];
-            float o_2 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 2];
-            float o_3 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 3];
-            float o_4 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 4];
-            float o_5 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 5];
-            float o_6 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 6];
-            float o_7 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 7];
-            float o_0b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)];
-            float o_1b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1];
-            float o_2b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2];
-            float o_3b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3];
-            float o_4b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4];
-            float o_5b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5];
-            float o_6b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6];
-            float o_7b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7];
-            float o_0c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)];
-            float o_1c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1];
-            float o_2c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2];
-            float o_3c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3];
-            float o_4c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4];
-            float o_5c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5];
-            float o_6c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6];
-            float o_7c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7];
-            float o_0d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)];
-            float o_1d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1];
-            float o_2d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2];
-            float o_3d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3];
-            float o_4d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4];
-            float o_5d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5];
-            float o_6d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6];
-            float o_7d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7];
+            float o_0 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] * rescale_0;
+            float o_1 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 1] * rescale_0;
+            float o_2 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 2] * rescale_0;
+            float o_3 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 3] * rescale_0;
+            float o_4 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 4] * rescale_0;
+            float o_5 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 5] * rescale_0;
+            float o_6 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 6] * rescale_0;
+            float o_7 = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r)) + 7] * rescale_0;
+            float o_0b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] * rescale_1;
+            float o_1b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1] * rescale_1;
+            float o_2b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2] * rescale_1;
+            float o_3b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3] * rescale_1;
+            float o_4b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4] * rescale_1;
+            float o_5b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5] * rescale_1;
+            float o_6b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6] * rescale_1;
+            float o_7b = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7] * rescale_1;
+            float o_0c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] * rescale_2;
+            float o_1c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1] * rescale_2;
+            float o_2c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2] * rescale_2;
+            float o_3c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3] * rescale_2;
+            float o_4c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4] * rescale_2;
+            float o_5c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5] * rescale_2;
+            float o_6c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6] * rescale_2;
+            float o_7c = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7] * rescale_2;
+            float o_0d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] * rescale_3;
+            float o_1d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1] * rescale_3;
+            float o_2d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2] * rescale_3;
+            float o_3d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3] * rescale_3;
+            float o_4d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4] * rescale_3;
+            float o_5d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5] * rescale_3;
+            float o_6d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6] * rescale_3;
+            float o_7d = O[8*c_tile + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                 o_0 += probs[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*kv_heads + g))];
                 o_1 += probs[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * V[8*c_tile + d*(j + n*(b*kv_heads + g)) + 1];

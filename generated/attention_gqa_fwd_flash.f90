@@ -104,8 +104,8 @@ contains
     end do
     !$omp end parallel do
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
-    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c
-    !     (simd), c_tile / c (register tile), c (simd), j (register tile), c
+    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(4) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
     !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
     !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
@@ -520,8 +520,7 @@ contains
               row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
               row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
               row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
-              !$omp simd
-              do c = 0, d - 1
+              do c = 8*((d) / 8), d - 1
                 O(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
                     & n*(group*(b*kv_heads + g) + r))) * rescale_0
                 O(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)) = O(c + d*(6*i_tile + &
@@ -536,54 +535,89 @@ contains
                     & n*(group*(b*kv_heads + g) + r) + 5)) * rescale_5
               end do
               do c_tile = 0, ((d) / 8) - 1
-                o_0 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)))
-                o_1 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 1)
-                o_2 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 2)
-                o_3 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 3)
-                o_4 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 4)
-                o_5 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 5)
-                o_6 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 6)
-                o_7 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 7)
-                o_0b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1))
-                o_1b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1)
-                o_2b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2)
-                o_3b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3)
-                o_4b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4)
-                o_5b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5)
-                o_6b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6)
-                o_7b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7)
-                o_0c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2))
-                o_1c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1)
-                o_2c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2)
-                o_3c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3)
-                o_4c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4)
-                o_5c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5)
-                o_6c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6)
-                o_7c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7)
-                o_0d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3))
-                o_1d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1)
-                o_2d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2)
-                o_3d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3)
-                o_4d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4)
-                o_5d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5)
-                o_6d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6)
-                o_7d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7)
-                o_0e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4))
-                o_1e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 1)
-                o_2e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 2)
-                o_3e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 3)
-                o_4e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 4)
-                o_5e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 5)
-                o_6e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 6)
-                o_7e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 7)
-                o_0f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5))
-                o_1f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 1)
-                o_2f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 2)
-                o_3f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 3)
-                o_4f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 4)
-                o_5f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 5)
-                o_6f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 6)
-                o_7f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 7)
+                o_0 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) * rescale_0
+                o_1 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 1) * rescale_0
+                o_2 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 2) * rescale_0
+                o_3 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 3) * rescale_0
+                o_4 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 4) * rescale_0
+                o_5 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 5) * rescale_0
+                o_6 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 6) * rescale_0
+                o_7 = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 7) * rescale_0
+                o_0b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)) * rescale_1
+                o_1b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1) * &
+                    & rescale_1
+                o_2b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2) * &
+                    & rescale_1
+                o_3b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3) * &
+                    & rescale_1
+                o_4b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4) * &
+                    & rescale_1
+                o_5b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5) * &
+                    & rescale_1
+                o_6b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6) * &
+                    & rescale_1
+                o_7b = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7) * &
+                    & rescale_1
+                o_0c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)) * rescale_2
+                o_1c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1) * &
+                    & rescale_2
+                o_2c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2) * &
+                    & rescale_2
+                o_3c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3) * &
+                    & rescale_2
+                o_4c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4) * &
+                    & rescale_2
+                o_5c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5) * &
+                    & rescale_2
+                o_6c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6) * &
+                    & rescale_2
+                o_7c = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7) * &
+                    & rescale_2
+                o_0d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)) * rescale_3
+                o_1d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1) * &
+                    & rescale_3
+                o_2d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2) * &
+                    & rescale_3
+                o_3d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3) * &
+                    & rescale_3
+                o_4d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4) * &
+                    & rescale_3
+                o_5d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5) * &
+                    & rescale_3
+                o_6d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6) * &
+                    & rescale_3
+                o_7d = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7) * &
+                    & rescale_3
+                o_0e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)) * rescale_4
+                o_1e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 1) * &
+                    & rescale_4
+                o_2e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 2) * &
+                    & rescale_4
+                o_3e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 3) * &
+                    & rescale_4
+                o_4e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 4) * &
+                    & rescale_4
+                o_5e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 5) * &
+                    & rescale_4
+                o_6e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 6) * &
+                    & rescale_4
+                o_7e = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 7) * &
+                    & rescale_4
+                o_0f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)) * rescale_5
+                o_1f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 1) * &
+                    & rescale_5
+                o_2f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 2) * &
+                    & rescale_5
+                o_3f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 3) * &
+                    & rescale_5
+                o_4f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 4) * &
+                    & rescale_5
+                o_5f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 5) * &
+                    & rescale_5
+                o_6f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 6) * &
+                    & rescale_5
+                o_7f = O(8*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 7) * &
+                    & rescale_5
                 !GCC$ novector
                 do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                   o_0 = o_0 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &
@@ -974,8 +1008,8 @@ contains
     end do
     !$omp end parallel do
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
-    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c
-    !     (simd), c_tile / c (register tile), c (simd), j (register tile), c
+    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(4) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
     !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
     !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
@@ -1639,8 +1673,7 @@ contains
               row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
               row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
               row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
-              !$omp simd
-              do c = 0, d - 1
+              do c = 16*((d) / 16), d - 1
                 O(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
                     & n*(group*(b*kv_heads + g) + r))) * rescale_0
                 O(c + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)) = O(c + d*(6*i_tile + &
@@ -1655,102 +1688,177 @@ contains
                     & n*(group*(b*kv_heads + g) + r) + 5)) * rescale_5
               end do
               do c_tile = 0, ((d) / 16) - 1
-                o_0 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)))
-                o_1 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 1)
-                o_2 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 2)
-                o_3 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 3)
-                o_4 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 4)
-                o_5 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 5)
-                o_6 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 6)
-                o_7 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 7)
-                o_8 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 8)
-                o_9 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 9)
-                o_10 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 10)
-                o_11 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 11)
-                o_12 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 12)
-                o_13 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 13)
-                o_14 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 14)
-                o_15 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 15)
-                o_0b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1))
-                o_1b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1)
-                o_2b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2)
-                o_3b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3)
-                o_4b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4)
-                o_5b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5)
-                o_6b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6)
-                o_7b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7)
-                o_8b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 8)
-                o_9b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 9)
-                o_10b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 10)
-                o_11b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 11)
-                o_12b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 12)
-                o_13b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 13)
-                o_14b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 14)
-                o_15b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 15)
-                o_0c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2))
-                o_1c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1)
-                o_2c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2)
-                o_3c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3)
-                o_4c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4)
-                o_5c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5)
-                o_6c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6)
-                o_7c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7)
-                o_8c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 8)
-                o_9c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 9)
-                o_10c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 10)
-                o_11c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 11)
-                o_12c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 12)
-                o_13c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 13)
-                o_14c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 14)
-                o_15c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 15)
-                o_0d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3))
-                o_1d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1)
-                o_2d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2)
-                o_3d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3)
-                o_4d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4)
-                o_5d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5)
-                o_6d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6)
-                o_7d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7)
-                o_8d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 8)
-                o_9d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 9)
-                o_10d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 10)
-                o_11d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 11)
-                o_12d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 12)
-                o_13d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 13)
-                o_14d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 14)
-                o_15d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 15)
-                o_0e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4))
-                o_1e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 1)
-                o_2e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 2)
-                o_3e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 3)
-                o_4e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 4)
-                o_5e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 5)
-                o_6e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 6)
-                o_7e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 7)
-                o_8e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 8)
-                o_9e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 9)
-                o_10e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 10)
-                o_11e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 11)
-                o_12e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 12)
-                o_13e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 13)
-                o_14e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 14)
-                o_15e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 15)
-                o_0f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5))
-                o_1f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 1)
-                o_2f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 2)
-                o_3f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 3)
-                o_4f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 4)
-                o_5f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 5)
-                o_6f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 6)
-                o_7f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 7)
-                o_8f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 8)
-                o_9f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 9)
-                o_10f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 10)
-                o_11f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 11)
-                o_12f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 12)
-                o_13f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 13)
-                o_14f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 14)
-                o_15f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 15)
+                o_0 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r))) * rescale_0
+                o_1 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 1) * rescale_0
+                o_2 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 2) * rescale_0
+                o_3 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 3) * rescale_0
+                o_4 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 4) * rescale_0
+                o_5 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 5) * rescale_0
+                o_6 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 6) * rescale_0
+                o_7 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 7) * rescale_0
+                o_8 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 8) * rescale_0
+                o_9 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 9) * rescale_0
+                o_10 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 10) * rescale_0
+                o_11 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 11) * rescale_0
+                o_12 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 12) * rescale_0
+                o_13 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 13) * rescale_0
+                o_14 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 14) * rescale_0
+                o_15 = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r)) + 15) * rescale_0
+                o_0b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1)) * rescale_1
+                o_1b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 1) * &
+                    & rescale_1
+                o_2b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 2) * &
+                    & rescale_1
+                o_3b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 3) * &
+                    & rescale_1
+                o_4b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 4) * &
+                    & rescale_1
+                o_5b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 5) * &
+                    & rescale_1
+                o_6b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 6) * &
+                    & rescale_1
+                o_7b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 7) * &
+                    & rescale_1
+                o_8b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 8) * &
+                    & rescale_1
+                o_9b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 9) * &
+                    & rescale_1
+                o_10b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 10) * &
+                    & rescale_1
+                o_11b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 11) * &
+                    & rescale_1
+                o_12b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 12) * &
+                    & rescale_1
+                o_13b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 13) * &
+                    & rescale_1
+                o_14b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 14) * &
+                    & rescale_1
+                o_15b = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 1) + 15) * &
+                    & rescale_1
+                o_0c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2)) * rescale_2
+                o_1c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 1) * &
+                    & rescale_2
+                o_2c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 2) * &
+                    & rescale_2
+                o_3c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 3) * &
+                    & rescale_2
+                o_4c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 4) * &
+                    & rescale_2
+                o_5c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 5) * &
+                    & rescale_2
+                o_6c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 6) * &
+                    & rescale_2
+                o_7c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 7) * &
+                    & rescale_2
+                o_8c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 8) * &
+                    & rescale_2
+                o_9c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 9) * &
+                    & rescale_2
+                o_10c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 10) * &
+                    & rescale_2
+                o_11c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 11) * &
+                    & rescale_2
+                o_12c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 12) * &
+                    & rescale_2
+                o_13c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 13) * &
+                    & rescale_2
+                o_14c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 14) * &
+                    & rescale_2
+                o_15c = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 2) + 15) * &
+                    & rescale_2
+                o_0d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3)) * rescale_3
+                o_1d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 1) * &
+                    & rescale_3
+                o_2d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 2) * &
+                    & rescale_3
+                o_3d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 3) * &
+                    & rescale_3
+                o_4d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 4) * &
+                    & rescale_3
+                o_5d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 5) * &
+                    & rescale_3
+                o_6d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 6) * &
+                    & rescale_3
+                o_7d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 7) * &
+                    & rescale_3
+                o_8d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 8) * &
+                    & rescale_3
+                o_9d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 9) * &
+                    & rescale_3
+                o_10d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 10) * &
+                    & rescale_3
+                o_11d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 11) * &
+                    & rescale_3
+                o_12d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 12) * &
+                    & rescale_3
+                o_13d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 13) * &
+                    & rescale_3
+                o_14d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 14) * &
+                    & rescale_3
+                o_15d = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 3) + 15) * &
+                    & rescale_3
+                o_0e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4)) * rescale_4
+                o_1e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 1) * &
+                    & rescale_4
+                o_2e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 2) * &
+                    & rescale_4
+                o_3e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 3) * &
+                    & rescale_4
+                o_4e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 4) * &
+                    & rescale_4
+                o_5e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 5) * &
+                    & rescale_4
+                o_6e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 6) * &
+                    & rescale_4
+                o_7e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 7) * &
+                    & rescale_4
+                o_8e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 8) * &
+                    & rescale_4
+                o_9e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 9) * &
+                    & rescale_4
+                o_10e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 10) * &
+                    & rescale_4
+                o_11e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 11) * &
+                    & rescale_4
+                o_12e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 12) * &
+                    & rescale_4
+                o_13e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 13) * &
+                    & rescale_4
+                o_14e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 14) * &
+                    & rescale_4
+                o_15e = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 4) + 15) * &
+                    & rescale_4
+                o_0f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5)) * rescale_5
+                o_1f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 1) * &
+                    & rescale_5
+                o_2f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 2) * &
+                    & rescale_5
+                o_3f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 3) * &
+                    & rescale_5
+                o_4f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 4) * &
+                    & rescale_5
+                o_5f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 5) * &
+                    & rescale_5
+                o_6f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 6) * &
+                    & rescale_5
+                o_7f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 7) * &
+                    & rescale_5
+                o_8f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 8) * &
+                    & rescale_5
+                o_9f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 9) * &
+                    & rescale_5
+                o_10f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 10) * &
+                    & rescale_5
+                o_11f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 11) * &
+                    & rescale_5
+                o_12f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 12) * &
+                    & rescale_5
+                o_13f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 13) * &
+                    & rescale_5
+                o_14f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 14) * &
+                    & rescale_5
+                o_15f = O(16*c_tile + d*(6*i_tile + n*(group*(b*kv_heads + g) + r) + 5) + 15) * &
+                    & rescale_5
                 !GCC$ novector
                 do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                   o_0 = o_0 + probs(j - 64*j_blk + (6*i_tile + n*(group*(b*kv_heads + g) + &

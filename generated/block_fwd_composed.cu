@@ -1225,8 +1225,8 @@ __global__ void block_fwd_composed_f64_attn_rows_pack_K(
 }
 
 /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
- * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c (simd), c_tile /
- *     c (register tile), c (simd), j (register tile), c
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
+ *     (register tile), c (simd), j (register tile), c
  */
 __global__ void block_fwd_composed_f64_attn_rows(
     const double *__restrict__ x,
@@ -1448,45 +1448,45 @@ __global__ void block_fwd_composed_f64_attn_rows(
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
         row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
         row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
-        for (int64_t c = 0; c < dh; ++c) {
+        for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
             attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            double o_0 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))];
-            double o_1 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1];
-            double o_2 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2];
-            double o_3 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3];
-            double o_4 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4];
-            double o_5 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5];
-            double o_6 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6];
-            double o_7 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7];
-            double o_0b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)];
-            double o_1b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1];
-            double o_2b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2];
-            double o_3b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3];
-            double o_4b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4];
-            double o_5b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5];
-            double o_6b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6];
-            double o_7b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7];
-            double o_0c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)];
-            double o_1c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1];
-            double o_2c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2];
-            double o_3c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3];
-            double o_4c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4];
-            double o_5c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5];
-            double o_6c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6];
-            double o_7c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7];
-            double o_0d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)];
-            double o_1d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1];
-            double o_2d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2];
-            double o_3d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3];
-            double o_4d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4];
-            double o_5d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5];
-            double o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
-            double o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
+            double o_0 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+            double o_1 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] * rescale_0;
+            double o_2 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2] * rescale_0;
+            double o_3 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3] * rescale_0;
+            double o_4 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4] * rescale_0;
+            double o_5 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5] * rescale_0;
+            double o_6 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6] * rescale_0;
+            double o_7 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7] * rescale_0;
+            double o_0b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+            double o_1b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1] * rescale_1;
+            double o_2b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2] * rescale_1;
+            double o_3b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3] * rescale_1;
+            double o_4b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4] * rescale_1;
+            double o_5b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5] * rescale_1;
+            double o_6b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6] * rescale_1;
+            double o_7b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7] * rescale_1;
+            double o_0c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+            double o_1c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1] * rescale_2;
+            double o_2c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2] * rescale_2;
+            double o_3c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3] * rescale_2;
+            double o_4c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4] * rescale_2;
+            double o_5c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5] * rescale_2;
+            double o_6c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6] * rescale_2;
+            double o_7c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7] * rescale_2;
+            double o_0d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+            double o_1d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1] * rescale_3;
+            double o_2d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2] * rescale_3;
+            double o_3d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3] * rescale_3;
+            double o_4d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4] * rescale_3;
+            double o_5d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5] * rescale_3;
+            double o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
+            double o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                 o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
                 o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
@@ -4691,8 +4691,8 @@ __global__ void block_fwd_composed_f32_attn_rows_pack_K(
 }
 
 /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
- * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c (simd), c_tile /
- *     c (register tile), c (simd), j (register tile), c
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
+ *     (register tile), c (simd), j (register tile), c
  */
 __global__ void block_fwd_composed_f32_attn_rows(
     const float *__restrict__ x,
@@ -4914,45 +4914,45 @@ __global__ void block_fwd_composed_f32_attn_rows(
         row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
         row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
         row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
-        for (int64_t c = 0; c < dh; ++c) {
+        for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
             attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            float o_0 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))];
-            float o_1 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1];
-            float o_2 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2];
-            float o_3 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3];
-            float o_4 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4];
-            float o_5 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5];
-            float o_6 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6];
-            float o_7 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7];
-            float o_0b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)];
-            float o_1b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1];
-            float o_2b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2];
-            float o_3b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3];
-            float o_4b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4];
-            float o_5b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5];
-            float o_6b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6];
-            float o_7b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7];
-            float o_0c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)];
-            float o_1c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1];
-            float o_2c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2];
-            float o_3c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3];
-            float o_4c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4];
-            float o_5c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5];
-            float o_6c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6];
-            float o_7c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7];
-            float o_0d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)];
-            float o_1d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1];
-            float o_2d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2];
-            float o_3d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3];
-            float o_4d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4];
-            float o_5d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5];
-            float o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
-            float o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
+            float o_0 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+            float o_1 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] * rescale_0;
+            float o_2 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2] * rescale_0;
+            float o_3 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3] * rescale_0;
+            float o_4 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4] * rescale_0;
+            float o_5 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5] * rescale_0;
+            float o_6 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6] * rescale_0;
+            float o_7 = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7] * rescale_0;
+            float o_0b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+            float o_1b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1] * rescale_1;
+            float o_2b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2] * rescale_1;
+            float o_3b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3] * rescale_1;
+            float o_4b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4] * rescale_1;
+            float o_5b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5] * rescale_1;
+            float o_6b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6] * rescale_1;
+            float o_7b = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7] * rescale_1;
+            float o_0c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+            float o_1c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1] * rescale_2;
+            float o_2c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2] * rescale_2;
+            float o_3c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3] * rescale_2;
+            float o_4c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4] * rescale_2;
+            float o_5c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5] * rescale_2;
+            float o_6c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6] * rescale_2;
+            float o_7c = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7] * rescale_2;
+            float o_0d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+            float o_1d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1] * rescale_3;
+            float o_2d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2] * rescale_3;
+            float o_3d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3] * rescale_3;
+            float o_4d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4] * rescale_3;
+            float o_5d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5] * rescale_3;
+            float o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
+            float o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                 o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
                 o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];

@@ -940,8 +940,8 @@ contains
     end do
     !$omp end parallel do
     ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
-    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c
-    !     (simd), c_tile / c (register tile), c (simd), j (register tile), c
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
     !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
     !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
@@ -1334,8 +1334,7 @@ contains
             row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
             row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
             row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
-            !$omp simd
-            do c = 0, dh - 1
+            do c = 8*((dh) / 8), dh - 1
               attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                   & h))) * rescale_0
               attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + n*(b*heads &
@@ -1350,54 +1349,54 @@ contains
                   & + h) + 5)) * rescale_5
             end do
             do c_tile = 0, ((dh) / 8) - 1
-              o_0 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)))
-              o_1 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1)
-              o_2 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2)
-              o_3 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3)
-              o_4 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4)
-              o_5 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5)
-              o_6 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6)
-              o_7 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7)
-              o_0b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1))
-              o_1b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1)
-              o_2b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2)
-              o_3b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3)
-              o_4b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4)
-              o_5b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5)
-              o_6b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6)
-              o_7b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7)
-              o_0c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2))
-              o_1c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1)
-              o_2c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2)
-              o_3c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3)
-              o_4c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4)
-              o_5c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5)
-              o_6c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6)
-              o_7c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7)
-              o_0d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3))
-              o_1d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1)
-              o_2d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2)
-              o_3d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3)
-              o_4d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4)
-              o_5d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5)
-              o_6d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6)
-              o_7d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7)
-              o_0e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4))
-              o_1e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1)
-              o_2e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2)
-              o_3e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3)
-              o_4e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4)
-              o_5e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5)
-              o_6e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6)
-              o_7e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7)
-              o_0f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5))
-              o_1f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1)
-              o_2f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2)
-              o_3f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3)
-              o_4f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4)
-              o_5f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5)
-              o_6f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6)
-              o_7f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7)
+              o_0 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h))) * rescale_0
+              o_1 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) * rescale_0
+              o_2 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2) * rescale_0
+              o_3 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3) * rescale_0
+              o_4 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4) * rescale_0
+              o_5 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5) * rescale_0
+              o_6 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6) * rescale_0
+              o_7 = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7) * rescale_0
+              o_0b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1)) * rescale_1
+              o_1b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1) * rescale_1
+              o_2b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2) * rescale_1
+              o_3b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3) * rescale_1
+              o_4b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4) * rescale_1
+              o_5b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5) * rescale_1
+              o_6b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6) * rescale_1
+              o_7b = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7) * rescale_1
+              o_0c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2)) * rescale_2
+              o_1c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1) * rescale_2
+              o_2c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2) * rescale_2
+              o_3c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3) * rescale_2
+              o_4c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4) * rescale_2
+              o_5c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5) * rescale_2
+              o_6c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6) * rescale_2
+              o_7c = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7) * rescale_2
+              o_0d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3)) * rescale_3
+              o_1d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1) * rescale_3
+              o_2d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2) * rescale_3
+              o_3d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3) * rescale_3
+              o_4d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4) * rescale_3
+              o_5d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5) * rescale_3
+              o_6d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6) * rescale_3
+              o_7d = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7) * rescale_3
+              o_0e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4)) * rescale_4
+              o_1e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1) * rescale_4
+              o_2e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2) * rescale_4
+              o_3e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3) * rescale_4
+              o_4e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4) * rescale_4
+              o_5e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5) * rescale_4
+              o_6e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6) * rescale_4
+              o_7e = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7) * rescale_4
+              o_0f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5)) * rescale_5
+              o_1f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1) * rescale_5
+              o_2f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2) * rescale_5
+              o_3f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3) * rescale_5
+              o_4f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4) * rescale_5
+              o_5f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5) * rescale_5
+              o_6f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6) * rescale_5
+              o_7f = attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7) * rescale_5
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0 = o_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
@@ -4061,8 +4060,8 @@ contains
     end do
     !$omp end parallel do
     ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
-    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c
-    !     (simd), c_tile / c (register tile), c (simd), j (register tile), c
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
     !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
     !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
@@ -4704,8 +4703,7 @@ contains
             row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
             row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
             row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
-            !$omp simd
-            do c = 0, dh - 1
+            do c = 16*((dh) / 16), dh - 1
               attn(c + dh*(6*i_tile + n*(b*heads + h))) = attn(c + dh*(6*i_tile + n*(b*heads + &
                   & h))) * rescale_0
               attn(c + dh*(6*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(6*i_tile + n*(b*heads &
@@ -4720,102 +4718,102 @@ contains
                   & + h) + 5)) * rescale_5
             end do
             do c_tile = 0, ((dh) / 16) - 1
-              o_0 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)))
-              o_1 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1)
-              o_2 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2)
-              o_3 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3)
-              o_4 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4)
-              o_5 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5)
-              o_6 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6)
-              o_7 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7)
-              o_8 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 8)
-              o_9 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 9)
-              o_10 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 10)
-              o_11 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 11)
-              o_12 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 12)
-              o_13 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 13)
-              o_14 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 14)
-              o_15 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 15)
-              o_0b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1))
-              o_1b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1)
-              o_2b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2)
-              o_3b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3)
-              o_4b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4)
-              o_5b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5)
-              o_6b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6)
-              o_7b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7)
-              o_8b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 8)
-              o_9b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 9)
-              o_10b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 10)
-              o_11b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 11)
-              o_12b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 12)
-              o_13b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 13)
-              o_14b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 14)
-              o_15b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 15)
-              o_0c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2))
-              o_1c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1)
-              o_2c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2)
-              o_3c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3)
-              o_4c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4)
-              o_5c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5)
-              o_6c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6)
-              o_7c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7)
-              o_8c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 8)
-              o_9c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 9)
-              o_10c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 10)
-              o_11c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 11)
-              o_12c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 12)
-              o_13c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 13)
-              o_14c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 14)
-              o_15c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 15)
-              o_0d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3))
-              o_1d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1)
-              o_2d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2)
-              o_3d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3)
-              o_4d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4)
-              o_5d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5)
-              o_6d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6)
-              o_7d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7)
-              o_8d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 8)
-              o_9d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 9)
-              o_10d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 10)
-              o_11d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 11)
-              o_12d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 12)
-              o_13d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 13)
-              o_14d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 14)
-              o_15d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 15)
-              o_0e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4))
-              o_1e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1)
-              o_2e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2)
-              o_3e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3)
-              o_4e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4)
-              o_5e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5)
-              o_6e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6)
-              o_7e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7)
-              o_8e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 8)
-              o_9e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 9)
-              o_10e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 10)
-              o_11e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 11)
-              o_12e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 12)
-              o_13e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 13)
-              o_14e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 14)
-              o_15e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 15)
-              o_0f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5))
-              o_1f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1)
-              o_2f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2)
-              o_3f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3)
-              o_4f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4)
-              o_5f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5)
-              o_6f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6)
-              o_7f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7)
-              o_8f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 8)
-              o_9f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 9)
-              o_10f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 10)
-              o_11f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 11)
-              o_12f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 12)
-              o_13f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 13)
-              o_14f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 14)
-              o_15f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15)
+              o_0 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h))) * rescale_0
+              o_1 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) * rescale_0
+              o_2 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 2) * rescale_0
+              o_3 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 3) * rescale_0
+              o_4 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 4) * rescale_0
+              o_5 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 5) * rescale_0
+              o_6 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 6) * rescale_0
+              o_7 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 7) * rescale_0
+              o_8 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 8) * rescale_0
+              o_9 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 9) * rescale_0
+              o_10 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 10) * rescale_0
+              o_11 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 11) * rescale_0
+              o_12 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 12) * rescale_0
+              o_13 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 13) * rescale_0
+              o_14 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 14) * rescale_0
+              o_15 = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 15) * rescale_0
+              o_0b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1)) * rescale_1
+              o_1b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 1) * rescale_1
+              o_2b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 2) * rescale_1
+              o_3b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 3) * rescale_1
+              o_4b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 4) * rescale_1
+              o_5b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 5) * rescale_1
+              o_6b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 6) * rescale_1
+              o_7b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 7) * rescale_1
+              o_8b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 8) * rescale_1
+              o_9b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 9) * rescale_1
+              o_10b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 10) * rescale_1
+              o_11b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 11) * rescale_1
+              o_12b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 12) * rescale_1
+              o_13b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 13) * rescale_1
+              o_14b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 14) * rescale_1
+              o_15b = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 1) + 15) * rescale_1
+              o_0c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2)) * rescale_2
+              o_1c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 1) * rescale_2
+              o_2c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 2) * rescale_2
+              o_3c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 3) * rescale_2
+              o_4c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 4) * rescale_2
+              o_5c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 5) * rescale_2
+              o_6c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 6) * rescale_2
+              o_7c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 7) * rescale_2
+              o_8c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 8) * rescale_2
+              o_9c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 9) * rescale_2
+              o_10c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 10) * rescale_2
+              o_11c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 11) * rescale_2
+              o_12c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 12) * rescale_2
+              o_13c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 13) * rescale_2
+              o_14c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 14) * rescale_2
+              o_15c = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 2) + 15) * rescale_2
+              o_0d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3)) * rescale_3
+              o_1d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 1) * rescale_3
+              o_2d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 2) * rescale_3
+              o_3d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 3) * rescale_3
+              o_4d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 4) * rescale_3
+              o_5d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 5) * rescale_3
+              o_6d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 6) * rescale_3
+              o_7d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 7) * rescale_3
+              o_8d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 8) * rescale_3
+              o_9d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 9) * rescale_3
+              o_10d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 10) * rescale_3
+              o_11d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 11) * rescale_3
+              o_12d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 12) * rescale_3
+              o_13d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 13) * rescale_3
+              o_14d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 14) * rescale_3
+              o_15d = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 3) + 15) * rescale_3
+              o_0e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4)) * rescale_4
+              o_1e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 1) * rescale_4
+              o_2e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 2) * rescale_4
+              o_3e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 3) * rescale_4
+              o_4e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 4) * rescale_4
+              o_5e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 5) * rescale_4
+              o_6e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 6) * rescale_4
+              o_7e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 7) * rescale_4
+              o_8e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 8) * rescale_4
+              o_9e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 9) * rescale_4
+              o_10e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 10) * rescale_4
+              o_11e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 11) * rescale_4
+              o_12e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 12) * rescale_4
+              o_13e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 13) * rescale_4
+              o_14e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 14) * rescale_4
+              o_15e = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 4) + 15) * rescale_4
+              o_0f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5)) * rescale_5
+              o_1f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 1) * rescale_5
+              o_2f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 2) * rescale_5
+              o_3f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 3) * rescale_5
+              o_4f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 4) * rescale_5
+              o_5f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 5) * rescale_5
+              o_6f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 6) * rescale_5
+              o_7f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7) * rescale_5
+              o_8f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 8) * rescale_5
+              o_9f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 9) * rescale_5
+              o_10f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 10) * rescale_5
+              o_11f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 11) * rescale_5
+              o_12f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 12) * rescale_5
+              o_13f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 13) * rescale_5
+              o_14f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 14) * rescale_5
+              o_15f = attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15) * rescale_5
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0 = o_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &

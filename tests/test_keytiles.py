@@ -11,7 +11,7 @@ import sympy
 from moagen import reference
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import sym
+from moagen.moa.expr import idiv, sym
 from moagen.kernels import get_kernel
 from moagen.onf.causal import CausalBlocks
 from moagen.onf.causalrows import CausalRows
@@ -169,6 +169,49 @@ def test_column_tiles_keep_the_value_bit_for_bit(d):
     want, got = run_onf(plain, arrays, {})["y"], run_onf(tiled, arrays, {})["y"]
     np.testing.assert_array_equal(got, want)  # each element adds the keys in the same order
     np.testing.assert_allclose(got, arrays["p"] @ arrays["b"], rtol=1e-13)
+
+
+def _rescaled_weighted_sum(scaled=D):
+    """y[i, c] = b[i, c]; y[i, c] *= w[i] for c < scaled (the online softmax's rescale);
+    then y[i, c] += p[i, j] b[j, c] over j."""
+    init = Loop(C, sympy.Integer(0), D, (Store("y", (I, C), S.Access("b", (I, C))),))
+    scale = Loop(C, sympy.Integer(0), scaled, (
+        Store("y", (I, C), S.Bin("*", S.Access("y", (I, C)), S.Local("w_i"))),))
+    add = Loop(J, sympy.Integer(0), N, (
+        Let("t", S.Access("p", (I, J))),
+        Loop(C, sympy.Integer(0), D,
+             (Store("y", (I, C), S.Bin("*", S.Local("t"), S.Access("b", (J, C))), "+"),))))
+    row = (Let("w_i", S.Access("w", (I,))), init, scale, add)
+    nest = Nest("y", (Loop(I, sympy.Integer(0), N, row),), "y")
+    return ONF("rescaled_sum", "test", (Buffer("p", (N, N)), Buffer("b", (N, D)),
+                                        Buffer("w", (N,))),
+               (Buffer("y", (N, D)),), (), (N, D), (), (nest,))
+
+
+@pytest.mark.parametrize("d", [3, 8, 13])
+def test_column_tiles_fold_a_rescale_into_their_loads(d):
+    """The rescale just before the tiles: its factor in the tile's loads, the loop left
+    with the columns after the last tile; the same products (bit for bit). A rescale of
+    fewer columns than the tiles load stays as it was."""
+    plain = _rescaled_weighted_sum()
+    tiled = ColumnTiles("y", "j", "c", 4)(plain)
+    row = tiled.nests[0].body[0].body
+    scale, tiles = row[2], row[3]
+    assert scale.start == 4 * idiv(D, 4) and tiles.var.name == "c_tile"
+    loads = [s for s in tiles.body if isinstance(s, Let)]
+    assert len(loads) == 4 and all(s.value.op == "*" and s.value.right == S.Local("w_i")
+                                   for s in loads)
+    rng = np.random.default_rng(3)
+    arrays = {"p": rng.standard_normal((6, 6)), "b": rng.standard_normal((6, d)),
+              "w": rng.standard_normal(6)}
+    want, got = run_onf(plain, arrays, {})["y"], run_onf(tiled, arrays, {})["y"]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(
+        got, arrays["b"] * arrays["w"][:, None] + arrays["p"] @ arrays["b"], rtol=1e-13)
+    partial = ColumnTiles("y", "j", "c", 4)(_rescaled_weighted_sum(scaled=D - 1))
+    row = partial.nests[0].body[0].body
+    assert row[2].start == 0 and not any(isinstance(s, Let) and isinstance(s.value, S.Bin)
+                                         for s in row[3].body)
 
 
 def test_refusals():

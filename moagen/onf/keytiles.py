@@ -31,7 +31,11 @@ ColumnTiles(nest, j, c, f), the output O += P V:
     for j in [s, e): lets L(j); for c in [f (C // f), C): X[.., c] += h(L, j, c)
 
 so an output tile stays in registers for the whole block of keys, each value row's f
-columns loaded once for all the jammed rows.
+columns loaded once for all the jammed rows. A loop just before that scales the same
+elements (the online softmax's rescale of the output rows once per block,
+X[.., c] = X[.., c] * r) is folded into the tile's loads, let x_v = X[.., f c_tile + v] * r,
+and keeps only the columns after the last tile: one pass over the rows less per block, the
+same products.
 
 Both are legal where UnrollSum and UnrollJam are: KeyTiles' loop has independent iterations
 (every array it stores is indexed by j at one position), ColumnTiles' loop shares only its
@@ -92,6 +96,7 @@ class _InnerLoops(Step):
             lambda loop, scope: self._tile(loop, scope, work))
         if not count:
             raise ScheduleError(f"{self}: nest {self.nest} has no {self._wanted}")
+        body = self._after(body)
         nests = []
         for n in onf.nests:
             if n is nest:  # panels only KeyTiles makes
@@ -101,6 +106,10 @@ class _InnerLoops(Step):
             nests.append(n)
         temps = onf.temps + tuple(panel for panel, _ in work.packs.values())
         return replace(onf.with_nests(nests, str(self)), temps=temps)
+
+    def _after(self, body):
+        """The nest's body once every loop is tiled (the step's own last rewrite)."""
+        return body
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,9 @@ class ColumnTiles(_InnerLoops):
     def _selects(loop):
         return bool(summed_arrays(loop))
 
+    def _after(self, body):
+        return _scaled_loads(body, self.tiles, self.lanes)
+
     def _tile(self, loop, scope, work):
         check_sum_only(self, loop, summed_arrays(loop))
         lets = [s for s in loop.body if isinstance(s, Let)]
@@ -232,3 +244,46 @@ class ColumnTiles(_InnerLoops):
         tiles = Loop(tile, sympy.Integer(0), idiv(col.stop, f), tuple(accs + [keys] + stores))
         edge = replace(loop, body=tuple(lets) + (replace(col, start=f * idiv(col.stop, f)),))
         return [tiles, edge]
+
+
+def _scaled_loads(stmts, tiles, f):
+    """stmts with every loop scaling elements in place, X[.., c] = X[.., c] * r for c in
+    [0, C), that a loop over `tiles` (f columns a tile, C // f tiles) right after it loads
+    whole, folded into the tile's loads; the scaling loop then starts after the last tile."""
+    out = [replace(s, body=_scaled_loads(s.body, tiles, f)) if isinstance(s, Loop) else s
+           for s in stmts]
+    for k in range(len(out) - 1):
+        scale, tile = out[k], out[k + 1]
+        if not (isinstance(scale, Loop) and isinstance(tile, Loop) and tile.var.name == tiles
+                and scale.start == 0 and tile.start == 0 and tile.stop == idiv(scale.stop, f)):
+            continue
+        factors = {}
+        for st in scale.body:
+            factor = _scaling(st, scale.var)
+            if factor is None:
+                factors = {}
+                break
+            for v in range(f):
+                at = {scale.var: f * tile.var + v}
+                index = tuple(sympy.sympify(i).xreplace(at) for i in st.index)
+                factors[S.Access(st.array, index)] = factor
+        loads = [b for b in tile.body if isinstance(b, Let) and b.value in factors]
+        if not factors or len(loads) != len(factors):
+            continue  # not every scaled element loaded by the tile: left as it was
+        body = tuple(replace(b, value=S.Bin("*", b.value, factors[b.value])) if b in loads
+                     else b for b in tile.body)
+        out[k] = replace(scale, start=f * tile.stop)
+        out[k + 1] = replace(tile, body=body)
+    return tuple(out)
+
+
+def _scaling(store, var):
+    """r where store is X[idx] = X[idx] * r with r free of var, else None."""
+    value = store.value
+    if not (isinstance(store, Store) and store.accumulate is None and isinstance(value, S.Bin)
+            and value.op == "*" and value.left == S.Access(store.array, store.index)):
+        return None
+    free = {x for e in S.subexpressions(value.right) if isinstance(e, S.Access)
+            for x in _symbols(e.index)}
+    return None if var in free or isinstance(value.right, S.Access) and \
+        value.right.array == store.array else value.right
