@@ -149,6 +149,7 @@ void attention_decode_online_f64(
                     const double rescale_1 = exp(row_max_1 - new_max_1);
                     const double rescale_2 = exp(row_max_2 - new_max_2);
                     const double rescale_3 = exp(row_max_3 - new_max_3);
+                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] - new_max_0);
                         probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] = exp(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] - new_max_1);
@@ -353,6 +354,7 @@ void attention_decode_online_f32(
                     const float rescale_1 = expf(row_max_1 - new_max_1);
                     const float rescale_2 = expf(row_max_2 - new_max_2);
                     const float rescale_3 = expf(row_max_3 - new_max_3);
+                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*(64 < n ? 64 : n)] - new_max_0);
                         probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] = expf(probs[j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile + 1)*(64 < n ? 64 : n)] - new_max_1);

@@ -152,6 +152,7 @@ contains
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
+            !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) = exp(probs(j - &
                   & 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) - new_max_0)
@@ -392,6 +393,7 @@ contains
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
+            !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               probs(j - 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) = exp(probs(j - &
                   & 64*j_blk + (b*q_heads + g*quot + 4*r_tile)*min(64, n)) - new_max_0)

@@ -114,11 +114,11 @@ def test_rows_min_n_b_apart_are_vectorized():
     would meet, and from k alone no bound holds."""
     blk, k = sym("i_blk"), sym("k")
 
-    def marked(start, gap):
+    def marked(start, gap, sizes=(N,)):
         loop = Loop(I, start, sympy.Min(N, 64 * blk + 64), (
             Store("y", (I - 64 * blk,), S.Load("x", I)),
             Store("y", (I - 64 * blk + gap,), S.Load("x", I))))
-        onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
+        onf = ONF("t", "v", (Buffer("x", sizes),), (Buffer("y", (N,)),), (), (N,), (),
                   (Nest("y", (loop,), "test"),), flat=True)
         return mark_simd(onf).nests[0].body[0].simd
 
@@ -126,6 +126,9 @@ def test_rows_min_n_b_apart_are_vectorized():
     assert marked(64 * blk, -3 * sympy.Min(N, 64))
     assert not marked(64 * blk, sympy.Min(N, 32))
     assert not marked(16 * k, sympy.Min(N, 64))
+    # n a count given at call time (decode's cache length), possibly 0: a loop then runs
+    # no iteration, and over any other n the rows are as far apart
+    assert marked(64 * blk, 3 * sympy.Min(N, 64), sizes=(sym("cap"),))
 
 
 def test_the_flash_forwards_block_passes_stay_vectorized():

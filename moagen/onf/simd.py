@@ -140,7 +140,8 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
     if bounds:
         at_least_one = {s: sympy.Symbol(s.name, integer=True, positive=True)
                         for s in positive & (gap.free_symbols | bounds[-1].free_symbols)}
-        if any((abs(gap.subs(at_least_one)) - bound.subs(at_least_one)).is_nonnegative
+        # |bound|: a loop whose bound is below 0 runs no iteration (decode's n, a count)
+        if any((abs(gap.subs(at_least_one)) - abs(bound.subs(at_least_one))).is_nonnegative
                for bound in bounds):
             return True
         if gap.is_number:
