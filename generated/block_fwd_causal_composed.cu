@@ -124,6 +124,7 @@ __global__ void block_fwd_causal_composed_f64_norm1_rows(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -190,6 +191,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_pack_Wq(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -252,6 +254,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -461,6 +464,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -524,6 +528,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_pack_Wk(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -586,6 +591,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -795,6 +801,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -858,6 +865,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_pack_Wv(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -920,6 +928,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1129,6 +1138,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1192,6 +1202,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_pack_K(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1220,7 +1231,70 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_pack_K(
     }
 }
 
-/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+/* attn.rows.pack_V: reads V; scratch attn_V_panel
+ * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+ */
+__global__ void block_fwd_causal_composed_f64_attn_rows_pack_V(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ Vu,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
+    double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*((dh) / 8)) return;
+    const int64_t a2b = tid % (((dh) / 8));
+    const int64_t a1b = (tid / (((dh) / 8))) % heads;
+    const int64_t a0b = (tid / (heads*((dh) / 8)));
+    for (int64_t a3b = 0; a3b < n; ++a3b) {
+        const int64_t attn_V_panel_row = 8*a3b + 8*n*(a2b + (a0b*heads + a1b)*((dh) / 8));
+        const int64_t V_row = 8*a2b + dh*(a3b + n*(a0b*heads + a1b));
+        for (int64_t lane2 = 0; lane2 < 8; ++lane2) {
+            attn_V_panel[attn_V_panel_row + lane2] = V[V_row + lane2];
+        }
+    }
+}
+
+/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
  * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
  *     (register tile), c (simd), j (register tile), c
  */
@@ -1254,6 +1328,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1484,38 +1559,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             double o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
             double o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -1764,38 +1839,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             double o_6h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
             double o_7h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0e;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
@@ -1893,6 +1968,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2027,6 +2103,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pack_Wo(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2089,6 +2166,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2299,6 +2377,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pointwise(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2357,6 +2436,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2423,6 +2503,7 @@ __global__ void block_fwd_causal_composed_f64_norm2_rows(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2489,6 +2570,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_pack_Wg(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2548,6 +2630,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2758,6 +2841,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2819,6 +2903,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_V_pack_Wu(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2878,6 +2963,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_V(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3088,6 +3174,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_V_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3149,6 +3236,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_H(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3207,6 +3295,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_pack_Wd(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3266,6 +3355,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3476,6 +3566,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3537,6 +3628,7 @@ __global__ void block_fwd_causal_composed_f64_add_y(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3593,6 +3685,7 @@ extern "C" int block_fwd_causal_composed_f64(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3612,7 +3705,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3621,7 +3714,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3630,7 +3723,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3639,7 +3732,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3648,7 +3741,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3657,7 +3750,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3666,7 +3759,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3675,7 +3768,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3684,7 +3777,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3693,7 +3786,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3702,7 +3795,16 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3711,7 +3813,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3720,7 +3822,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3729,7 +3831,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3738,7 +3840,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3747,7 +3849,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3756,7 +3858,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3765,7 +3867,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3774,7 +3876,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3783,7 +3885,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3792,7 +3894,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3801,7 +3903,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3810,7 +3912,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3819,7 +3921,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3828,7 +3930,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3837,7 +3939,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3846,7 +3948,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3855,7 +3957,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3864,7 +3966,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3905,6 +4007,7 @@ __global__ void block_fwd_causal_composed_f32_norm1_rows(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3971,6 +4074,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_pack_Wq(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4033,6 +4137,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4242,6 +4347,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4305,6 +4411,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_pack_Wk(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4367,6 +4474,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4576,6 +4684,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4639,6 +4748,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_pack_Wv(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4701,6 +4811,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4910,6 +5021,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4973,6 +5085,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_pack_K(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5001,7 +5114,70 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_pack_K(
     }
 }
 
-/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+/* attn.rows.pack_V: reads V; scratch attn_V_panel
+ * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+ */
+__global__ void block_fwd_causal_composed_f32_attn_rows_pack_V(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ Vu,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
+    float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*((dh) / 8)) return;
+    const int64_t a2b = tid % (((dh) / 8));
+    const int64_t a1b = (tid / (((dh) / 8))) % heads;
+    const int64_t a0b = (tid / (heads*((dh) / 8)));
+    for (int64_t a3b = 0; a3b < n; ++a3b) {
+        const int64_t attn_V_panel_row = 8*a3b + 8*n*(a2b + (a0b*heads + a1b)*((dh) / 8));
+        const int64_t V_row = 8*a2b + dh*(a3b + n*(a0b*heads + a1b));
+        for (int64_t lane2 = 0; lane2 < 8; ++lane2) {
+            attn_V_panel[attn_V_panel_row + lane2] = V[V_row + lane2];
+        }
+    }
+}
+
+/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
  * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
  *     (register tile), c (simd), j (register tile), c
  */
@@ -5035,6 +5211,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5265,38 +5442,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             float o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
             float o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -5545,38 +5722,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             float o_6h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
             float o_7h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7e += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7f += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7g += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7h += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0e;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
@@ -5674,6 +5851,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5808,6 +5986,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pack_Wo(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5870,6 +6049,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6080,6 +6260,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pointwise(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6138,6 +6319,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6204,6 +6386,7 @@ __global__ void block_fwd_causal_composed_f32_norm2_rows(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6270,6 +6453,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_pack_Wg(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6329,6 +6513,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6539,6 +6724,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6600,6 +6786,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_V_pack_Wu(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6659,6 +6846,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_V(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6869,6 +7057,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_V_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6930,6 +7119,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_H(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6988,6 +7178,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_pack_Wd(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -7047,6 +7238,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -7257,6 +7449,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -7318,6 +7511,7 @@ __global__ void block_fwd_causal_composed_f32_add_y(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -7374,6 +7568,7 @@ extern "C" int block_fwd_causal_composed_f32(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -7393,7 +7588,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7402,7 +7597,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7411,7 +7606,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7420,7 +7615,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7429,7 +7624,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7438,7 +7633,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7447,7 +7642,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7456,7 +7651,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7465,7 +7660,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7474,7 +7669,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7483,7 +7678,16 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7492,7 +7696,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7501,7 +7705,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7510,7 +7714,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7519,7 +7723,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7528,7 +7732,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7537,7 +7741,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7546,7 +7750,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7555,7 +7759,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7564,7 +7768,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7573,7 +7777,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7582,7 +7786,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7591,7 +7795,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7600,7 +7804,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7609,7 +7813,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7618,7 +7822,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7627,7 +7831,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7636,7 +7840,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7645,7 +7849,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

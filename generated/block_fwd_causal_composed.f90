@@ -63,8 +63,8 @@ contains
 
   subroutine block_fwd_causal_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, &
       & inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, &
-      & qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, &
-      & mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale) &
+      & qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, &
+      & mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_causal_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: eps, scale
@@ -97,18 +97,20 @@ contains
     real(c_double), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: attn_probs(0:batch * heads * n * min(64, n) - 1)
     real(c_double), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 8) * dh * 8 - 1)
+    real(c_double), intent(out) :: attn_V_panel(0:batch * heads * ((dh) / 8) * n * 8 - 1)
     real(c_double), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, a0, a1, a2, a3, j_blk, j_tile, j, &
-        & m_tile, e_tile, i_blk, e, qkv_Wq_panel_row, Wq_row, xn1_row0, xn1_row1, xn1_row2, &
-        & xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, &
-        & Wv_row, V_row, attn_K_panel_row, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, &
-        & attn_row2, attn_row3, attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, &
-        & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, &
-        & mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, a0, a1, a2, a3, a0b, a1b, a2b, &
+        & a3b, lane2, j_blk, j_tile, j, m_tile, e_tile, i_blk, e, qkv_Wq_panel_row, Wq_row, &
+        & xn1_row0, xn1_row1, xn1_row2, xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, &
+        & Wk_row, K_row, qkv_Wv_panel_row, Wv_row, V_row, attn_K_panel_row, attn_V_panel_row, &
+        & out_Wo_panel_row, Wo_row, attn_row0, attn_row1, attn_row2, attn_row3, attn_row4, &
+        & attn_row5, resid_row, attn_row, mlp_Wg_panel_row, xn2_row0, xn2_row1, xn2_row2, &
+        & xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, mlp_Wd_panel_row, mlp_H_row0, &
+        & mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_double) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
         & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
         & acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
@@ -943,7 +945,25 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+    ! attn.rows.pack_V: reads V; scratch attn_V_panel
+    ! for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+    !$omp parallel do collapse(3) schedule(static) private(a3b, lane2, attn_V_panel_row, V_row)
+    do a0b = 0, batch - 1
+      do a1b = 0, heads - 1
+        do a2b = 0, ((dh) / 8) - 1
+          do a3b = 0, n - 1
+            attn_V_panel_row = 8*a3b + 8*n*(a2b + (a0b*heads + a1b)*((dh) / 8))
+            V_row = 8*a2b + dh*(a3b + n*(a0b*heads + a1b))
+            !$omp simd
+            do lane2 = 0, 7
+              attn_V_panel(attn_V_panel_row + lane2) = V(V_row + lane2)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
@@ -1413,101 +1433,101 @@ contains
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0 = o_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1 = o_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2 = o_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3 = o_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4 = o_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5 = o_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6 = o_6 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7 = o_7 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0b = o_0b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1b = o_1b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2b = o_2b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3b = o_3b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4b = o_4b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5b = o_5b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6b = o_6b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7b = o_7b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0c = o_0c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1c = o_1c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2c = o_2c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3c = o_3c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4c = o_4c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5c = o_5c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6c = o_6c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7c = o_7c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0d = o_0d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1d = o_1d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2d = o_2d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3d = o_3d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4d = o_4d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5d = o_5d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6d = o_6d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7d = o_7d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0e = o_0e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1e = o_1e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2e = o_2e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3e = o_3e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4e = o_4e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5e = o_5e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6e = o_6e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7e = o_7e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0f = o_0f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1f = o_1f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2f = o_2f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3f = o_3f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4f = o_4f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5f = o_5f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6f = o_6f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7f = o_7f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
               end do
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1
@@ -2007,101 +2027,101 @@ contains
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0g = o_0g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1g = o_1g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2g = o_2g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3g = o_3g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4g = o_4g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5g = o_5g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6g = o_6g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7g = o_7g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0h = o_0h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1h = o_1h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2h = o_2h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3h = o_3h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4h = o_4h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5h = o_5h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6h = o_6h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7h = o_7h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0i = o_0i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1i = o_1i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2i = o_2i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3i = o_3i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4i = o_4i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5i = o_5i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6i = o_6i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7i = o_7i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0j = o_0j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1j = o_1j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2j = o_2j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3j = o_3j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4j = o_4j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5j = o_5j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6j = o_6j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7j = o_7j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0k = o_0k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1k = o_1k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2k = o_2k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3k = o_3k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4k = o_4k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5k = o_5k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6k = o_6k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7k = o_7k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
                 o_0l = o_0l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
                 o_1l = o_1l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
                 o_2l = o_2l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
                 o_3l = o_3l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
                 o_4l = o_4l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
                 o_5l = o_5l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
                 o_6l = o_6l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
                 o_7l = o_7l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(8*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
               end do
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0g
               attn(8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1g
@@ -3231,8 +3251,8 @@ contains
 
   subroutine block_fwd_causal_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, &
       & inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, &
-      & qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, &
-      & mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale) &
+      & qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, &
+      & mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_causal_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: eps, scale
@@ -3265,18 +3285,20 @@ contains
     real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: attn_probs(0:batch * heads * n * min(64, n) - 1)
     real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
+    real(c_float), intent(out) :: attn_V_panel(0:batch * heads * ((dh) / 16) * n * 16 - 1)
     real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 16) * heads * dh * 16 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: mlp_Wd_panel(0:((dm) / 16) * dff * 16 - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, a0, a1, a2, a3, j_blk, j_tile, j, &
-        & m_tile, e_tile, i_blk, e, qkv_Wq_panel_row, Wq_row, xn1_row0, xn1_row1, xn1_row2, &
-        & xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, &
-        & Wv_row, V_row, attn_K_panel_row, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, &
-        & attn_row2, attn_row3, attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, &
-        & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, &
-        & mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, a0, a1, a2, a3, a0b, a1b, a2b, &
+        & a3b, lane2, j_blk, j_tile, j, m_tile, e_tile, i_blk, e, qkv_Wq_panel_row, Wq_row, &
+        & xn1_row0, xn1_row1, xn1_row2, xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, &
+        & Wk_row, K_row, qkv_Wv_panel_row, Wv_row, V_row, attn_K_panel_row, attn_V_panel_row, &
+        & out_Wo_panel_row, Wo_row, attn_row0, attn_row1, attn_row2, attn_row3, attn_row4, &
+        & attn_row5, resid_row, attn_row, mlp_Wg_panel_row, xn2_row0, xn2_row1, xn2_row2, &
+        & xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, mlp_Wd_panel_row, mlp_H_row0, &
+        & mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_float) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
         & acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, &
         & acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
@@ -4729,7 +4751,25 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+    ! attn.rows.pack_V: reads V; scratch attn_V_panel
+    ! for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+    !$omp parallel do collapse(3) schedule(static) private(a3b, lane2, attn_V_panel_row, V_row)
+    do a0b = 0, batch - 1
+      do a1b = 0, heads - 1
+        do a2b = 0, ((dh) / 16) - 1
+          do a3b = 0, n - 1
+            attn_V_panel_row = 16*a3b + 16*n*(a2b + (a0b*heads + a1b)*((dh) / 16))
+            V_row = 16*a2b + dh*(a3b + n*(a0b*heads + a1b))
+            !$omp simd
+            do lane2 = 0, 15
+              attn_V_panel(attn_V_panel_row + lane2) = V(V_row + lane2)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
@@ -5505,197 +5545,227 @@ contains
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0 = o_0 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1 = o_1 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2 = o_2 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3 = o_3 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4 = o_4 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5 = o_5 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6 = o_6 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7 = o_7 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8 = o_8 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9 = o_9 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10 = o_10 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10)
                 o_11 = o_11 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11)
                 o_12 = o_12 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12)
                 o_13 = o_13 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13)
                 o_14 = o_14 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14)
                 o_15 = o_15 + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15)
                 o_0b = o_0b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1b = o_1b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2b = o_2b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3b = o_3b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4b = o_4b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5b = o_5b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6b = o_6b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7b = o_7b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8b = o_8b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9b = o_9b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10b = o_10b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11b = o_11b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12b = o_12b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13b = o_13b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14b = o_14b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15b = o_15b + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0c = o_0c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1c = o_1c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2c = o_2c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3c = o_3c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4c = o_4c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5c = o_5c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6c = o_6c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7c = o_7c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8c = o_8c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9c = o_9c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10c = o_10c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11c = o_11c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12c = o_12c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13c = o_13c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14c = o_14c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15c = o_15c + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0d = o_0d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1d = o_1d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2d = o_2d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3d = o_3d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4d = o_4d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5d = o_5d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6d = o_6d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7d = o_7d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8d = o_8d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9d = o_9d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10d = o_10d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11d = o_11d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12d = o_12d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13d = o_13d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14d = o_14d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15d = o_15d + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0e = o_0e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1e = o_1e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2e = o_2e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3e = o_3e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4e = o_4e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5e = o_5e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6e = o_6e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7e = o_7e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8e = o_8e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9e = o_9e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10e = o_10e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11e = o_11e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12e = o_12e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13e = o_13e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14e = o_14e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15e = o_15e + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0f = o_0f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1f = o_1f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2f = o_2f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3f = o_3f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4f = o_4f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5f = o_5f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6f = o_6f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7f = o_7f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8f = o_8f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9f = o_9f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10f = o_10f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11f = o_11f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12f = o_12f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13f = o_13f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14f = o_14f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15f = o_15f + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
               end do
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1
@@ -6531,197 +6601,227 @@ contains
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0g = o_0g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1g = o_1g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2g = o_2g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3g = o_3g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4g = o_4g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5g = o_5g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6g = o_6g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7g = o_7g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8g = o_8g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9g = o_9g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, n)) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10g = o_10g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10)
                 o_11g = o_11g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11)
                 o_12g = o_12g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12)
                 o_13g = o_13g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13)
                 o_14g = o_14g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14)
                 o_15g = o_15g + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h))*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15)
                 o_0h = o_0h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1h = o_1h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2h = o_2h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3h = o_3h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4h = o_4h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5h = o_5h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6h = o_6h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7h = o_7h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8h = o_8h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9h = o_9h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10h = o_10h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11h = o_11h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12h = o_12h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13h = o_13h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14h = o_14h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15h = o_15h + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 1)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0i = o_0i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1i = o_1i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2i = o_2i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3i = o_3i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4i = o_4i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5i = o_5i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6i = o_6i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7i = o_7i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8i = o_8i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9i = o_9i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10i = o_10i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11i = o_11i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12i = o_12i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13i = o_13i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14i = o_14i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15i = o_15i + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 2)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 2)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0j = o_0j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1j = o_1j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2j = o_2j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3j = o_3j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4j = o_4j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5j = o_5j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6j = o_6j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7j = o_7j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8j = o_8j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9j = o_9j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10j = o_10j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11j = o_11j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12j = o_12j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13j = o_13j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14j = o_14j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15j = o_15j + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 3)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 3)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0k = o_0k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1k = o_1k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2k = o_2k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3k = o_3k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4k = o_4k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5k = o_5k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6k = o_6k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7k = o_7k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8k = o_8k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9k = o_9k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10k = o_10k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11k = o_11k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12k = o_12k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13k = o_13k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14k = o_14k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15k = o_15k + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 4)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 4)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
                 o_0l = o_0l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
                 o_1l = o_1l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
                 o_2l = o_2l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
                 o_3l = o_3l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
                 o_4l = o_4l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
                 o_5l = o_5l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
                 o_6l = o_6l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
                 o_7l = o_7l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
                 o_8l = o_8l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
                 o_9l = o_9l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*min(64, &
-                    & n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
                 o_10l = o_10l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
                 o_11l = o_11l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
                 o_12l = o_12l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
                 o_13l = o_13l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
                 o_14l = o_14l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
                 o_15l = o_15l + attn_probs(j - 64*j_blk + (6*i_tile + n*(b*heads + h) + &
-                    & 5)*min(64, n)) * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & 5)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
               end do
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h))) = o_0g
               attn(16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1) = o_1g

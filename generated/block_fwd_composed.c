@@ -104,6 +104,7 @@ void block_fwd_composed_f64(
     double *restrict qkv_Wv_panel,
     double *restrict attn_probs,
     double *restrict attn_K_panel,
+    double *restrict attn_V_panel,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -755,7 +756,25 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+    /* attn.rows.pack_V: reads V; scratch attn_V_panel
+     * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t a0b = 0; a0b < batch; ++a0b) {
+        for (int64_t a1b = 0; a1b < heads; ++a1b) {
+            for (int64_t a2b = 0; a2b < ((dh) / 8); ++a2b) {
+                for (int64_t a3b = 0; a3b < n; ++a3b) {
+                    const int64_t attn_V_panel_row = 8*a3b + 8*n*(a2b + (a0b*heads + a1b)*((dh) / 8));
+                    const int64_t V_row = 8*a2b + dh*(a3b + n*(a0b*heads + a1b));
+                    #pragma omp simd
+                    for (int64_t lane2 = 0; lane2 < 8; ++lane2) {
+                        attn_V_panel[attn_V_panel_row + lane2] = V[V_row + lane2];
+                    }
+                }
+            }
+        }
+    }
+    /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
      * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
      *     c_tile / c (register tile), c (simd), j (register tile), c
      */
@@ -1074,54 +1093,54 @@ void block_fwd_composed_f64(
                         double o_7f = attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 7] * rescale_5;
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_0f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                            o_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                            o_0b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                            o_0c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                            o_0d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                            o_0e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                            o_0f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
                         }
                         attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h))] = o_0;
                         attn[8*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -2150,6 +2169,7 @@ void block_fwd_composed_f32(
     float *restrict qkv_Wv_panel,
     float *restrict attn_probs,
     float *restrict attn_K_panel,
+    float *restrict attn_V_panel,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -3233,7 +3253,25 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+    /* attn.rows.pack_V: reads V; scratch attn_V_panel
+     * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t a0b = 0; a0b < batch; ++a0b) {
+        for (int64_t a1b = 0; a1b < heads; ++a1b) {
+            for (int64_t a2b = 0; a2b < ((dh) / 16); ++a2b) {
+                for (int64_t a3b = 0; a3b < n; ++a3b) {
+                    const int64_t attn_V_panel_row = 16*a3b + 16*n*(a2b + (a0b*heads + a1b)*((dh) / 16));
+                    const int64_t V_row = 16*a2b + dh*(a3b + n*(a0b*heads + a1b));
+                    #pragma omp simd
+                    for (int64_t lane2 = 0; lane2 < 16; ++lane2) {
+                        attn_V_panel[attn_V_panel_row + lane2] = V[V_row + lane2];
+                    }
+                }
+            }
+        }
+    }
+    /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
      * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
      *     c_tile / c (register tile), c (simd), j (register tile), c
      */
@@ -3744,102 +3782,102 @@ void block_fwd_composed_f32(
                         float o_15f = attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h) + 5) + 15] * rescale_5;
                         #pragma omp simd if(simd: 0)
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                            o_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
-                            o_0f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h))];
-                            o_1f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                            o_2f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                            o_3f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                            o_4f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                            o_5f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                            o_6f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                            o_7f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                            o_8f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 8];
-                            o_9f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 9];
-                            o_10f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 10];
-                            o_11f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 11];
-                            o_12f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 12];
-                            o_13f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 13];
-                            o_14f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 14];
-                            o_15f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * V[16*c_tile + dh*(j + n*(b*heads + h)) + 15];
+                            o_0 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15 += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                            o_0b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15b += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                            o_0c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15c += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                            o_0d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15d += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                            o_0e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15e += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                            o_0f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15f += attn_probs[j - 64*j_blk + (6*i_tile + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
                         }
                         attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h))] = o_0;
                         attn[16*c_tile + dh*(6*i_tile + n*(b*heads + h)) + 1] = o_1;

@@ -128,6 +128,7 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -194,6 +195,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -256,6 +258,7 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -465,6 +468,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -528,6 +532,7 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -590,6 +595,7 @@ __global__ void block_fwd_composed_f64_qkv_K(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -799,6 +805,7 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -862,6 +869,7 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -924,6 +932,7 @@ __global__ void block_fwd_composed_f64_qkv_V(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1133,6 +1142,7 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1196,6 +1206,7 @@ __global__ void block_fwd_composed_f64_attn_rows_pack_K(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1224,7 +1235,70 @@ __global__ void block_fwd_composed_f64_attn_rows_pack_K(
     }
 }
 
-/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+/* attn.rows.pack_V: reads V; scratch attn_V_panel
+ * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+ */
+__global__ void block_fwd_composed_f64_attn_rows_pack_V(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ Vu,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
+    double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*((dh) / 8)) return;
+    const int64_t a2b = tid % (((dh) / 8));
+    const int64_t a1b = (tid / (((dh) / 8))) % heads;
+    const int64_t a0b = (tid / (heads*((dh) / 8)));
+    for (int64_t a3b = 0; a3b < n; ++a3b) {
+        const int64_t attn_V_panel_row = 8*a3b + 8*n*(a2b + (a0b*heads + a1b)*((dh) / 8));
+        const int64_t V_row = 8*a2b + dh*(a3b + n*(a0b*heads + a1b));
+        for (int64_t lane2 = 0; lane2 < 8; ++lane2) {
+            attn_V_panel[attn_V_panel_row + lane2] = V[V_row + lane2];
+        }
+    }
+}
+
+/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
  * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
  *     (register tile), c (simd), j (register tile), c
  */
@@ -1258,6 +1332,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1488,38 +1563,38 @@ __global__ void block_fwd_composed_f64_attn_rows(
             double o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
             double o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -1617,6 +1692,7 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1716,6 +1792,7 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1778,6 +1855,7 @@ __global__ void block_fwd_composed_f64_out_Y(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1988,6 +2066,7 @@ __global__ void block_fwd_composed_f64_out_Y_pointwise(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2046,6 +2125,7 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2112,6 +2192,7 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2178,6 +2259,7 @@ __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2237,6 +2319,7 @@ __global__ void block_fwd_composed_f64_mlp_U(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2447,6 +2530,7 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2508,6 +2592,7 @@ __global__ void block_fwd_composed_f64_mlp_V_pack_Wu(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2567,6 +2652,7 @@ __global__ void block_fwd_composed_f64_mlp_V(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2777,6 +2863,7 @@ __global__ void block_fwd_composed_f64_mlp_V_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2838,6 +2925,7 @@ __global__ void block_fwd_composed_f64_mlp_H(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2896,6 +2984,7 @@ __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2955,6 +3044,7 @@ __global__ void block_fwd_composed_f64_mlp_F(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3165,6 +3255,7 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3226,6 +3317,7 @@ __global__ void block_fwd_composed_f64_add_y(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3282,6 +3374,7 @@ extern "C" int block_fwd_composed_f64(
     double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
+    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -3301,7 +3394,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3310,7 +3403,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3319,7 +3412,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3328,7 +3421,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3337,7 +3430,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3346,7 +3439,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3355,7 +3448,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3364,7 +3457,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3373,7 +3466,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3382,7 +3475,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3391,7 +3484,16 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3400,7 +3502,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3409,7 +3511,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3418,7 +3520,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3427,7 +3529,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3436,7 +3538,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3445,7 +3547,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3454,7 +3556,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3463,7 +3565,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3472,7 +3574,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3481,7 +3583,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3490,7 +3592,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3499,7 +3601,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3508,7 +3610,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3517,7 +3619,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3526,7 +3628,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3535,7 +3637,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3544,7 +3646,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3553,7 +3655,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3594,6 +3696,7 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3660,6 +3763,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3722,6 +3826,7 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3931,6 +4036,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3994,6 +4100,7 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4056,6 +4163,7 @@ __global__ void block_fwd_composed_f32_qkv_K(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4265,6 +4373,7 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4328,6 +4437,7 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4390,6 +4500,7 @@ __global__ void block_fwd_composed_f32_qkv_V(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4599,6 +4710,7 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4662,6 +4774,7 @@ __global__ void block_fwd_composed_f32_attn_rows_pack_K(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4690,7 +4803,70 @@ __global__ void block_fwd_composed_f32_attn_rows_pack_K(
     }
 }
 
-/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel
+/* attn.rows.pack_V: reads V; scratch attn_V_panel
+ * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
+ */
+__global__ void block_fwd_composed_f32_attn_rows_pack_V(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ Vu,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
+    float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*((dh) / 8)) return;
+    const int64_t a2b = tid % (((dh) / 8));
+    const int64_t a1b = (tid / (((dh) / 8))) % heads;
+    const int64_t a0b = (tid / (heads*((dh) / 8)));
+    for (int64_t a3b = 0; a3b < n; ++a3b) {
+        const int64_t attn_V_panel_row = 8*a3b + 8*n*(a2b + (a0b*heads + a1b)*((dh) / 8));
+        const int64_t V_row = 8*a2b + dh*(a3b + n*(a0b*heads + a1b));
+        for (int64_t lane2 = 0; lane2 < 8; ++lane2) {
+            attn_V_panel[attn_V_panel_row + lane2] = V[V_row + lane2];
+        }
+    }
+}
+
+/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
  * for b, h, i_tile (parallel) / c (simd), j_blk / j_tile, j, j (simd), c, c_tile / c
  *     (register tile), c (simd), j (register tile), c
  */
@@ -4724,6 +4900,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4954,38 +5131,38 @@ __global__ void block_fwd_composed_f32_attn_rows(
             float o_6d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] * rescale_3;
             float o_7d = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] * rescale_3;
             for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
-                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
-                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
-                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
-                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
-                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
-                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
-                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
-                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7 += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7b += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7c += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                o_0d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                o_1d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                o_2d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                o_3d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                o_4d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                o_5d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                o_6d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                o_7d += attn_probs[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
             }
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0;
             attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1;
@@ -5083,6 +5260,7 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5182,6 +5360,7 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5244,6 +5423,7 @@ __global__ void block_fwd_composed_f32_out_Y(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5454,6 +5634,7 @@ __global__ void block_fwd_composed_f32_out_Y_pointwise(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5512,6 +5693,7 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5578,6 +5760,7 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5644,6 +5827,7 @@ __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5703,6 +5887,7 @@ __global__ void block_fwd_composed_f32_mlp_U(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5913,6 +6098,7 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5974,6 +6160,7 @@ __global__ void block_fwd_composed_f32_mlp_V_pack_Wu(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6033,6 +6220,7 @@ __global__ void block_fwd_composed_f32_mlp_V(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6243,6 +6431,7 @@ __global__ void block_fwd_composed_f32_mlp_V_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6304,6 +6493,7 @@ __global__ void block_fwd_composed_f32_mlp_H(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6362,6 +6552,7 @@ __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6421,6 +6612,7 @@ __global__ void block_fwd_composed_f32_mlp_F(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6631,6 +6823,7 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6692,6 +6885,7 @@ __global__ void block_fwd_composed_f32_add_y(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6748,6 +6942,7 @@ extern "C" int block_fwd_composed_f32(
     float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
+    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -6767,7 +6962,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6776,7 +6971,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6785,7 +6980,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6794,7 +6989,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6803,7 +6998,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6812,7 +7007,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6821,7 +7016,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6830,7 +7025,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6839,7 +7034,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6848,7 +7043,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6857,7 +7052,16 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6866,7 +7070,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6875,7 +7079,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6884,7 +7088,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6893,7 +7097,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6902,7 +7106,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6911,7 +7115,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6920,7 +7124,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6929,7 +7133,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6938,7 +7142,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6947,7 +7151,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6956,7 +7160,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6965,7 +7169,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6974,7 +7178,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6983,7 +7187,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6992,7 +7196,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7001,7 +7205,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7010,7 +7214,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7019,7 +7223,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

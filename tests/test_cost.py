@@ -150,7 +150,7 @@ EIGHT_ROWS = {"rows": 8, "lanes": 16}
     ("attention_fwd_causal", "flash", {"rows": 6, "lanes": 8}, dict(batch=1, heads=1, n=192, d=8)),
     # the owner's causal forward: two blocks of 32 keys; its key rows' pass is counted
     # without the causal rows' cut (moagen.cost.view), an over-count
-    *(("attention_fwdbwd" + c, "owner", EIGHT_ROWS, dict(batch=1, heads=1, n=64, d=2))
+    *(("attention_fwdbwd" + c, "owner", EIGHT_ROWS, dict(batch=1, heads=1, n=64, d=16))
       for c in ("", "_causal"))])
 def test_model_counts_the_flash_form_but_its_score_row(kernel, variant, params, sizes):
     cost = model.predict(kernel, variant, params=params)

@@ -21,6 +21,7 @@ from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.pipeline import onf_of
 
 I, J, C, N, D = sym("i"), sym("j"), sym("c"), sym("n"), sym("d")
+B, H = sym("batch"), sym("heads")
 
 
 def _attention(n, d, heads=1, seed=0):
@@ -45,15 +46,20 @@ def test_flash_keeps_the_value(causal, n, d, rows, lanes):
 
 def test_flash_structure():
     onf = onf_of("attention_fwd", "flash", params={"rows": 4, "lanes": 8})
-    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows", "rows.edge"]
-    assert [b.name for b in onf.temps] == ["probs", "K_panel"]
-    tiles = [s for s in walk(onf.nests[1].body) if isinstance(s, Loop) and s.vector_tile]
+    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows.pack_V", "rows", "rows.edge"]
+    assert [b.name for b in onf.temps] == ["probs", "K_panel", "V_panel"]
+    # V in panels of 8 columns, a panel's keys one after another (8 values a key)
+    assert onf.temps[2].shape == (B, H, idiv(D, 8), N, 8)
+    tiles = [s for s in walk(onf.nests[2].body) if isinstance(s, Loop) and s.vector_tile]
     # one tile of scores (a loop over the head's columns), one of outputs (over the keys)
     assert [t.var.name for t in tiles] == ["c", "j"]
     assert len([u for u in tiles[0].body if isinstance(u, Update)]) == 4 * 8
     assert len([u for u in tiles[1].body if isinstance(u, Update)]) == 4 * 8
     # lanes innermost: the compiler packs a row's consecutive lanes into one vector
     assert [u.name for u in tiles[0].body[:3]] == ["qk_0_0", "qk_0_1", "qk_0_2"]
+    reads = {e.array for u in tiles[1].body for e in S.subexpressions(u.value)
+             if isinstance(e, S.Load)}
+    assert reads == {"probs", "V_panel"}
 
 
 @pytest.mark.parametrize("n", [1, 13, 70, 150])

@@ -97,7 +97,8 @@ def flash_tiles(nest, rows, lanes, causal):
     together = rows_together(nest, "i", rows)
     masked = (CausalBlocks(nest), *(CausalBlocks(jam.edge) for jam in together)) \
         if causal else ()
-    return (*together, *masked, KeyTiles(nest, "j", lanes), ColumnTiles(nest, "j", "c", lanes))
+    return (*together, *masked, KeyTiles(nest, "j", lanes),
+            ColumnTiles(nest, "j", "c", lanes, pack=True))
 
 
 def flash_params(n: int, d: int, causal: bool, lanes: int) -> dict:

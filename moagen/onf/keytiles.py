@@ -35,7 +35,10 @@ columns loaded once for all the jammed rows. A loop just before that scales the 
 elements (the online softmax's rescale of the output rows once per block,
 X[.., c] = X[.., c] * r) is folded into the tile's loads, let x_v = X[.., f c_tile + v] * r,
 and keeps only the columns after the last tile: one pass over the rows less per block, the
-same products.
+same products. With `pack`, a read by key and column (V[.., j, c]) comes from a panel with
+the columns cut into tiles placed before the keys, V_panel[.., c_tile, j, v] (copied once
+by a nest before, as K's): a tile's loads over a block's keys are then one stream of f
+values a key, where V's rows are a whole row apart.
 
 Both are legal where UnrollSum and UnrollJam are: KeyTiles' loop has independent iterations
 (every array it stores is indexed by j at one position), ColumnTiles' loop shares only its
@@ -99,7 +102,7 @@ class _InnerLoops(Step):
         body = self._after(body)
         nests = []
         for n in onf.nests:
-            if n is nest:  # panels only KeyTiles makes
+            if n is nest:  # the panels' copies before it
                 nests += [Nest(panel.name, copy, n.origin, self.packing(array))
                           for array, (panel, copy) in work.packs.items()]
                 n = replace(n, body=body)
@@ -110,6 +113,42 @@ class _InnerLoops(Step):
     def _after(self, body):
         """The nest's body once every loop is tiled (the step's own last rewrite)."""
         return body
+
+    def packing(self, array: str) -> str:
+        """The nest it creates that copies `array` into panels."""
+        return nest_role(self.nest, f"pack_{array}")
+
+    def _panel(self, access, cut, at, tile, work):
+        """The read of `access` from its panel (made on first use): the array with its axis
+        indexed by `cut` (a loop variable v, or lanes*tile + v) cut into tiles of `lanes`, the
+        tile's axis at position `at` of the other axes (the key axis for KeyTiles, before the
+        keys for ColumnTiles), the lane last."""
+        k, f = next(k for k, i in enumerate(access.index) if i == cut), self.lanes
+        if access.array not in work.packs:
+            work.packs[access.array] = self._pack(access.array, k, at, work)
+        rest = access.index[:k] + access.index[k + 1:]
+        index = rest[:at] + (tile,) + rest[at:] + (sympy.expand(cut - f * tile),)
+        return S.Access(work.packs[access.array][0].name, index)
+
+    def _pack(self, array, k, at, work):
+        """(the panel buffer, the nest body copying `array` into it), parallel over the
+        loops down to the tiles."""
+        buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
+        shape = next(b.shape for b in buffers if b.name == array)
+        f, names = self.lanes, work.names
+        rest = shape[:k] + shape[k + 1:]
+        panel = Buffer(names.claim(names.new(f"{array}_panel")),
+                       rest[:at] + (idiv(shape[k], f),) + rest[at:] + (sympy.Integer(f),))
+        axes = [sympy.Symbol(names.claim(names.new(f"a{p}")), integer=True)
+                for p in range(len(shape))]
+        lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
+        others = axes[:at] + axes[at + 1:]  # the panel's axes but the tile's, in its order
+        source = others[:k] + [f * axes[at] + lane] + others[k:]
+        copy = (Loop(lane, sympy.Integer(0), sympy.Integer(f),
+                     (Store(panel.name, tuple(axes) + (lane,), S.Access(array, tuple(source))),)),)
+        for p in reversed(range(len(shape))):
+            copy = (Loop(axes[p], sympy.Integer(0), panel.shape[p], copy),)
+        return panel, (replace(copy[0], parallel=at + 1),)
 
 
 @dataclass(frozen=True)
@@ -126,10 +165,6 @@ class KeyTiles(_InnerLoops):
     def tiles(self) -> str:
         """The loops over tiles of `lanes` keys it creates (j_tile)."""
         return loop_role(self.loop, "tile")
-
-    def packing(self, array: str) -> str:
-        """The nest it creates that copies `array` into panels."""
-        return nest_role(self.nest, f"pack_{array}")
 
     @staticmethod
     def _selects(loop):
@@ -151,7 +186,11 @@ class KeyTiles(_InnerLoops):
                                  for e in S.subexpressions(x)
                                  if isinstance(e, S.Access) and loop.var in _symbols(e.index))
         for access in operands:
-            panel = self._panel(access, loop.var, tile, work)
+            at = [k for k, i in enumerate(access.index) if loop.var in _symbols((i,))]
+            if len(at) != 1 or access.index[at[0]] != loop.var:
+                raise ScheduleError(f"{self}: {access.array} is read at {access.index}: a panel "
+                                    f"needs {loop.var} alone at one position")
+            panel = self._panel(access, loop.var, at[0], tile, work)
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
         copies = [copy_iteration(body, loop.var, f * tile + v, v, work.names) for v in range(f)]
@@ -160,37 +199,6 @@ class KeyTiles(_InnerLoops):
                      tuple(_vector_tile(s) for s in jam(self, copies)))
         return [tiles, replace(loop, start=f * full)]
 
-    def _panel(self, access, var, tile, work):
-        """The read of `access` from its panel (made on first use): the array with its axis
-        indexed by var cut into tiles of `lanes`, the lane its last axis."""
-        at = [k for k, i in enumerate(access.index) if var in sympy.sympify(i).free_symbols]
-        if len(at) != 1 or access.index[at[0]] != var:
-            raise ScheduleError(f"{self}: {access.array} is read at {access.index}: a panel "
-                                f"needs {var} alone at one position")
-        k, f = at[0], self.lanes
-        if access.array not in work.packs:
-            work.packs[access.array] = self._pack(access.array, k, work)
-        index = access.index[:k] + (tile,) + access.index[k + 1:] + (var - f * tile,)
-        return S.Access(work.packs[access.array][0].name, index)
-
-    def _pack(self, array, k, work):
-        """(the panel buffer, the nest body copying `array` into it), parallel over the
-        loops down to the tiles."""
-        buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
-        shape = next(b.shape for b in buffers if b.name == array)
-        f, names = self.lanes, work.names
-        panel = Buffer(names.claim(names.new(f"{array}_panel")),
-                       shape[:k] + (idiv(shape[k], f),) + shape[k + 1:] + (sympy.Integer(f),))
-        axes = [sympy.Symbol(names.claim(names.new(f"a{p}")), integer=True)
-                for p in range(len(shape))]
-        lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
-        source = axes[:k] + [f * axes[k] + lane] + axes[k + 1:]
-        copy = (Loop(lane, sympy.Integer(0), sympy.Integer(f),
-                     (Store(panel.name, tuple(axes) + (lane,), S.Access(array, tuple(source))),)),)
-        for p in reversed(range(len(shape))):
-            copy = (Loop(axes[p], sympy.Integer(0), panel.shape[p], copy),)
-        return panel, (replace(copy[0], parallel=k + 1),)
-
 
 @dataclass(frozen=True)
 class ColumnTiles(_InnerLoops):
@@ -198,10 +206,12 @@ class ColumnTiles(_InnerLoops):
     loop: str = "j"
     cols: str = "c"
     lanes: int = 8
+    pack: bool = False  # the tiles' operands read by key and column from panels
     _wanted = "loop over the keys adding into elements it does not index"
 
     def __str__(self):
-        return f"column_tiles({self.nest}, {self.loop}, {self.cols}, {self.lanes})"
+        return (f"column_tiles({self.nest}, {self.loop}, {self.cols}, {self.lanes}"
+                f"{', pack' if self.pack else ''})")
 
     @property
     def tiles(self) -> str:
@@ -232,18 +242,37 @@ class ColumnTiles(_InnerLoops):
             inlined[let.name] = S.subs_locals(let.value, inlined)
         accs, sums, stores = [], [], []
         for store in col.body:
+            value = S.subs_locals(store.value, inlined)
+            if self.pack:
+                value = self._packed(value, loop.var, col.var, tile, work)
             for v in range(f):
                 at = {col.var: f * tile + v}
                 index = tuple(sympy.sympify(i).xreplace(at) for i in store.index)
                 acc = work.names.claim(work.names.new(f"{store.array.lower()}_{v}"))
                 work.names.locals.add(acc)
                 accs.append(Let(acc, S.Access(store.array, index)))
-                sums.append(Update(acc, "+", S.subs(S.subs_locals(store.value, inlined), at)))
+                sums.append(Update(acc, "+", S.subs(value, at)))
                 stores.append(Store(store.array, index, S.Local(acc)))
         keys = replace(loop, body=tuple(sums), vector_tile=True)
         tiles = Loop(tile, sympy.Integer(0), idiv(col.stop, f), tuple(accs + [keys] + stores))
         edge = replace(loop, body=tuple(lets) + (replace(col, start=f * idiv(col.stop, f)),))
         return [tiles, edge]
+
+    def _packed(self, value, key, col, tile, work):
+        """value with each read indexed by the key and the column each alone (V[.., j, c])
+        read from a panel with the column axis cut into tiles placed before the keys
+        (V_panel[.., c_tile, j, lane]): a tile's loads over the keys then one stream, `lanes`
+        values a key, where the rows of V are a whole row apart."""
+        for access in dict.fromkeys(e for e in S.subexpressions(value)
+                                    if isinstance(e, S.Access)):
+            if key not in access.index or col not in access.index or any(
+                    {key, col} & sympy.sympify(i).free_symbols
+                    for i in access.index if i not in (key, col)):
+                continue
+            k, p = access.index.index(col), access.index.index(key)
+            panel = self._panel(access, col, p if p < k else p - 1, tile, work)
+            value = S.replace_node(value, access, panel)
+        return value
 
 
 def _scaled_loads(stmts, tiles, f):
