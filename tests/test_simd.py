@@ -67,24 +67,30 @@ def test_lanes_that_would_interfere_are_not_vectorized():
     assert not _one_loop(Store("y", (I,), x), Store("y", (I + 1,), x)).simd  # lanes overlap
 
 
+BLK = sym("i_blk")
+
+
+def _rows_marked(start, gap, dims=(N,), sizes=(N,)):
+    """Whether a loop over a block's rows i in [start, min(n, 64 i_blk + 64)) storing two
+    rows of a scratch `gap` apart is marked; dims: the input's shape (its symbols at least 1
+    in every call), sizes: the kernel's."""
+    loop = Loop(I, start, sympy.Min(N, 64 * BLK + 64), (
+        Store("y", (I - 64 * BLK,), S.Load("x", I)),
+        Store("y", (I - 64 * BLK + gap,), S.Load("x", I))))
+    onf = ONF("t", "v", (Buffer("x", dims),), (Buffer("y", (N,)),), (), sizes, (),
+              (Nest("y", (loop,), "test"),), flat=True)
+    return mark_simd(onf).nests[0].body[0].simd
+
+
 def test_rows_of_a_block_scratch_apart_by_the_blocks_length_are_vectorized():
     """Two rows of a block's scratch, 64 apart, stored over the block's rows from 64 i_blk
     or later (a causal block's rows past its keys: Max(64 i_blk, k)) to at most 64 i_blk +
     64: at most 64 iterations, so the rows' ranges never meet. From k alone no such bound
     holds, and the loop is left to the compiler."""
-    blk, k = sym("i_blk"), sym("k")
-    rows = lambda start: Loop(I, start, sympy.Min(N, 64 * blk + 64), (
-        Store("y", (I - 64 * blk,), S.Load("x", I)),
-        Store("y", (I - 64 * blk + 64,), S.Load("x", I))))
-
-    def marked(start):
-        onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
-                  (Nest("y", (rows(start),), "test"),), flat=True)
-        return mark_simd(onf).nests[0].body[0].simd
-
-    assert marked(64 * blk)
-    assert marked(16 * sympy.Max(4 * blk, k))
-    assert not marked(16 * k)
+    k = sym("k")
+    assert _rows_marked(64 * BLK, 64)
+    assert _rows_marked(16 * sympy.Max(4 * BLK, k), 64)
+    assert not _rows_marked(16 * k, 64)
 
 
 def test_rows_a_multiple_of_a_size_apart_are_vectorized():
@@ -92,16 +98,8 @@ def test_rows_a_multiple_of_a_size_apart_are_vectorized():
     group an input's dimension (at least 1 in every call), so at least the 64 iterations the
     loop runs. A symbol that is no input's dimension (a count given at call time, possibly
     0) proves nothing."""
-    blk, group, given = sym("i_blk"), sym("group"), sym("given")
-
-    def marked(gap):
-        loop = Loop(I, 64 * blk, sympy.Min(N, 64 * blk + 64), (
-            Store("y", (I - 64 * blk,), S.Load("x", I)),
-            Store("y", (I - 64 * blk + gap,), S.Load("x", I))))
-        onf = ONF("t", "v", (Buffer("x", (group, N)),), (Buffer("y", (N,)),), (),
-                  (group, N, given), (), (Nest("y", (loop,), "test"),), flat=True)
-        return mark_simd(onf).nests[0].body[0].simd
-
+    group, given = sym("group"), sym("given")
+    marked = lambda gap: _rows_marked(64 * BLK, gap, (group, N), (group, N, given))
     assert marked(64 * group)
     assert not marked(64 * given)
     assert not marked(32 * group)
@@ -112,23 +110,13 @@ def test_rows_min_n_b_apart_are_vectorized():
     not know): over a block's at most min(n, 64) keys (at most 64, at most n - 64 i_blk <= n:
     a loop variable is never negative) two rows' ranges never meet. Rows min(n, 32) apart
     would meet, and from k alone no bound holds."""
-    blk, k = sym("i_blk"), sym("k")
-
-    def marked(start, gap, sizes=(N,)):
-        loop = Loop(I, start, sympy.Min(N, 64 * blk + 64), (
-            Store("y", (I - 64 * blk,), S.Load("x", I)),
-            Store("y", (I - 64 * blk + gap,), S.Load("x", I))))
-        onf = ONF("t", "v", (Buffer("x", sizes),), (Buffer("y", (N,)),), (), (N,), (),
-                  (Nest("y", (loop,), "test"),), flat=True)
-        return mark_simd(onf).nests[0].body[0].simd
-
-    assert marked(64 * blk, sympy.Min(N, 64))
-    assert marked(64 * blk, -3 * sympy.Min(N, 64))
-    assert not marked(64 * blk, sympy.Min(N, 32))
-    assert not marked(16 * k, sympy.Min(N, 64))
+    assert _rows_marked(64 * BLK, sympy.Min(N, 64))
+    assert _rows_marked(64 * BLK, -3 * sympy.Min(N, 64))
+    assert not _rows_marked(64 * BLK, sympy.Min(N, 32))
+    assert not _rows_marked(16 * sym("k"), sympy.Min(N, 64))
     # n a count given at call time (decode's cache length), possibly 0: a loop then runs
     # no iteration, and over any other n the rows are as far apart
-    assert marked(64 * blk, 3 * sympy.Min(N, 64), sizes=(sym("cap"),))
+    assert _rows_marked(64 * BLK, 3 * sympy.Min(N, 64), dims=(sym("cap"),))
 
 
 def test_the_flash_forwards_block_passes_stay_vectorized():
