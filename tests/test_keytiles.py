@@ -164,11 +164,17 @@ def test_key_tiles_keep_the_value(n):
     np.testing.assert_allclose(run_onf(onf, {"a": a, "b": b}, {})["p"], a @ b.T, rtol=1e-13)
 
 
+@pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("d", [3, 8, 13])
-def test_column_tiles_keep_the_value_bit_for_bit(d):
+def test_column_tiles_keep_the_value_bit_for_bit(d, pack):
+    """With pack, b read from a panel of its columns by tiles of 4, each tile's keys in a
+    row: b_panel[c_tile, j, v] (the columns after the last tile from b)."""
     plain = _weighted_sum()
-    tiled = ColumnTiles("y", "j", "c", 4)(plain)
-    tiles = [s for s in walk(tiled.nests[0].body) if isinstance(s, Loop) and s.vector_tile]
+    tiled = ColumnTiles("y", "j", "c", 4, pack=pack)(plain)
+    assert [n.label for n in tiled.nests] == ["y.pack_b"] * pack + ["y"]
+    if pack:
+        assert tiled.temps[0].shape == (idiv(D, 4), N, 4)
+    tiles = [s for s in walk(tiled.nests[-1].body) if isinstance(s, Loop) and s.vector_tile]
     assert [t.var.name for t in tiles] == ["j"]
     rng = np.random.default_rng(2)
     arrays = {"p": rng.standard_normal((6, 6)), "b": rng.standard_normal((6, d))}
@@ -221,6 +227,17 @@ def test_column_tiles_fold_a_rescale_into_their_loads(d):
 
 
 def test_refusals():
+    # one panel per array: b read as b[j, c] and b[c, j] cannot share one
+    both = S.Bin("+", S.Bin("*", S.Local("t"), S.Access("b", (J, C))),
+                 S.Bin("*", S.Local("t"), S.Access("b", (C, J))))
+    add = Loop(J, sympy.Integer(0), N, (Let("t", S.Access("p", (I, J))), Loop(
+        C, sympy.Integer(0), N, (Store("y", (I, C), both, "+"),))))
+    zero = Loop(C, sympy.Integer(0), N, (Store("y", (I, C), S.Num(0.0)),))
+    two_orders = ONF("two_orders", "test", (Buffer("p", (N, N)), Buffer("b", (N, N))),
+                     (Buffer("y", (N, N)),), (), (N,), (),
+                     (Nest("y", (Loop(I, sympy.Integer(0), N, (zero, add)),), "y"),))
+    with pytest.raises(ScheduleError, match="two orders"):
+        ColumnTiles("y", "j", "c", 4, pack=True)(two_orders)
     with pytest.raises(ScheduleError, match="at least two lanes"):
         KeyTiles("p", "j", 1)(_scores())
     with pytest.raises(ScheduleError, match="no loop over the keys computing sums"):

@@ -78,7 +78,8 @@ def _vector_tile(s):
 @dataclass
 class _Work:
     """What one application of a step carries: the ONF, its names, the panels made so far
-    (array -> (panel buffer, the nest body that fills it))."""
+    (array -> (panel buffer, the nest body that fills it, the array's cut axis and the
+    tile's place))."""
     onf: ONF
     names: object
     packs: dict = field(default_factory=dict)
@@ -104,10 +105,10 @@ class _InnerLoops(Step):
         for n in onf.nests:
             if n is nest:  # the panels' copies before it
                 nests += [Nest(panel.name, copy, n.origin, self.packing(array))
-                          for array, (panel, copy) in work.packs.items()]
+                          for array, (panel, copy, _) in work.packs.items()]
                 n = replace(n, body=body)
             nests.append(n)
-        temps = onf.temps + tuple(panel for panel, _ in work.packs.values())
+        temps = onf.temps + tuple(panel for panel, _, _ in work.packs.values())
         return replace(onf.with_nests(nests, str(self)), temps=temps)
 
     def _after(self, body):
@@ -125,7 +126,10 @@ class _InnerLoops(Step):
         keys for ColumnTiles), the lane last."""
         k, f = next(k for k, i in enumerate(access.index) if i == cut), self.lanes
         if access.array not in work.packs:
-            work.packs[access.array] = self._pack(access.array, k, at, work)
+            work.packs[access.array] = self._pack(access.array, k, at, work) + ((k, at),)
+        elif work.packs[access.array][2] != (k, at):
+            raise ScheduleError(f"{self}: {access.array} is read with its axes in two orders: "
+                                "one panel cannot serve both")
         rest = access.index[:k] + access.index[k + 1:]
         index = rest[:at] + (tile,) + rest[at:] + (sympy.expand(cut - f * tile),)
         return S.Access(work.packs[access.array][0].name, index)
