@@ -236,12 +236,12 @@ def test_naive_over_dnf_traffic_grows_like_n_over_d():
 
 
 @pytest.mark.parametrize("variant, params, parts, panels", [
-    ("atomic", None, 0, 0), ("owner", None, 1, 3), ("owner", {"lanes": 0}, 1, 0),
+    ("atomic", None, 0, 0), ("owner", None, 1, 4), ("owner", {"lanes": 0}, 1, 0),
     ("owner", {"parts": 0, "lanes": 0}, 0, 0)])
 def test_fused_forward_backward_moves_4nd_in_and_4nd_out(variant, params, parts, panels):
     """The owner with the CPU's defaults (dQ from the key rows' pass, which read K and V in
-    another index form than the forward, into one part of dQ: nd more written; K, Q and dO
-    copied into the register tiles' panels: 3nd more), without the tiles, and with dQ in
+    another index form than the forward, into one part of dQ: nd more written; K, V, Q and
+    dO copied into the register tiles' panels: 4nd more), without the tiles, and with dQ in
     its own pass (the GPU's)."""
     cost = model.predict("attention_fwdbwd", variant, params=params)
     read = sum(m.read for m in cost.minimum.values())

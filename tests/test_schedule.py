@@ -235,7 +235,8 @@ def test_reorder_keeps_the_value(kernel, variant, lowered, nest, order):
 def test_reorder_of_the_parallel_rows_after_the_schedule(kernel, variant):
     onf = _scheduled(kernel, variant)
     rows = _chain(onf.nests[-1].body)[:2]
-    # every nest over the rows (a panel's copy, flash's K_panel, runs over loops of its own)
+    # every nest over the rows (a panel's copy, flash's K_panel and V_panel, runs over loops of
+    # its own)
     over_rows = [n.label for n in onf.nests if _chain(n.body)[:2] == rows]
     for label in over_rows:
         onf = Reorder(tuple(reversed(rows)), label)(onf)
@@ -297,8 +298,9 @@ def test_only_naive_attention_has_n_by_n_temporaries(variant):
     temps = {t.name for t in onf.temps}
     if variant == "naive":
         assert square == {"scores", "probs"} == temps
-    else:  # online: one block of keys' scores per query row; flash: and K in panels
-        scratch = {"online": {"probs"}, "flash": {"probs", "K_panel"}}.get(variant, set())
+    else:  # online: one block of keys' scores per query row; flash: and K and V in panels
+        scratch = {"online": {"probs"},
+                   "flash": {"probs", "K_panel", "V_panel"}}.get(variant, set())
         assert square == set() and temps == scratch
     assert _arrays_touched(onf) == {"Q", "K", "V", "O", "lse"} | temps
 
