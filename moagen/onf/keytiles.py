@@ -119,19 +119,19 @@ class _InnerLoops(Step):
         """The nest it creates that copies `array` into panels."""
         return nest_role(self.nest, f"pack_{array}")
 
-    def _panel(self, access, cut, at, tile, work):
-        """The read of `access` from its panel (made on first use): the array with its axis
-        indexed by `cut` (a loop variable v, or lanes*tile + v) cut into tiles of `lanes`, the
-        tile's axis at position `at` of the other axes (the key axis for KeyTiles, before the
-        keys for ColumnTiles), the lane last."""
-        k, f = next(k for k, i in enumerate(access.index) if i == cut), self.lanes
+    def _panel(self, access, k, at, tile, work):
+        """The read of `access` from its panel (made on first use): the array with its axis k
+        (a loop variable v, or lanes*tile + v) cut into tiles of `lanes`, the tile's axis at
+        position `at` of the other axes (the key axis for KeyTiles, before the keys for
+        ColumnTiles), the lane last."""
+        f = self.lanes
         if access.array not in work.packs:
             work.packs[access.array] = self._pack(access.array, k, at, work) + ((k, at),)
         elif work.packs[access.array][2] != (k, at):
             raise ScheduleError(f"{self}: {access.array} is read with its axes in two orders: "
                                 "one panel cannot serve both")
         rest = access.index[:k] + access.index[k + 1:]
-        index = rest[:at] + (tile,) + rest[at:] + (sympy.expand(cut - f * tile),)
+        index = rest[:at] + (tile,) + rest[at:] + (sympy.expand(access.index[k] - f * tile),)
         return S.Access(work.packs[access.array][0].name, index)
 
     def _pack(self, array, k, at, work):
@@ -194,7 +194,7 @@ class KeyTiles(_InnerLoops):
             if len(at) != 1 or access.index[at[0]] != loop.var:
                 raise ScheduleError(f"{self}: {access.array} is read at {access.index}: a panel "
                                     f"needs {loop.var} alone at one position")
-            panel = self._panel(access, loop.var, at[0], tile, work)
+            panel = self._panel(access, at[0], at[0], tile, work)
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
         copies = [copy_iteration(body, loop.var, f * tile + v, v, work.names) for v in range(f)]
@@ -270,11 +270,10 @@ class ColumnTiles(_InnerLoops):
         for access in dict.fromkeys(e for e in S.subexpressions(value)
                                     if isinstance(e, S.Access)):
             if key not in access.index or col not in access.index or any(
-                    {key, col} & sympy.sympify(i).free_symbols
-                    for i in access.index if i not in (key, col)):
+                    {key, col} & _symbols((i,)) for i in access.index if i not in (key, col)):
                 continue
             k, p = access.index.index(col), access.index.index(key)
-            panel = self._panel(access, col, p if p < k else p - 1, tile, work)
+            panel = self._panel(access, k, p if p < k else p - 1, tile, work)
             value = S.replace_node(value, access, panel)
         return value
 
@@ -311,12 +310,13 @@ def _scaled_loads(stmts, tiles, f):
 
 
 def _scaling(store, var):
-    """r where store is X[idx] = X[idx] * r with r free of var, else None."""
+    """r where store is X[idx] = X[idx] * r with r reading neither X nor anything at var
+    (the same factor for every element the loop scales), else None."""
     value = store.value
     if not (isinstance(store, Store) and store.accumulate is None and isinstance(value, S.Bin)
             and value.op == "*" and value.left == S.Access(store.array, store.index)):
         return None
-    free = {x for e in S.subexpressions(value.right) if isinstance(e, S.Access)
-            for x in _symbols(e.index)}
-    return None if var in free or isinstance(value.right, S.Access) and \
-        value.right.array == store.array else value.right
+    reads = [e for e in S.subexpressions(value.right) if isinstance(e, S.Access)]
+    if any(e.array == store.array or var in _symbols(e.index) for e in reads):
+        return None
+    return value.right
