@@ -150,14 +150,14 @@ __global__ void attention_bwd_causal_flash_f64_dQ(
                 dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
                 dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const double lse_at = lse[4*i_tile + n*(b*heads + h)];
         const double delta_at = delta[4*i_tile + n*(b*heads + h)];
@@ -168,44 +168,44 @@ __global__ void attention_bwd_causal_flash_f64_dQ(
         const double lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
         const double delta_at4 = delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_0 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double qk_1 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double qk_2 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double qk_3 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            double dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            double qk_0 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double qk_1 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double qk_2 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double qk_3 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            double dov_0 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov_1 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double dov_2 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double dov_3 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const double t_0b = scale * exp((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const double t_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const double t_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const double t_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t_0b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t_1b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t_2b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t_3b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t_0b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t_1b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t_2b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t_0_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const double t_0_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const double t_0_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const double t_1_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t_1_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const double t_1_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const double t_1_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const double t_2_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t_2_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const double t_2_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const double t_2_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const double t_3_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const double t_3_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const double t_3_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const double t_3_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const double t_0_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_0_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_0_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_0_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t_1_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t_1_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t_1_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t_1_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t_2_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t_2_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t_2_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t_2_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t_3_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t_3_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t_3_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t_3_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
@@ -215,10 +215,10 @@ __global__ void attention_bwd_causal_flash_f64_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const double t_0b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * K[K_row + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * K[K_row + c];
@@ -277,33 +277,33 @@ __global__ void attention_bwd_causal_flash_f64_dQ_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
             }
-            qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
-            dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
+            qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         const double lse_at5 = lse[i + n*(b*heads + h)];
         const double delta_at5 = delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk = qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            double dov = dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            double qk = qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov = dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t;
+            t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t_1 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t_2 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t_3 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const double t_0 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t_2 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t_3 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const double t = t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t * K[K_row + c];
             }
@@ -378,24 +378,24 @@ __global__ void attention_bwd_causal_flash_f64_keys(
                 dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
                 dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0b;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1b;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2b;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk_0b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double qk_1b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double qk_2b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double qk_3b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            double dov_0b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double dov_1b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double dov_2b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double dov_3b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            double qk_0b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double qk_1b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double qk_2b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double qk_3b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            double dov_0b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov_1b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double dov_2b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double dov_3b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const double t2_0b = exp((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t2_1b = exp((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t2_2b = exp((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
@@ -404,14 +404,14 @@ __global__ void attention_bwd_causal_flash_f64_keys(
             const double t3_1b = scale * t2_1b * (dov_1b - delta[i + n*(b*heads + h)]);
             const double t3_2b = scale * t2_2b * (dov_2b - delta[i + n*(b*heads + h)]);
             const double t3_3b = scale * t2_3b * (dov_3b - delta[i + n*(b*heads + h)]);
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t2_0b;
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t2_1b;
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t2_2b;
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t2_3b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -422,38 +422,38 @@ __global__ void attention_bwd_causal_flash_f64_keys(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const double t2_0_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const double t2_0_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t2_0_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t2_0_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t2_1_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const double t2_1_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const double t2_1_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const double t2_1_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const double t2_2_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const double t2_2_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const double t2_2_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const double t2_2_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const double t2_3_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const double t2_3_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const double t2_3_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const double t2_3_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
-            const double t3_0_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_0_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_0_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_0_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t3_1_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const double t3_1_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const double t3_1_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const double t3_1_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const double t3_2_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const double t3_2_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const double t3_2_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const double t3_2_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const double t3_3_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const double t3_3_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const double t3_3_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const double t3_3_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
+            const double t2_0_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_0_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t2_0_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t2_0_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t2_1_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t2_1_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t2_1_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t2_1_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t2_2_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t2_2_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t2_2_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t2_2_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t2_3_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t2_3_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t2_3_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t2_3_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
+            const double t3_0_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_0_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t3_0_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t3_0_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t3_1_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t3_1_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t3_1_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t3_1_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t3_2_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t3_2_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t3_2_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t3_2_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t3_3_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t3_3_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t3_3_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t3_3_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
@@ -470,14 +470,14 @@ __global__ void attention_bwd_causal_flash_f64_keys(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const double t2_0b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t2_1b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t2_2b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t2_3b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t3_0b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_1b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_2b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_3b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const double t2_0b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_1b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t2_2b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t2_3b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t3_0b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_1b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t3_2b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t3_3b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t3_0b * Q[Q_row + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * Q[Q_row + c];
@@ -543,16 +543,16 @@ __global__ void attention_bwd_causal_flash_f64_keys_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
             }
-            qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
-            dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
+            qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk = qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            double dov = dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            double qk = qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov = dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             const double t2 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t3 = scale * t2 * (dov - delta[i + n*(b*heads + h)]);
-            t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t2;
-            t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t3;
+            t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
+            t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -563,14 +563,14 @@ __global__ void attention_bwd_causal_flash_f64_keys_edge(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const double t2_0 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const double t2_1 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const double t2_2 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const double t2_3 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
-            const double t3_0 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const double t3_1 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const double t3_2 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const double t3_3 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
+            const double t2_0 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_1 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t2_2 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t2_3 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t3_0 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_1 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t3_2 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t3_3 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
             }
@@ -581,8 +581,8 @@ __global__ void attention_bwd_causal_flash_f64_keys_edge(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const double t2 = t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            const double t3 = t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            const double t2 = t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3 = t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t3 * Q[Q_row + c];
             }
@@ -773,14 +773,14 @@ __global__ void attention_bwd_causal_flash_f32_dQ(
                 dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
                 dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const float lse_at = lse[4*i_tile + n*(b*heads + h)];
         const float delta_at = delta[4*i_tile + n*(b*heads + h)];
@@ -791,44 +791,44 @@ __global__ void attention_bwd_causal_flash_f32_dQ(
         const float lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
         const float delta_at4 = delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_0 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float qk_1 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float qk_2 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float qk_3 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            float dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            float qk_0 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float qk_1 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float qk_2 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float qk_3 = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            float dov_0 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov_1 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float dov_2 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float dov_3 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const float t_0b = scale * expf((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const float t_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const float t_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const float t_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t_0b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t_1b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t_2b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t_3b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t_0b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t_1b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t_2b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t_0_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const float t_0_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const float t_0_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const float t_1_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t_1_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const float t_1_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const float t_1_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const float t_2_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t_2_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const float t_2_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const float t_2_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const float t_3_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const float t_3_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const float t_3_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const float t_3_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const float t_0_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_0_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_0_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_0_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t_1_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t_1_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t_1_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t_1_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t_2_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t_2_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t_2_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t_2_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t_3_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t_3_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t_3_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t_3_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
@@ -838,10 +838,10 @@ __global__ void attention_bwd_causal_flash_f32_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const float t_0b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3b = t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3b = t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * K[K_row + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * K[K_row + c];
@@ -900,33 +900,33 @@ __global__ void attention_bwd_causal_flash_f32_dQ_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
             }
-            qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
-            dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
+            qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         const float lse_at5 = lse[i + n*(b*heads + h)];
         const float delta_at5 = delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk = qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            float dov = dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            float qk = qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov = dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t;
+            t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t_1 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t_2 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t_3 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const float t_0 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t_2 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t_3 = t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const float t = t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t * K[K_row + c];
             }
@@ -1001,24 +1001,24 @@ __global__ void attention_bwd_causal_flash_f32_keys(
                 dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
                 dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0b;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1b;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2b;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk_0b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float qk_1b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float qk_2b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float qk_3b = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            float dov_0b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float dov_1b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float dov_2b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float dov_3b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            float qk_0b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float qk_1b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float qk_2b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float qk_3b = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            float dov_0b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov_1b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float dov_2b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float dov_3b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const float t2_0b = expf((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t2_1b = expf((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t2_2b = expf((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
@@ -1027,14 +1027,14 @@ __global__ void attention_bwd_causal_flash_f32_keys(
             const float t3_1b = scale * t2_1b * (dov_1b - delta[i + n*(b*heads + h)]);
             const float t3_2b = scale * t2_2b * (dov_2b - delta[i + n*(b*heads + h)]);
             const float t3_3b = scale * t2_3b * (dov_3b - delta[i + n*(b*heads + h)]);
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t2_0b;
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t2_1b;
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t2_2b;
-            t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t2_3b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
+            t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -1045,38 +1045,38 @@ __global__ void attention_bwd_causal_flash_f32_keys(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const float t2_0_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const float t2_0_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t2_0_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t2_0_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t2_1_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const float t2_1_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const float t2_1_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const float t2_1_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const float t2_2_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const float t2_2_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const float t2_2_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const float t2_2_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const float t2_3_0 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const float t2_3_1 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const float t2_3_2 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const float t2_3_3 = t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
-            const float t3_0_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_0_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_0_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_0_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t3_1_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const float t3_1_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const float t3_1_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const float t3_1_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const float t3_2_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const float t3_2_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const float t3_2_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const float t3_2_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const float t3_3_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const float t3_3_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const float t3_3_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const float t3_3_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
+            const float t2_0_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_0_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t2_0_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t2_0_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t2_1_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t2_1_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t2_1_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t2_1_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t2_2_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t2_2_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t2_2_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t2_2_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t2_3_0 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t2_3_1 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t2_3_2 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t2_3_3 = t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
+            const float t3_0_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_0_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t3_0_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t3_0_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t3_1_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t3_1_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t3_1_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t3_1_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t3_2_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t3_2_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t3_2_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t3_2_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t3_3_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t3_3_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t3_3_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t3_3_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
@@ -1093,14 +1093,14 @@ __global__ void attention_bwd_causal_flash_f32_keys(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const float t2_0b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t2_1b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t2_2b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t2_3b = t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t3_0b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_1b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_2b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_3b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const float t2_0b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_1b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t2_2b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t2_3b = t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t3_0b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_1b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t3_2b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t3_3b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t3_0b * Q[Q_row + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * Q[Q_row + c];
@@ -1166,16 +1166,16 @@ __global__ void attention_bwd_causal_flash_f32_keys_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
             }
-            qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
-            dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
+            qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk = qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            float dov = dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            float qk = qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov = dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             const float t2 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t3 = scale * t2 * (dov - delta[i + n*(b*heads + h)]);
-            t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t2;
-            t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t3;
+            t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
+            t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -1186,14 +1186,14 @@ __global__ void attention_bwd_causal_flash_f32_keys_edge(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const float t2_0 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const float t2_1 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const float t2_2 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const float t2_3 = t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
-            const float t3_0 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const float t3_1 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const float t3_2 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const float t3_3 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
+            const float t2_0 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_1 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t2_2 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t2_3 = t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t3_0 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_1 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t3_2 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t3_3 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
             }
@@ -1204,8 +1204,8 @@ __global__ void attention_bwd_causal_flash_f32_keys_edge(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const float t2 = t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            const float t3 = t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            const float t2 = t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3 = t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t3 * Q[Q_row + c];
             }

@@ -424,14 +424,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
                 dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
                 dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0b;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1b;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2b;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3b;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const double lse_at = lse[4*i_tile + n*(b*heads + h)];
         const double delta_at = delta[4*i_tile + n*(b*heads + h)];
@@ -442,44 +442,44 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         const double lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
         const double delta_at4 = delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_0b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double qk_1b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double qk_2b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double qk_3b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            double dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            double qk_0b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double qk_1b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double qk_2b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double qk_3b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            double dov_0 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov_1 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double dov_2 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double dov_3 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const double t2_0b = scale * exp((4*i_tile >= j ? scale * qk_0b : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const double t2_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1b : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const double t2_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2b : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const double t2_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3b : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_0b;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_1b;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_2b;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t2_3b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const double t2_0_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t2_0_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const double t2_0_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const double t2_0_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const double t2_1_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t2_1_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const double t2_1_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const double t2_1_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const double t2_2_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t2_2_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const double t2_2_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const double t2_2_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const double t2_3_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const double t2_3_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const double t2_3_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const double t2_3_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const double t2_0_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_0_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t2_0_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t2_0_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t2_1_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t2_1_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t2_1_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t2_1_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t2_2_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t2_2_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t2_2_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t2_2_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t2_3_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t2_3_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t2_3_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t2_3_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0_0 * K[K_row0 + c] + t2_1_0 * K[K_row1 + c] + t2_2_0 * K[K_row2 + c] + t2_3_0 * K[K_row3 + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_0_1 * K[K_row0 + c] + t2_1_1 * K[K_row1 + c] + t2_2_1 * K[K_row2 + c] + t2_3_1 * K[K_row3 + c];
@@ -489,10 +489,10 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const double t2_0b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t2_1b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t2_2b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t2_3b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t2_0b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_1b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t2_2b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t2_3b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0b * K[K_row + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_1b * K[K_row + c];
@@ -552,33 +552,33 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
             }
-            qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
-            dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
+            qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         const double lse_at5 = lse[i + n*(b*heads + h)];
         const double delta_at5 = delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk = qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            double dov = dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            double qk = qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov = dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             const double t2 = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t2;
+            t2_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const double t2_0 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t2_1 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t2_2 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t2_3 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const double t2_0 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_1 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t2_2 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t2_3 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t2_0 * K[K_row0 + c] + t2_1 * K[K_row1 + c] + t2_2 * K[K_row2 + c] + t2_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const double t2 = t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t2 = t2_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t2 * K[K_row + c];
             }
@@ -654,24 +654,24 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
                 dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0c;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1c;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2c;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3c;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0c;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1c;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2c;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3c;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk_0c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double qk_1c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double qk_2c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double qk_3c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            double dov_0b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double dov_1b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double dov_2b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double dov_3b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            double qk_0c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double qk_1c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double qk_2c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double qk_3c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            double dov_0b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov_1b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double dov_2b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double dov_3b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const double t3_0b = exp((i >= 4*j_tile ? scale * qk_0c : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t3_1b = exp((i >= 4*j_tile + 1 ? scale * qk_1c : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t3_2b = exp((i >= 4*j_tile + 2 ? scale * qk_2c : -INFINITY) - lse[i + n*(b*heads + h)]);
@@ -680,14 +680,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
             const double t4_1b = scale * t3_1b * (dov_1b - delta[i + n*(b*heads + h)]);
             const double t4_2b = scale * t3_2b * (dov_2b - delta[i + n*(b*heads + h)]);
             const double t4_3b = scale * t3_3b * (dov_3b - delta[i + n*(b*heads + h)]);
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t4_0b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t4_1b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t4_2b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t4_3b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t4_0b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t4_1b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t4_2b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t4_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -698,38 +698,38 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const double t3_0_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_0_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_0_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_0_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t3_1_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const double t3_1_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const double t3_1_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const double t3_1_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const double t3_2_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const double t3_2_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const double t3_2_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const double t3_2_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const double t3_3_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const double t3_3_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const double t3_3_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const double t3_3_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
-            const double t4_0_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const double t4_0_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t4_0_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t4_0_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t4_1_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const double t4_1_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const double t4_1_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const double t4_1_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const double t4_2_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const double t4_2_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const double t4_2_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const double t4_2_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const double t4_3_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const double t4_3_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const double t4_3_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const double t4_3_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
+            const double t3_0_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_0_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t3_0_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t3_0_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t3_1_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t3_1_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t3_1_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t3_1_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t3_2_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t3_2_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t3_2_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t3_2_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t3_3_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t3_3_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t3_3_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t3_3_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
+            const double t4_0_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t4_0_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t4_0_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t4_0_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t4_1_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t4_1_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t4_1_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t4_1_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t4_2_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t4_2_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t4_2_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t4_2_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t4_3_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t4_3_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t4_3_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t4_3_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0_0 * Q[Q_row0 + c] + t4_1_0 * Q[Q_row1 + c] + t4_2_0 * Q[Q_row2 + c] + t4_3_0 * Q[Q_row3 + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_0_1 * Q[Q_row0 + c] + t4_1_1 * Q[Q_row1 + c] + t4_2_1 * Q[Q_row2 + c] + t4_3_1 * Q[Q_row3 + c];
@@ -746,14 +746,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const double t3_0b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_1b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_2b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_3b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t4_0b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t4_1b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t4_2b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t4_3b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const double t3_0b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_1b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t3_2b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t3_3b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t4_0b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t4_1b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t4_2b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t4_3b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0b * Q[Q_row + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_1b * Q[Q_row + c];
@@ -820,16 +820,16 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
             }
-            qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
-            dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
+            qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk = qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            double dov = dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            double qk = qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov = dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             const double t3 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t4 = scale * t3 * (dov - delta[i + n*(b*heads + h)]);
-            t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t3;
-            t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t4;
+            t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
+            t4_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t4;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -840,14 +840,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys_edge(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const double t3_0 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const double t3_1 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const double t3_2 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const double t3_3 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
-            const double t4_0 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const double t4_1 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const double t4_2 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const double t4_3 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
+            const double t3_0 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_1 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t3_2 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t3_3 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t4_0 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t4_1 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t4_2 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t4_3 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t4_0 * Q[Q_row0 + c] + t4_1 * Q[Q_row1 + c] + t4_2 * Q[Q_row2 + c] + t4_3 * Q[Q_row3 + c];
             }
@@ -858,8 +858,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys_edge(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const double t3 = t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            const double t4 = t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            const double t3 = t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t4 = t4_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t4 * Q[Q_row + c];
             }
@@ -1304,14 +1304,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
                 dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
                 dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0b;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1b;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2b;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3b;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const float lse_at = lse[4*i_tile + n*(b*heads + h)];
         const float delta_at = delta[4*i_tile + n*(b*heads + h)];
@@ -1322,44 +1322,44 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         const float lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
         const float delta_at4 = delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_0b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float qk_1b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float qk_2b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float qk_3b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            float dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            float qk_0b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float qk_1b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float qk_2b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float qk_3b = qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            float dov_0 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov_1 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float dov_2 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float dov_3 = dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const float t2_0b = scale * expf((4*i_tile >= j ? scale * qk_0b : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const float t2_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1b : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const float t2_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2b : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const float t2_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3b : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_0b;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_1b;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_2b;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t2_3b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
+            t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const float t2_0_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t2_0_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const float t2_0_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const float t2_0_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const float t2_1_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t2_1_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const float t2_1_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const float t2_1_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const float t2_2_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t2_2_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const float t2_2_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const float t2_2_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const float t2_3_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const float t2_3_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const float t2_3_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const float t2_3_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const float t2_0_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_0_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t2_0_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t2_0_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t2_1_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t2_1_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t2_1_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t2_1_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t2_2_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t2_2_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t2_2_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t2_2_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t2_3_0 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t2_3_1 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t2_3_2 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t2_3_3 = t2_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0_0 * K[K_row0 + c] + t2_1_0 * K[K_row1 + c] + t2_2_0 * K[K_row2 + c] + t2_3_0 * K[K_row3 + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_0_1 * K[K_row0 + c] + t2_1_1 * K[K_row1 + c] + t2_2_1 * K[K_row2 + c] + t2_3_1 * K[K_row3 + c];
@@ -1369,10 +1369,10 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const float t2_0b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t2_1b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t2_2b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t2_3b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t2_0b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_1b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t2_2b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t2_3b = t2_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0b * K[K_row + c];
                 dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_1b * K[K_row + c];
@@ -1432,33 +1432,33 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
             }
-            qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
-            dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
+            qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         const float lse_at5 = lse[i + n*(b*heads + h)];
         const float delta_at5 = delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk = qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            float dov = dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            float qk = qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov = dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             const float t2 = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t2;
+            t2_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
-            const float t2_0 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t2_1 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t2_2 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t2_3 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const float t2_0 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_1 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t2_2 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t2_3 = t2_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t2_0 * K[K_row0 + c] + t2_1 * K[K_row1 + c] + t2_2 * K[K_row2 + c] + t2_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
-            const float t2 = t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t2 = t2_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(b*heads + h))] += t2 * K[K_row + c];
             }
@@ -1534,24 +1534,24 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
                 dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0c;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1c;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2c;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3c;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0c;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1c;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2c;
+            qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3c;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
+            dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk_0c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float qk_1c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float qk_2c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float qk_3c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            float dov_0b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float dov_1b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float dov_2b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float dov_3b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            float qk_0c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float qk_1c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float qk_2c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float qk_3c = qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            float dov_0b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov_1b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float dov_2b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float dov_3b = dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const float t3_0b = expf((i >= 4*j_tile ? scale * qk_0c : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t3_1b = expf((i >= 4*j_tile + 1 ? scale * qk_1c : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t3_2b = expf((i >= 4*j_tile + 2 ? scale * qk_2c : -INFINITY) - lse[i + n*(b*heads + h)]);
@@ -1560,14 +1560,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
             const float t4_1b = scale * t3_1b * (dov_1b - delta[i + n*(b*heads + h)]);
             const float t4_2b = scale * t3_2b * (dov_2b - delta[i + n*(b*heads + h)]);
             const float t4_3b = scale * t3_3b * (dov_3b - delta[i + n*(b*heads + h)]);
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t4_0b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t4_1b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t4_2b;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t4_3b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
+            t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t4_0b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t4_1b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t4_2b;
+            t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t4_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -1578,38 +1578,38 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const float t3_0_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_0_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_0_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_0_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t3_1_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const float t3_1_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const float t3_1_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const float t3_1_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const float t3_2_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const float t3_2_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const float t3_2_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const float t3_2_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const float t3_3_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const float t3_3_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const float t3_3_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const float t3_3_3 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
-            const float t4_0_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const float t4_0_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t4_0_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t4_0_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t4_1_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const float t4_1_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const float t4_1_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const float t4_1_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const float t4_2_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const float t4_2_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const float t4_2_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const float t4_2_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const float t4_3_0 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const float t4_3_1 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const float t4_3_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const float t4_3_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
+            const float t3_0_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_0_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t3_0_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t3_0_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t3_1_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t3_1_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t3_1_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t3_1_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t3_2_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t3_2_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t3_2_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t3_2_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t3_3_0 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t3_3_1 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t3_3_2 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t3_3_3 = t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
+            const float t4_0_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t4_0_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t4_0_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t4_0_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t4_1_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t4_1_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t4_1_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t4_1_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t4_2_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t4_2_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t4_2_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t4_2_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t4_3_0 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t4_3_1 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t4_3_2 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t4_3_3 = t4_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0_0 * Q[Q_row0 + c] + t4_1_0 * Q[Q_row1 + c] + t4_2_0 * Q[Q_row2 + c] + t4_3_0 * Q[Q_row3 + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_0_1 * Q[Q_row0 + c] + t4_1_1 * Q[Q_row1 + c] + t4_2_1 * Q[Q_row2 + c] + t4_3_1 * Q[Q_row3 + c];
@@ -1626,14 +1626,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const float t3_0b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_1b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_2b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_3b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t4_0b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t4_1b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t4_2b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t4_3b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const float t3_0b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_1b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t3_2b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t3_3b = t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t4_0b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t4_1b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t4_2b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t4_3b = t4_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0b * Q[Q_row + c];
                 dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_1b * Q[Q_row + c];
@@ -1700,16 +1700,16 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
             }
-            qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
-            dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
+            qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk = qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            float dov = dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            float qk = qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov = dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             const float t3 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t4 = scale * t3 * (dov - delta[i + n*(b*heads + h)]);
-            t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t3;
-            t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t4;
+            t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
+            t4_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t4;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
@@ -1720,14 +1720,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys_edge(
             const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
-            const float t3_0 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const float t3_1 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const float t3_2 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const float t3_3 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
-            const float t4_0 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const float t4_1 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const float t4_2 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const float t4_3 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
+            const float t3_0 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_1 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t3_2 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t3_3 = t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t4_0 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t4_1 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t4_2 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t4_3 = t4_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t4_0 * Q[Q_row0 + c] + t4_1 * Q[Q_row1 + c] + t4_2 * Q[Q_row2 + c] + t4_3 * Q[Q_row3 + c];
             }
@@ -1738,8 +1738,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys_edge(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = d*(i + n*(b*heads + h));
             const int64_t dO_row = d*(i + n*(b*heads + h));
-            const float t3 = t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            const float t4 = t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            const float t3 = t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t4 = t4_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*heads + h))] += t4 * Q[Q_row + c];
             }

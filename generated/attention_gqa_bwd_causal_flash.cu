@@ -159,14 +159,14 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
                 dov_2 += dO[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] * V[V_row + c];
                 dov_3 += dO[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = qk_0;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64] = qk_1;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128] = qk_2;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192] = qk_3;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = dov_0;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64] = dov_1;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128] = dov_2;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192] = dov_3;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = qk_0;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)] = qk_1;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)] = qk_2;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)] = qk_3;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = dov_0;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)] = dov_1;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)] = dov_2;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const double lse_at = lse[4*i_tile + n*(group*(b*kv_heads + g) + r)];
         const double delta_at = delta[4*i_tile + n*(group*(b*kv_heads + g) + r)];
@@ -177,44 +177,44 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         const double lse_at4 = lse[4*i_tile + n*(group*(b*kv_heads + g) + r) + 3];
         const double delta_at4 = delta[4*i_tile + n*(group*(b*kv_heads + g) + r) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_0 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            double qk_1 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            double qk_2 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            double qk_3 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192];
-            double dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            double dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            double dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            double dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192];
+            double qk_0 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            double qk_1 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            double qk_2 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            double qk_3 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
+            double dov_0 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            double dov_1 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            double dov_2 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            double dov_3 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
             const double t_0b = scale * exp((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const double t_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const double t_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const double t_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = t_0b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64] = t_1b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128] = t_2b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192] = t_3b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = t_0b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)] = t_1b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)] = t_2b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)] = t_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*kv_heads + g));
             const int64_t K_row1 = d*(4*j_tile + n*(b*kv_heads + g) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*kv_heads + g) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*kv_heads + g) + 3);
-            const double t_0_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r)];
-            const double t_0_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            const double t_0_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            const double t_0_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 192];
-            const double t_1_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 1];
-            const double t_1_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 65];
-            const double t_1_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 129];
-            const double t_1_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 193];
-            const double t_2_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 2];
-            const double t_2_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 66];
-            const double t_2_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 130];
-            const double t_2_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 194];
-            const double t_3_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 3];
-            const double t_3_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 67];
-            const double t_3_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 131];
-            const double t_3_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 195];
+            const double t_0_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            const double t_0_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            const double t_0_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            const double t_0_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
+            const double t_1_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1];
+            const double t_1_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n) + 1];
+            const double t_1_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n) + 1];
+            const double t_1_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n) + 1];
+            const double t_2_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 2];
+            const double t_2_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n) + 2];
+            const double t_2_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n) + 2];
+            const double t_2_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n) + 2];
+            const double t_3_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 3];
+            const double t_3_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n) + 3];
+            const double t_3_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n) + 3];
+            const double t_3_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
@@ -224,10 +224,10 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*kv_heads + g));
-            const double t_0b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            const double t_1b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            const double t_2b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            const double t_3b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192];
+            const double t_0b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            const double t_1b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            const double t_2b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            const double t_3b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] += t_0b * K[K_row + c];
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] += t_1b * K[K_row + c];
@@ -288,33 +288,33 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[c + d*(i + n*(group*(b*kv_heads + g) + r))] * V[V_row + c];
             }
-            qk_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = qk;
-            dov_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = dov;
+            qk_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = qk;
+            dov_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = dov;
         }
         const double lse_at5 = lse[i + n*(group*(b*kv_heads + g) + r)];
         const double delta_at5 = delta[i + n*(group*(b*kv_heads + g) + r)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk = qk_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            double dov = dov_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
+            double qk = qk_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            double dov = dov_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
             const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            t_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = t;
+            t_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*kv_heads + g));
             const int64_t K_row1 = d*(4*j_tile + n*(b*kv_heads + g) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*kv_heads + g) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*kv_heads + g) + 3);
-            const double t_0 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r)];
-            const double t_1 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 1];
-            const double t_2 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 2];
-            const double t_3 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 3];
+            const double t_0 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            const double t_1 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1];
+            const double t_2 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 2];
+            const double t_3 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(group*(b*kv_heads + g) + r))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*kv_heads + g));
-            const double t = t_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
+            const double t = t_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(group*(b*kv_heads + g) + r))] += t * K[K_row + c];
             }
@@ -323,7 +323,7 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ_edge(
 }
 
 /* keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block2, dov_block2, t2_block, t3_block, delta
- * for b, g, j_tile (parallel) / c (simd), r / i_blk / i, i (simd), i_tile / c (simd)
+ * for b, g, j_tile (parallel) / c (simd), r / i_blk / i, i_tile / c (simd)
  */
 __global__ void attention_gqa_bwd_causal_flash_f64_keys(
     const double *__restrict__ Q,
@@ -391,24 +391,24 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
                     dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*kv_heads + g) + 2)];
                     dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*kv_heads + g) + 3)];
                 }
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = qk_0b;
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = qk_1b;
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = qk_2b;
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = qk_3b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = dov_0b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = dov_1b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = dov_2b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = dov_3b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = qk_0b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = qk_1b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = qk_2b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = qk_3b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = dov_0b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = dov_1b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = dov_2b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = dov_3b;
             }
             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                double qk_0b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                double qk_1b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                double qk_2b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                double qk_3b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
-                double dov_0b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                double dov_1b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                double dov_2b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                double dov_3b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
+                double qk_0b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                double qk_1b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                double qk_2b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                double qk_3b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                double dov_0b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                double dov_1b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                double dov_2b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                double dov_3b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
                 const double t2_0b = exp((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                 const double t2_1b = exp((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                 const double t2_2b = exp((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
@@ -417,14 +417,14 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
                 const double t3_1b = scale * t2_1b * (dov_1b - delta[i + n*(group*(b*kv_heads + g) + r)]);
                 const double t3_2b = scale * t2_2b * (dov_2b - delta[i + n*(group*(b*kv_heads + g) + r)]);
                 const double t3_3b = scale * t2_3b * (dov_3b - delta[i + n*(group*(b*kv_heads + g) + r)]);
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t2_0b;
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = t2_1b;
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = t2_2b;
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = t2_3b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t3_0b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = t3_1b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = t3_2b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = t3_3b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t2_0b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = t2_1b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = t2_2b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = t2_3b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t3_0b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = t3_1b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = t3_2b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = t3_3b;
             }
             for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
                 const int64_t Q_row0 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r));
@@ -435,38 +435,38 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
                 const int64_t dO_row1 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1);
                 const int64_t dO_row2 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2);
                 const int64_t dO_row3 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3);
-                const double t2_0_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const double t2_0_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r];
-                const double t2_0_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r];
-                const double t2_0_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r];
-                const double t2_1_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t2_1_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t2_1_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t2_1_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t2_2_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t2_2_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t2_2_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t2_2_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t2_3_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t2_3_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t2_3_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t2_3_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t3_0_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const double t3_0_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r];
-                const double t3_0_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r];
-                const double t3_0_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r];
-                const double t3_1_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t3_1_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t3_1_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t3_1_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t3_2_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t3_2_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t3_2_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t3_2_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t3_3_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t3_3_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t3_3_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t3_3_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 3];
+                const double t2_0_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t2_0_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const double t2_0_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const double t2_0_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                const double t2_1_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const double t2_1_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 1];
+                const double t2_1_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 1];
+                const double t2_1_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 1];
+                const double t2_2_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const double t2_2_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 2];
+                const double t2_2_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 2];
+                const double t2_2_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 2];
+                const double t2_3_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
+                const double t2_3_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 3];
+                const double t2_3_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 3];
+                const double t2_3_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 3];
+                const double t3_0_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t3_0_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const double t3_0_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const double t3_0_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                const double t3_1_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const double t3_1_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 1];
+                const double t3_1_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 1];
+                const double t3_1_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 1];
+                const double t3_2_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const double t3_2_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 2];
+                const double t3_2_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 2];
+                const double t3_2_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 2];
+                const double t3_3_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
+                const double t3_3_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 3];
+                const double t3_3_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 3];
+                const double t3_3_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 3];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
@@ -483,14 +483,14 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
             for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                 const int64_t Q_row = d*(i + n*(group*(b*kv_heads + g) + r));
                 const int64_t dO_row = d*(i + n*(group*(b*kv_heads + g) + r));
-                const double t2_0b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                const double t2_1b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                const double t2_2b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                const double t2_3b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
-                const double t3_0b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                const double t3_1b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                const double t3_2b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                const double t3_3b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
+                const double t2_0b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t2_1b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const double t2_2b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const double t2_3b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                const double t3_0b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t3_1b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const double t3_2b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const double t3_3b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g))] += t3_0b * Q[Q_row + c];
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g) + 1)] += t3_1b * Q[Q_row + c];
@@ -559,16 +559,16 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys_edge(
                 for (int64_t c = 0; c < d; ++c) {
                     dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
                 }
-                qk_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = qk;
-                dov_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = dov;
+                qk_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = qk;
+                dov_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = dov;
             }
             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                double qk = qk_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                double dov = dov_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
+                double qk = qk_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                double dov = dov_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                 const double t2 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                 const double t3 = scale * t2 * (dov - delta[i + n*(group*(b*kv_heads + g) + r)]);
-                t2_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t2;
-                t3_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t3;
+                t2_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t2;
+                t3_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t3;
             }
             for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
                 const int64_t Q_row0 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r));
@@ -579,14 +579,14 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys_edge(
                 const int64_t dO_row1 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1);
                 const int64_t dO_row2 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2);
                 const int64_t dO_row3 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3);
-                const double t2_0 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const double t2_1 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t2_2 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t2_3 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const double t3_0 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const double t3_1 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const double t3_2 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const double t3_3 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
+                const double t2_0 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t2_1 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const double t2_2 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const double t2_3 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
+                const double t3_0 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t3_1 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const double t3_2 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const double t3_3 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*kv_heads + g))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
                 }
@@ -597,8 +597,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys_edge(
             for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                 const int64_t Q_row = d*(i + n*(group*(b*kv_heads + g) + r));
                 const int64_t dO_row = d*(i + n*(group*(b*kv_heads + g) + r));
-                const double t2 = t2_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                const double t3 = t3_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
+                const double t2 = t2_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const double t3 = t3_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*kv_heads + g))] += t3 * Q[Q_row + c];
                 }
@@ -796,14 +796,14 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
                 dov_2 += dO[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)] * V[V_row + c];
                 dov_3 += dO[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = qk_0;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64] = qk_1;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128] = qk_2;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192] = qk_3;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = dov_0;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64] = dov_1;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128] = dov_2;
-            dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192] = dov_3;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = qk_0;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)] = qk_1;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)] = qk_2;
+            qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)] = qk_3;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = dov_0;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)] = dov_1;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)] = dov_2;
+            dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const float lse_at = lse[4*i_tile + n*(group*(b*kv_heads + g) + r)];
         const float delta_at = delta[4*i_tile + n*(group*(b*kv_heads + g) + r)];
@@ -814,44 +814,44 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         const float lse_at4 = lse[4*i_tile + n*(group*(b*kv_heads + g) + r) + 3];
         const float delta_at4 = delta[4*i_tile + n*(group*(b*kv_heads + g) + r) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_0 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            float qk_1 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            float qk_2 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            float qk_3 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192];
-            float dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            float dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            float dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            float dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192];
+            float qk_0 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            float qk_1 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            float qk_2 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            float qk_3 = qk_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
+            float dov_0 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            float dov_1 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            float dov_2 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            float dov_3 = dov_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
             const float t_0b = scale * expf((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const float t_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const float t_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const float t_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = t_0b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64] = t_1b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128] = t_2b;
-            t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192] = t_3b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = t_0b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)] = t_1b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)] = t_2b;
+            t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)] = t_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*kv_heads + g));
             const int64_t K_row1 = d*(4*j_tile + n*(b*kv_heads + g) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*kv_heads + g) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*kv_heads + g) + 3);
-            const float t_0_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r)];
-            const float t_0_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            const float t_0_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            const float t_0_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 192];
-            const float t_1_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 1];
-            const float t_1_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 65];
-            const float t_1_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 129];
-            const float t_1_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 193];
-            const float t_2_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 2];
-            const float t_2_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 66];
-            const float t_2_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 130];
-            const float t_2_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 194];
-            const float t_3_0 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 3];
-            const float t_3_1 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 67];
-            const float t_3_2 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 131];
-            const float t_3_3 = t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 195];
+            const float t_0_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            const float t_0_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            const float t_0_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            const float t_0_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
+            const float t_1_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1];
+            const float t_1_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n) + 1];
+            const float t_1_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n) + 1];
+            const float t_1_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n) + 1];
+            const float t_2_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 2];
+            const float t_2_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n) + 2];
+            const float t_2_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n) + 2];
+            const float t_2_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n) + 2];
+            const float t_3_0 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 3];
+            const float t_3_1 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n) + 3];
+            const float t_3_2 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n) + 3];
+            const float t_3_3 = t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
@@ -861,10 +861,10 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*kv_heads + g));
-            const float t_0b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            const float t_1b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 64];
-            const float t_2b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 128];
-            const float t_3b = t_block[256*i_tile + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r) + 192];
+            const float t_0b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            const float t_1b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+            const float t_2b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+            const float t_3b = t_block[j - 64*j_blk + (4*i_tile + n*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r))] += t_0b * K[K_row + c];
                 dQ[c + d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1)] += t_1b * K[K_row + c];
@@ -925,33 +925,33 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ_edge(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[c + d*(i + n*(group*(b*kv_heads + g) + r))] * V[V_row + c];
             }
-            qk_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = qk;
-            dov_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = dov;
+            qk_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = qk;
+            dov_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = dov;
         }
         const float lse_at5 = lse[i + n*(group*(b*kv_heads + g) + r)];
         const float delta_at5 = delta[i + n*(group*(b*kv_heads + g) + r)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk = qk_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
-            float dov = dov_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
+            float qk = qk_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            float dov = dov_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
             const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            t_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)] = t;
+            t_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = d*(4*j_tile + n*(b*kv_heads + g));
             const int64_t K_row1 = d*(4*j_tile + n*(b*kv_heads + g) + 1);
             const int64_t K_row2 = d*(4*j_tile + n*(b*kv_heads + g) + 2);
             const int64_t K_row3 = d*(4*j_tile + n*(b*kv_heads + g) + 3);
-            const float t_0 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r)];
-            const float t_1 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 1];
-            const float t_2 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 2];
-            const float t_3 = t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(group*(b*kv_heads + g) + r) + 3];
+            const float t_0 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+            const float t_1 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1];
+            const float t_2 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 2];
+            const float t_3 = t_block[-64*j_blk + 4*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(group*(b*kv_heads + g) + r))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*kv_heads + g));
-            const float t = t_block[64*i + j - 64*j_blk + 64*n*(group*(b*kv_heads + g) + r)];
+            const float t = t_block[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < d; ++c) {
                 dQ[c + d*(i + n*(group*(b*kv_heads + g) + r))] += t * K[K_row + c];
             }
@@ -960,7 +960,7 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ_edge(
 }
 
 /* keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block2, dov_block2, t2_block, t3_block, delta
- * for b, g, j_tile (parallel) / c (simd), r / i_blk / i, i (simd), i_tile / c (simd)
+ * for b, g, j_tile (parallel) / c (simd), r / i_blk / i, i_tile / c (simd)
  */
 __global__ void attention_gqa_bwd_causal_flash_f32_keys(
     const float *__restrict__ Q,
@@ -1028,24 +1028,24 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
                     dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*kv_heads + g) + 2)];
                     dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*kv_heads + g) + 3)];
                 }
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = qk_0b;
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = qk_1b;
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = qk_2b;
-                qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = qk_3b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = dov_0b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = dov_1b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = dov_2b;
-                dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = dov_3b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = qk_0b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = qk_1b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = qk_2b;
+                qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = qk_3b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = dov_0b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = dov_1b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = dov_2b;
+                dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = dov_3b;
             }
             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                float qk_0b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                float qk_1b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                float qk_2b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                float qk_3b = qk_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
-                float dov_0b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                float dov_1b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                float dov_2b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                float dov_3b = dov_block2[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
+                float qk_0b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                float qk_1b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                float qk_2b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                float qk_3b = qk_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                float dov_0b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                float dov_1b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                float dov_2b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                float dov_3b = dov_block2[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
                 const float t2_0b = expf((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                 const float t2_1b = expf((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                 const float t2_2b = expf((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
@@ -1054,14 +1054,14 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
                 const float t3_1b = scale * t2_1b * (dov_1b - delta[i + n*(group*(b*kv_heads + g) + r)]);
                 const float t3_2b = scale * t2_2b * (dov_2b - delta[i + n*(group*(b*kv_heads + g) + r)]);
                 const float t3_3b = scale * t2_3b * (dov_3b - delta[i + n*(group*(b*kv_heads + g) + r)]);
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t2_0b;
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = t2_1b;
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = t2_2b;
-                t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = t2_3b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t3_0b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r] = t3_1b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r] = t3_2b;
-                t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r] = t3_3b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t2_0b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = t2_1b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = t2_2b;
+                t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = t2_3b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t3_0b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)] = t3_1b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)] = t3_2b;
+                t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)] = t3_3b;
             }
             for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
                 const int64_t Q_row0 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r));
@@ -1072,38 +1072,38 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
                 const int64_t dO_row1 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1);
                 const int64_t dO_row2 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2);
                 const int64_t dO_row3 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3);
-                const float t2_0_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const float t2_0_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r];
-                const float t2_0_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r];
-                const float t2_0_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r];
-                const float t2_1_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t2_1_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t2_1_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t2_1_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t2_2_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t2_2_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t2_2_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t2_2_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t2_3_0 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t2_3_1 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t2_3_2 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t2_3_3 = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t3_0_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const float t3_0_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r];
-                const float t3_0_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r];
-                const float t3_0_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r];
-                const float t3_1_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t3_1_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t3_1_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t3_1_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t3_2_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t3_2_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t3_2_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t3_2_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t3_3_0 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t3_3_1 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t3_3_2 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t3_3_3 = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) - 64*i_blk + 4*i_tile + 64*r + 3];
+                const float t2_0_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t2_0_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const float t2_0_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const float t2_0_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                const float t2_1_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const float t2_1_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 1];
+                const float t2_1_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 1];
+                const float t2_1_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 1];
+                const float t2_2_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const float t2_2_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 2];
+                const float t2_2_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 2];
+                const float t2_2_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 2];
+                const float t2_3_0 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
+                const float t2_3_1 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 3];
+                const float t2_3_2 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 3];
+                const float t2_3_3 = t2_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 3];
+                const float t3_0_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t3_0_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const float t3_0_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const float t3_0_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                const float t3_1_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const float t3_1_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 1];
+                const float t3_1_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 1];
+                const float t3_1_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 1];
+                const float t3_2_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const float t3_2_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 2];
+                const float t3_2_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 2];
+                const float t3_2_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 2];
+                const float t3_3_0 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
+                const float t3_3_1 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n) + 3];
+                const float t3_3_2 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n) + 3];
+                const float t3_3_3 = t3_block[-64*i_blk + 4*i_tile + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n) + 3];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
@@ -1120,14 +1120,14 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
             for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                 const int64_t Q_row = d*(i + n*(group*(b*kv_heads + g) + r));
                 const int64_t dO_row = d*(i + n*(group*(b*kv_heads + g) + r));
-                const float t2_0b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                const float t2_1b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                const float t2_2b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                const float t2_3b = t2_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
-                const float t3_0b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                const float t3_1b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 1) + i - 64*i_blk + 64*r];
-                const float t3_2b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 2) + i - 64*i_blk + 64*r];
-                const float t3_3b = t3_block[64*group*(4*j_tile + n*(b*kv_heads + g) + 3) + i - 64*i_blk + 64*r];
+                const float t2_0b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t2_1b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const float t2_2b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const float t2_3b = t2_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
+                const float t3_0b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t3_1b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
+                const float t3_2b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 2) + r)*(64 < n ? 64 : n)];
+                const float t3_3b = t3_block[i - 64*i_blk + (group*(4*j_tile + n*(b*kv_heads + g) + 3) + r)*(64 < n ? 64 : n)];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g))] += t3_0b * Q[Q_row + c];
                     dK[c + d*(4*j_tile + n*(b*kv_heads + g) + 1)] += t3_1b * Q[Q_row + c];
@@ -1196,16 +1196,16 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys_edge(
                 for (int64_t c = 0; c < d; ++c) {
                     dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
                 }
-                qk_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = qk;
-                dov_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = dov;
+                qk_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = qk;
+                dov_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = dov;
             }
             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                float qk = qk_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                float dov = dov_block2[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
+                float qk = qk_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                float dov = dov_block2[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                 const float t2 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                 const float t3 = scale * t2 * (dov - delta[i + n*(group*(b*kv_heads + g) + r)]);
-                t2_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t2;
-                t3_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r] = t3;
+                t2_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t2;
+                t3_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t3;
             }
             for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
                 const int64_t Q_row0 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r));
@@ -1216,14 +1216,14 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys_edge(
                 const int64_t dO_row1 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 1);
                 const int64_t dO_row2 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 2);
                 const int64_t dO_row3 = d*(4*i_tile + n*(group*(b*kv_heads + g) + r) + 3);
-                const float t2_0 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const float t2_1 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t2_2 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t2_3 = t2_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
-                const float t3_0 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r];
-                const float t3_1 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 1];
-                const float t3_2 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 2];
-                const float t3_3 = t3_block[64*group*(j + n*(b*kv_heads + g)) - 64*i_blk + 4*i_tile + 64*r + 3];
+                const float t2_0 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t2_1 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const float t2_2 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const float t2_3 = t2_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
+                const float t3_0 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t3_1 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 1];
+                const float t3_2 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 2];
+                const float t3_3 = t3_block[-64*i_blk + 4*i_tile + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n) + 3];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*kv_heads + g))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
                 }
@@ -1234,8 +1234,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys_edge(
             for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                 const int64_t Q_row = d*(i + n*(group*(b*kv_heads + g) + r));
                 const int64_t dO_row = d*(i + n*(group*(b*kv_heads + g) + r));
-                const float t2 = t2_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
-                const float t3 = t3_block[64*group*(j + n*(b*kv_heads + g)) + i - 64*i_blk + 64*r];
+                const float t2 = t2_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
+                const float t3 = t3_block[i - 64*i_blk + (group*(j + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*kv_heads + g))] += t3 * Q[Q_row + c];
                 }

@@ -4911,14 +4911,14 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
                 dov_2 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
                 dov_3 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0;
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1;
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2;
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const double lse_at = lse[4*i_tile + n*(b*heads + h)];
         const double delta_at = attn_delta[4*i_tile + n*(b*heads + h)];
@@ -4929,44 +4929,44 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
         const double lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
         const double delta_at4 = attn_delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_0 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double qk_1 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double qk_2 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double qk_3 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            double dov_0 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double dov_1 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double dov_2 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double dov_3 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            double qk_0 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double qk_1 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double qk_2 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double qk_3 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            double dov_0 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov_1 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double dov_2 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double dov_3 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const double t_0b = scale * exp((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const double t_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const double t_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const double t_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t_0b;
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t_1b;
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t_2b;
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t_3b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t_0b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t_1b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t_2b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t_0_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const double t_0_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const double t_0_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const double t_1_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t_1_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const double t_1_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const double t_1_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const double t_2_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t_2_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const double t_2_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const double t_2_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const double t_3_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const double t_3_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const double t_3_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const double t_3_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const double t_0_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_0_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_0_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_0_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t_1_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t_1_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t_1_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t_1_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t_2_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t_2_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t_2_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t_2_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t_3_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t_3_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t_3_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t_3_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
                 dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
@@ -4976,10 +4976,10 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
-            const double t_0b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_1b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_2b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_3b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const double t_0b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t_2b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t_3b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0b * K[K_row + c];
                 dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * K[K_row + c];
@@ -5103,33 +5103,33 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
             }
-            attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
-            attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
+            attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         const double lse_at5 = lse[i + n*(b*heads + h)];
         const double delta_at5 = attn_delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk = attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            double dov = attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            double qk = attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov = attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            attn_t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t;
+            attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const double t_1 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const double t_2 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const double t_3 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const double t_0 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t_1 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t_2 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t_3 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(i + n*(b*heads + h))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
-            const double t = attn_t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t = attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(i + n*(b*heads + h))] += t * K[K_row + c];
             }
@@ -5269,24 +5269,24 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 dov_2b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)];
                 dov_3b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0b;
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1b;
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2b;
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk_0b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double qk_1b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double qk_2b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double qk_3b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            double dov_0b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double dov_1b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double dov_2b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double dov_3b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            double qk_0b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double qk_1b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double qk_2b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double qk_3b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            double dov_0b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov_1b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            double dov_2b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            double dov_3b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const double t2_0b = exp((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t2_1b = exp((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t2_2b = exp((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
@@ -5295,14 +5295,14 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
             const double t3_1b = scale * t2_1b * (dov_1b - attn_delta[i + n*(b*heads + h)]);
             const double t3_2b = scale * t2_2b * (dov_2b - attn_delta[i + n*(b*heads + h)]);
             const double t3_3b = scale * t2_3b * (dov_3b - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t2_0b;
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t2_1b;
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t2_2b;
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t2_3b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
@@ -5313,38 +5313,38 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
             const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const double t2_0_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const double t2_0_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t2_0_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t2_0_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t2_1_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const double t2_1_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const double t2_1_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const double t2_1_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const double t2_2_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const double t2_2_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const double t2_2_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const double t2_2_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const double t2_3_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const double t2_3_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const double t2_3_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const double t2_3_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
-            const double t3_0_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_0_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_0_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_0_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t3_1_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const double t3_1_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const double t3_1_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const double t3_1_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const double t3_2_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const double t3_2_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const double t3_2_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const double t3_2_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const double t3_3_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const double t3_3_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const double t3_3_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const double t3_3_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
+            const double t2_0_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_0_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t2_0_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t2_0_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t2_1_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t2_1_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t2_1_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t2_1_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t2_2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t2_2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t2_2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t2_2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t2_3_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t2_3_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t2_3_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t2_3_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
+            const double t3_0_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_0_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t3_0_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t3_0_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t3_1_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t3_1_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const double t3_1_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const double t3_1_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const double t3_2_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t3_2_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const double t3_2_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const double t3_2_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const double t3_3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t3_3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const double t3_3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const double t3_3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
                 dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
@@ -5361,14 +5361,14 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = dh*(i + n*(b*heads + h));
             const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const double t2_0b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t2_1b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t2_2b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t2_3b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t3_0b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_1b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_2b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_3b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const double t2_0b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_1b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t2_2b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t2_3b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const double t3_0b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_1b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const double t3_2b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const double t3_3b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0b * Q[Q_row + c];
                 dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * Q[Q_row + c];
@@ -5499,16 +5499,16 @@ __global__ void block_bwd_causal_composed_f64_attn_keys_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
             }
-            attn_qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
-            attn_dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
+            attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk = attn_qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            double dov = attn_dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            double qk = attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            double dov = attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             const double t2 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
             const double t3 = scale * t2 * (dov - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t2;
-            attn_t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t3;
+            attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
+            attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
@@ -5519,14 +5519,14 @@ __global__ void block_bwd_causal_composed_f64_attn_keys_edge(
             const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const double t2_0 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const double t2_1 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const double t2_2 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const double t2_3 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
-            const double t3_0 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const double t3_1 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const double t3_2 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const double t3_3 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
+            const double t2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const double t3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const double t3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const double t3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(j + n*(b*heads + h))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
             }
@@ -5537,8 +5537,8 @@ __global__ void block_bwd_causal_composed_f64_attn_keys_edge(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = dh*(i + n*(b*heads + h));
             const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const double t2 = attn_t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            const double t3 = attn_t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            const double t2 = attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const double t3 = attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(j + n*(b*heads + h))] += t3 * Q[Q_row + c];
             }
@@ -14062,14 +14062,14 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
                 dov_2 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
                 dov_3 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0;
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1;
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2;
-            attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
-            attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2;
+            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
+            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
         }
         const float lse_at = lse[4*i_tile + n*(b*heads + h)];
         const float delta_at = attn_delta[4*i_tile + n*(b*heads + h)];
@@ -14080,44 +14080,44 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
         const float lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
         const float delta_at4 = attn_delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_0 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float qk_1 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float qk_2 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float qk_3 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            float dov_0 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float dov_1 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float dov_2 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float dov_3 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            float qk_0 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float qk_1 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float qk_2 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float qk_3 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            float dov_0 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov_1 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float dov_2 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float dov_3 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const float t_0b = scale * expf((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
             const float t_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
             const float t_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
             const float t_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t_0b;
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t_1b;
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t_2b;
-            attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t_3b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t_0b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t_1b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t_2b;
+            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t_0_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
-            const float t_0_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
-            const float t_0_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
-            const float t_1_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t_1_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
-            const float t_1_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
-            const float t_1_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
-            const float t_2_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t_2_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
-            const float t_2_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
-            const float t_2_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
-            const float t_3_0 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
-            const float t_3_1 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
-            const float t_3_2 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
-            const float t_3_3 = attn_t_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
+            const float t_0_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_0_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_0_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_0_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t_1_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t_1_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t_1_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t_1_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t_2_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t_2_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t_2_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t_2_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t_3_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t_3_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t_3_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t_3_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
                 dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
@@ -14127,10 +14127,10 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
-            const float t_0b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_1b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_2b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_3b = attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const float t_0b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t_2b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t_3b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0b * K[K_row + c];
                 dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * K[K_row + c];
@@ -14254,33 +14254,33 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
             }
-            attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
-            attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
+            attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         const float lse_at5 = lse[i + n*(b*heads + h)];
         const float delta_at5 = attn_delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk = attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            float dov = attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            float qk = attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov = attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            attn_t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t;
+            attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
             const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
             const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
             const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
             const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
-            const float t_1 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
-            const float t_2 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
-            const float t_3 = attn_t_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+            const float t_0 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t_1 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t_2 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t_3 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(i + n*(b*heads + h))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
-            const float t = attn_t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t = attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dQ[c + dh*(i + n*(b*heads + h))] += t * K[K_row + c];
             }
@@ -14420,24 +14420,24 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 dov_2b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)];
                 dov_3b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0b;
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1b;
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2b;
-            attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
-            attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
+            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
+            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk_0b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float qk_1b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float qk_2b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float qk_3b = attn_qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            float dov_0b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float dov_1b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float dov_2b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float dov_3b = attn_dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            float qk_0b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float qk_1b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float qk_2b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float qk_3b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            float dov_0b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov_1b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            float dov_2b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            float dov_3b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             const float t2_0b = expf((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t2_1b = expf((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t2_2b = expf((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
@@ -14446,14 +14446,14 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
             const float t3_1b = scale * t2_1b * (dov_1b - attn_delta[i + n*(b*heads + h)]);
             const float t3_2b = scale * t2_2b * (dov_2b - attn_delta[i + n*(b*heads + h)]);
             const float t3_3b = scale * t2_3b * (dov_3b - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t2_0b;
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t2_1b;
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t2_2b;
-            attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t2_3b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
-            attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
+            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
+            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
@@ -14464,38 +14464,38 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
             const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const float t2_0_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const float t2_0_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t2_0_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t2_0_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t2_1_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const float t2_1_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const float t2_1_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const float t2_1_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const float t2_2_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const float t2_2_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const float t2_2_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const float t2_2_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const float t2_3_0 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const float t2_3_1 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const float t2_3_2 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const float t2_3_3 = attn_t2_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
-            const float t3_0_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_0_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_0_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_0_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t3_1_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 1];
-            const float t3_1_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 65];
-            const float t3_1_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 129];
-            const float t3_1_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 193];
-            const float t3_2_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 2];
-            const float t3_2_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 66];
-            const float t3_2_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 130];
-            const float t3_2_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 194];
-            const float t3_3_0 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 3];
-            const float t3_3_1 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 67];
-            const float t3_3_2 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
-            const float t3_3_3 = attn_t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
+            const float t2_0_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_0_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t2_0_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t2_0_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t2_1_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t2_1_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t2_1_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t2_1_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t2_2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t2_2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t2_2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t2_2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t2_3_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t2_3_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t2_3_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t2_3_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
+            const float t3_0_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_0_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t3_0_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t3_0_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t3_1_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t3_1_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
+            const float t3_1_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
+            const float t3_1_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
+            const float t3_2_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t3_2_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
+            const float t3_2_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
+            const float t3_2_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
+            const float t3_3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t3_3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
+            const float t3_3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
+            const float t3_3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
                 dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
@@ -14512,14 +14512,14 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = dh*(i + n*(b*heads + h));
             const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const float t2_0b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t2_1b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t2_2b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t2_3b = attn_t2_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t3_0b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_1b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_2b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_3b = attn_t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const float t2_0b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_1b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t2_2b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t2_3b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
+            const float t3_0b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_1b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
+            const float t3_2b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
+            const float t3_3b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0b * Q[Q_row + c];
                 dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * Q[Q_row + c];
@@ -14650,16 +14650,16 @@ __global__ void block_bwd_causal_composed_f32_attn_keys_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
             }
-            attn_qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
-            attn_dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
+            attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
+            attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk = attn_qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            float dov = attn_dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            float qk = attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            float dov = attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             const float t2 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
             const float t3 = scale * t2 * (dov - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t2;
-            attn_t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t3;
+            attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
+            attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
             const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
@@ -14670,14 +14670,14 @@ __global__ void block_bwd_causal_composed_f32_attn_keys_edge(
             const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
             const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
             const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const float t2_0 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const float t2_1 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const float t2_2 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const float t2_3 = attn_t2_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
-            const float t3_0 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
-            const float t3_1 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
-            const float t3_2 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
-            const float t3_3 = attn_t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
+            const float t2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
+            const float t3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
+            const float t3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
+            const float t3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(j + n*(b*heads + h))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
             }
@@ -14688,8 +14688,8 @@ __global__ void block_bwd_causal_composed_f32_attn_keys_edge(
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             const int64_t Q_row = dh*(i + n*(b*heads + h));
             const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const float t2 = attn_t2_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
-            const float t3 = attn_t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
+            const float t2 = attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
+            const float t3 = attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
             for (int64_t c = 0; c < dh; ++c) {
                 dK[c + dh*(j + n*(b*heads + h))] += t3 * Q[Q_row + c];
             }

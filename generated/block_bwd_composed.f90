@@ -167,10 +167,10 @@ contains
     real(c_double), intent(out) :: out_WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: out_dY_panel(0:((dm) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: attn_delta(0:batch * heads * n - 1)
-    real(c_double), intent(out) :: attn_qk_block(0:batch * heads * n * 64 - 1)
-    real(c_double), intent(out) :: attn_dov_block(0:batch * heads * n * 64 - 1)
-    real(c_double), intent(out) :: attn_t2_block(0:batch * heads * n * 64 - 1)
-    real(c_double), intent(out) :: attn_t_block(0:batch * heads * n * 64 - 1)
+    real(c_double), intent(out) :: attn_qk_block(0:batch * heads * n * min(64, n) - 1)
+    real(c_double), intent(out) :: attn_dov_block(0:batch * heads * n * min(64, n) - 1)
+    real(c_double), intent(out) :: attn_t2_block(0:batch * heads * n * min(64, n) - 1)
+    real(c_double), intent(out) :: attn_t_block(0:batch * heads * n * min(64, n) - 1)
     real(c_double), intent(out) :: attn_dQ_part(0:1 * batch * heads * n * dh - 1)
     real(c_double), intent(out) :: attn_Q_panel(0:batch * heads * ((n) / 8) * dh * 8 - 1)
     real(c_double), intent(out) :: attn_dO_panel(0:batch * heads * ((n) / 8) * dh * 8 - 1)
@@ -196,8 +196,7 @@ contains
         & mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, &
         & dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, &
         & dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, attn_Q_panel_row, &
-        & attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, &
-        & dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
+        & attn_dO_panel_row, Q_row, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
         & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
         & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
         & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
@@ -220,8 +219,7 @@ contains
         & dov_3_5, dov_3_6, dov_3_7, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, &
         & dov_4_6, dov_4_7, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, &
         & dov_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, &
-        & t2_0b, t2_1b, t2_2, t2_3, t2_4, t2_5, t_0b, t_1b, t_2, t_3, t_4, t_5, t_0_0, t_0_1, &
-        & t_0_2, t_0_3, t_0_4, t_0_5, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, dk_0, dk_1, dk_2, &
+        & t2_0, t2_1, t2_2, t2_3, t2_4, t2_5, t_0, t_1, t_2, t_3, t_4, t_5, dk_0, dk_1, dk_2, &
         & dk_3, dk_4, dk_5, dk_6, dk_7, dk_0b, dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, &
         & dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_0d, dk_1d, dk_2d, dk_3d, &
         & dk_4d, dk_5d, dk_6d, dk_7d, dk_0e, dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, &
@@ -229,9 +227,7 @@ contains
         & dv_5, dv_6, dv_7, dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_0c, dv_1c, &
         & dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, &
         & dv_6d, dv_7d, dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_0f, dv_1f, &
-        & dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_0_4, &
-        & t2_0_5, t2_1_0, t2_1_1, t2_1_2, t2_1_3, t2_1_4, t2_1_5, qk, dov, t2_0, t2_1, t_0, t_1, &
-        & dQ_sum, over_h, dqwq, xdq, xdk, xdv
+        & dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, qk, dov, dQ_sum, over_h, dqwq, xdq, xdk, xdv
 
     ! norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -2169,10 +2165,9 @@ contains
     !$omp end parallel do
     ! attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
-    !$omp& i_tile, i, c_tile, Q_row, dattn_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, &
-    !$omp& Q_row1, dattn_row0, dattn_row1, attn_dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
+    !$omp& i_tile, i, c_tile, Q_row, dattn_row, attn_dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
     !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, &
     !$omp& qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, &
     !$omp& qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, &
@@ -2183,18 +2178,16 @@ contains
     !$omp& dov_3_0, dov_3_1, dov_3_2, dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_4_0, &
     !$omp& dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, dov_4_6, dov_4_7, dov_5_0, dov_5_1, &
     !$omp& dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, &
-    !$omp& qk_5, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t2_0b, t2_1b, t2_2, t2_3, t2_4, t2_5, &
-    !$omp& t_0b, t_1b, t_2, t_3, t_4, t_5, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_1_0, &
-    !$omp& t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, &
-    !$omp& dk_0b, dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_0c, dk_1c, dk_2c, dk_3c, &
-    !$omp& dk_4c, dk_5c, dk_6c, dk_7c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, dk_7d, &
-    !$omp& dk_0e, dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_0f, dk_1f, dk_2f, dk_3f, &
-    !$omp& dk_4f, dk_5f, dk_6f, dk_7f, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_0b, &
-    !$omp& dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, &
-    !$omp& dv_5c, dv_6c, dv_7c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_0e, &
-    !$omp& dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, &
-    !$omp& dv_5f, dv_6f, dv_7f, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_0_4, t2_0_5, t2_1_0, t2_1_1, &
-    !$omp& t2_1_2, t2_1_3, t2_1_4, t2_1_5)
+    !$omp& qk_5, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t2_0, t2_1, t2_2, t2_3, t2_4, t2_5, &
+    !$omp& t_0, t_1, t_2, t_3, t_4, t_5, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_0b, &
+    !$omp& dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, &
+    !$omp& dk_5c, dk_6c, dk_7c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, dk_7d, dk_0e, &
+    !$omp& dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, &
+    !$omp& dk_5f, dk_6f, dk_7f, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_0b, dv_1b, &
+    !$omp& dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, &
+    !$omp& dv_6c, dv_7c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_0e, dv_1e, &
+    !$omp& dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, &
+    !$omp& dv_6f, dv_7f)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -2513,292 +2506,294 @@ contains
                     dov_5_7 = dov_5_7 + attn_dO_panel(8*c + 8*dh*(i_tile + (b*heads + h)*((n) / &
                         & 8)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                   end do
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h)) = qk_0_0
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      1) = qk_0_1
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      2) = qk_0_2
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      3) = qk_0_3
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      4) = qk_0_4
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      5) = qk_0_5
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      6) = qk_0_6
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      7) = qk_0_7
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      64) = qk_1_0
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      65) = qk_1_1
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      66) = qk_1_2
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      67) = qk_1_3
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      68) = qk_1_4
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      69) = qk_1_5
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      70) = qk_1_6
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      71) = qk_1_7
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      128) = qk_2_0
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      129) = qk_2_1
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      130) = qk_2_2
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      131) = qk_2_3
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      132) = qk_2_4
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      133) = qk_2_5
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      134) = qk_2_6
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      135) = qk_2_7
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      192) = qk_3_0
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      193) = qk_3_1
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      194) = qk_3_2
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      195) = qk_3_3
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      196) = qk_3_4
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      197) = qk_3_5
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      198) = qk_3_6
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      199) = qk_3_7
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      256) = qk_4_0
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      257) = qk_4_1
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      258) = qk_4_2
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      259) = qk_4_3
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      260) = qk_4_4
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      261) = qk_4_5
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      262) = qk_4_6
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      263) = qk_4_7
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      320) = qk_5_0
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      321) = qk_5_1
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      322) = qk_5_2
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      323) = qk_5_3
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      324) = qk_5_4
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      325) = qk_5_5
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      326) = qk_5_6
-                  attn_qk_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      327) = qk_5_7
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h)) = dov_0_0
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      1) = dov_0_1
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      2) = dov_0_2
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      3) = dov_0_3
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      4) = dov_0_4
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      5) = dov_0_5
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      6) = dov_0_6
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      7) = dov_0_7
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      64) = dov_1_0
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      65) = dov_1_1
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      66) = dov_1_2
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      67) = dov_1_3
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      68) = dov_1_4
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      69) = dov_1_5
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      70) = dov_1_6
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      71) = dov_1_7
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      128) = dov_2_0
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      129) = dov_2_1
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      130) = dov_2_2
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      131) = dov_2_3
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      132) = dov_2_4
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      133) = dov_2_5
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      134) = dov_2_6
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      135) = dov_2_7
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      192) = dov_3_0
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      193) = dov_3_1
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      194) = dov_3_2
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      195) = dov_3_3
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      196) = dov_3_4
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      197) = dov_3_5
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      198) = dov_3_6
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      199) = dov_3_7
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      256) = dov_4_0
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      257) = dov_4_1
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      258) = dov_4_2
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      259) = dov_4_3
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      260) = dov_4_4
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      261) = dov_4_5
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      262) = dov_4_6
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      263) = dov_4_7
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      320) = dov_5_0
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      321) = dov_5_1
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      322) = dov_5_2
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      323) = dov_5_3
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      324) = dov_5_4
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      325) = dov_5_5
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      326) = dov_5_6
-                  attn_dov_block(-64*i_blk + 8*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      327) = dov_5_7
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n)) = qk_0_0
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 1) = qk_0_1
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 2) = qk_0_2
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 3) = qk_0_3
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 4) = qk_0_4
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 5) = qk_0_5
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 6) = qk_0_6
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 7) = qk_0_7
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n)) = qk_1_0
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 1) = qk_1_1
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 2) = qk_1_2
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 3) = qk_1_3
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 4) = qk_1_4
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 5) = qk_1_5
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 6) = qk_1_6
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 7) = qk_1_7
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n)) = qk_2_0
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 1) = qk_2_1
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 2) = qk_2_2
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 3) = qk_2_3
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 4) = qk_2_4
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 5) = qk_2_5
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 6) = qk_2_6
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 7) = qk_2_7
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n)) = qk_3_0
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 1) = qk_3_1
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 2) = qk_3_2
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 3) = qk_3_3
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 4) = qk_3_4
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 5) = qk_3_5
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 6) = qk_3_6
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 7) = qk_3_7
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n)) = qk_4_0
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 1) = qk_4_1
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 2) = qk_4_2
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 3) = qk_4_3
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 4) = qk_4_4
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 5) = qk_4_5
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 6) = qk_4_6
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 7) = qk_4_7
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n)) = qk_5_0
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 1) = qk_5_1
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 2) = qk_5_2
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 3) = qk_5_3
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 4) = qk_5_4
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 5) = qk_5_5
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 6) = qk_5_6
+                  attn_qk_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 7) = qk_5_7
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n)) = dov_0_0
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 1) = dov_0_1
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 2) = dov_0_2
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 3) = dov_0_3
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 4) = dov_0_4
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 5) = dov_0_5
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 6) = dov_0_6
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 7) = dov_0_7
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n)) = dov_1_0
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 1) = dov_1_1
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 2) = dov_1_2
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 3) = dov_1_3
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 4) = dov_1_4
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 5) = dov_1_5
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 6) = dov_1_6
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min( &
+      64, n) + 7) = dov_1_7
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n)) = dov_2_0
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 1) = dov_2_1
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 2) = dov_2_2
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 3) = dov_2_3
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 4) = dov_2_4
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 5) = dov_2_5
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 6) = dov_2_6
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min( &
+      64, n) + 7) = dov_2_7
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n)) = dov_3_0
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 1) = dov_3_1
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 2) = dov_3_2
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 3) = dov_3_3
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 4) = dov_3_4
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 5) = dov_3_5
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 6) = dov_3_6
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min( &
+      64, n) + 7) = dov_3_7
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n)) = dov_4_0
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 1) = dov_4_1
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 2) = dov_4_2
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 3) = dov_4_3
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 4) = dov_4_4
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 5) = dov_4_5
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 6) = dov_4_6
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min( &
+      64, n) + 7) = dov_4_7
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n)) = dov_5_0
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 1) = dov_5_1
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 2) = dov_5_2
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 3) = dov_5_3
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 4) = dov_5_4
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 5) = dov_5_5
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 6) = dov_5_6
+                  attn_dov_block(-64*i_blk + 8*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min( &
+      64, n) + 7) = dov_5_7
                 end do
                 do i = 8*((min(n, 64*i_blk + 64)) / 8), min(n, 64*i_blk + 64) - 1
                   Q_row = dh*(i + n*(b*heads + h))
@@ -2844,146 +2839,116 @@ contains
                     dov_5 = dov_5 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h) + 5))
                   end do
-                  attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = &
-                      & qk_0
-                  attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = qk_1
-                  attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = qk_2
-                  attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = qk_3
-                  attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = qk_4
-                  attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = qk_5
-                  attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = &
-                      & dov_0
-                  attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = dov_1
-                  attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = dov_2
-                  attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = dov_3
-                  attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = dov_4
-                  attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = dov_5
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = qk_0
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = qk_1
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = qk_2
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = qk_3
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = qk_4
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = qk_5
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = dov_0
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = dov_1
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = dov_2
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = dov_3
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = dov_4
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = dov_5
                 end do
                 !$omp simd
                 do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                  qk_0 = attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h))
-                  qk_1 = attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 64)
-                  qk_2 = attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 128)
-                  qk_3 = attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 192)
-                  qk_4 = attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 256)
-                  qk_5 = attn_qk_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 320)
-                  dov_0 = attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h))
-                  dov_1 = attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 64)
-                  dov_2 = attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 128)
-                  dov_3 = attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 192)
-                  dov_4 = attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 256)
-                  dov_5 = attn_dov_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 320)
-                  t2_0b = exp(scale * qk_0 - lse(i + n*(b*heads + h)))
-                  t2_1b = exp(scale * qk_1 - lse(i + n*(b*heads + h)))
+                  qk_0 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  qk_1 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  qk_2 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  qk_3 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  qk_4 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  qk_5 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
+                  dov_0 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  dov_1 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  dov_2 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  dov_3 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  dov_4 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  dov_5 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
+                  t2_0 = exp(scale * qk_0 - lse(i + n*(b*heads + h)))
+                  t2_1 = exp(scale * qk_1 - lse(i + n*(b*heads + h)))
                   t2_2 = exp(scale * qk_2 - lse(i + n*(b*heads + h)))
                   t2_3 = exp(scale * qk_3 - lse(i + n*(b*heads + h)))
                   t2_4 = exp(scale * qk_4 - lse(i + n*(b*heads + h)))
                   t2_5 = exp(scale * qk_5 - lse(i + n*(b*heads + h)))
-                  t_0b = scale * t2_0b * (dov_0 - attn_delta(i + n*(b*heads + h)))
-                  t_1b = scale * t2_1b * (dov_1 - attn_delta(i + n*(b*heads + h)))
+                  t_0 = scale * t2_0 * (dov_0 - attn_delta(i + n*(b*heads + h)))
+                  t_1 = scale * t2_1 * (dov_1 - attn_delta(i + n*(b*heads + h)))
                   t_2 = scale * t2_2 * (dov_2 - attn_delta(i + n*(b*heads + h)))
                   t_3 = scale * t2_3 * (dov_3 - attn_delta(i + n*(b*heads + h)))
                   t_4 = scale * t2_4 * (dov_4 - attn_delta(i + n*(b*heads + h)))
                   t_5 = scale * t2_5 * (dov_5 - attn_delta(i + n*(b*heads + h)))
-                  attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = &
-                      & t2_0b
-                  attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = t2_1b
-                  attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = t2_2
-                  attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = t2_3
-                  attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = t2_4
-                  attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = t2_5
-                  attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t_0b
-                  attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = t_1b
-                  attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = t_2
-                  attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = t_3
-                  attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = t_4
-                  attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = t_5
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = t2_0
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = t2_1
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = t2_2
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = t2_3
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = t2_4
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = t2_5
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = t_0
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = t_1
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = t_2
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = t_3
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = t_4
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = t_5
                 end do
-                do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                  attn_dQ_part_row0 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)))
-                  attn_dQ_part_row1 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
-                  t_0_0 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h))
-                  t_0_1 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64)
-                  t_0_2 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128)
-                  t_0_3 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192)
-                  t_0_4 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256)
-                  t_0_5 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320)
-                  t_1_0 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1)
-                  t_1_1 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65)
-                  t_1_2 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129)
-                  t_1_3 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193)
-                  t_1_4 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257)
-                  t_1_5 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321)
+                do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                  attn_dQ_part_row = dh*(i + n*(h + heads*(b + batch*j_part)))
+                  t_0 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  t_1 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  t_2 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  t_3 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  t_4 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  t_5 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
                   !$omp simd
                   do c = 0, dh - 1
-                    attn_dQ_part(attn_dQ_part_row0 + c) = attn_dQ_part(attn_dQ_part_row0 + c) + &
-                        & t_0_0 * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) + t_0_1 * &
-                        & K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_0_2 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_0_3 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_0_4 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_0_5 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
-                    attn_dQ_part(attn_dQ_part_row1 + c) = attn_dQ_part(attn_dQ_part_row1 + c) + &
-                        & t_1_0 * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) + t_1_1 * &
-                        & K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_1_2 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_1_3 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_1_4 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_1_5 * K(c + &
+                    attn_dQ_part(attn_dQ_part_row + c) = attn_dQ_part(attn_dQ_part_row + c) + t_0 &
+                        & * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) + t_1 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_2 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_3 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_4 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_5 * K(c + &
                         & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                   end do
                 end do
@@ -3037,247 +3002,138 @@ contains
                   dk_6f = dK(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6)
                   dk_7f = dK(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7)
                   !GCC$ novector
-                  do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                    dk_0 = dk_0 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + &
-                        & attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1 = dk_1 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2 = dk_2 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3 = dk_3 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4 = dk_4 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5 = dk_5 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6 = dk_6 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7 = dk_7 + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) &
-                        & + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_0b = dk_0b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1b = dk_1b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2b = dk_2b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3b = dk_3b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4b = dk_4b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5b = dk_5b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6b = dk_6b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7b = dk_7b + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + 2*i_tile &
-          & + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_0c = dk_0c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1c = dk_1c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2c = dk_2c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3c = dk_3c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4c = dk_4c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5c = dk_5c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6c = dk_6c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7c = dk_7c + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_0d = dk_0d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1d = dk_1d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2d = dk_2d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3d = dk_3d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4d = dk_4d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5d = dk_5d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6d = dk_6d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7d = dk_7d + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_0e = dk_0e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1e = dk_1e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2e = dk_2e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3e = dk_3e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4e = dk_4e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5e = dk_5e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6e = dk_6e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7e = dk_7e + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_0f = dk_0f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1f = dk_1f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2f = dk_2f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3f = dk_3f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4f = dk_4f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5f = dk_5f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6f = dk_6f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7f = dk_7f + attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
+                  do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                    dk_0 = dk_0 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1 = dk_1 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 1)
+                    dk_2 = dk_2 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 2)
+                    dk_3 = dk_3 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 3)
+                    dk_4 = dk_4 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 4)
+                    dk_5 = dk_5 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 5)
+                    dk_6 = dk_6 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 6)
+                    dk_7 = dk_7 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)) + 7)
+                    dk_0b = dk_0b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1b = dk_1b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2b = dk_2b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3b = dk_3b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4b = dk_4b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5b = dk_5b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6b = dk_6b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7b = dk_7b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_0c = dk_0c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1c = dk_1c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2c = dk_2c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3c = dk_3c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4c = dk_4c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5c = dk_5c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6c = dk_6c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7c = dk_7c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_0d = dk_0d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1d = dk_1d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2d = dk_2d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3d = dk_3d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4d = dk_4d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5d = dk_5d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6d = dk_6d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7d = dk_7d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_0e = dk_0e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1e = dk_1e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2e = dk_2e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3e = dk_3e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4e = dk_4e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5e = dk_5e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6e = dk_6e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7e = dk_7e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_0f = dk_0f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1f = dk_1f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2f = dk_2f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3f = dk_3f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4f = dk_4f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5f = dk_5f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6f = dk_6f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7f = dk_7f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(8*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
                   end do
                   dK(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dk_0
                   dK(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 1) = dk_1
@@ -3328,63 +3184,33 @@ contains
                   dK(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6) = dk_6f
                   dK(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7) = dk_7f
                 end do
-                do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                  Q_row0 = dh*(2*i_tile + n*(b*heads + h))
-                  Q_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                  t_0_0 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h))
-                  t_0_1 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64)
-                  t_0_2 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128)
-                  t_0_3 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192)
-                  t_0_4 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256)
-                  t_0_5 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320)
-                  t_1_0 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1)
-                  t_1_1 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65)
-                  t_1_2 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129)
-                  t_1_3 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193)
-                  t_1_4 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257)
-                  t_1_5 = attn_t_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321)
+                do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                  Q_row = dh*(i + n*(b*heads + h))
+                  t_0 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  t_1 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  t_2 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  t_3 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  t_4 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  t_5 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
                   do c = 8*((dh) / 8), dh - 1
                     dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dK(c + dh*(6*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t_0_0 * Q(Q_row0 + c) + t_1_0 * Q(Q_row1 &
-                        & + c)
+                        & + j_part + n*(b*heads + h))) + t_0 * Q(Q_row + c)
                     dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_0_1 * Q(Q_row0 + &
-                        & c) + t_1_1 * Q(Q_row1 + c)
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_1 * Q(Q_row + c)
                     dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_0_2 * Q(Q_row0 + &
-                        & c) + t_1_2 * Q(Q_row1 + c)
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_2 * Q(Q_row + c)
                     dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_0_3 * Q(Q_row0 + &
-                        & c) + t_1_3 * Q(Q_row1 + c)
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_3 * Q(Q_row + c)
                     dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_0_4 * Q(Q_row0 + &
-                        & c) + t_1_4 * Q(Q_row1 + c)
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_4 * Q(Q_row + c)
                     dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_0_5 * Q(Q_row0 + &
-                        & c) + t_1_5 * Q(Q_row1 + c)
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_5 * Q(Q_row + c)
                   end do
                 end do
                 do c_tile = 0, ((dh) / 8) - 1
@@ -3437,247 +3263,143 @@ contains
                   dv_6f = dV(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6)
                   dv_7f = dV(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7)
                   !GCC$ novector
-                  do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                    dv_0 = dv_0 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h))) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1 = dv_1 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 1) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2 = dv_2 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 2) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3 = dv_3 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 3) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4 = dv_4 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 4) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5 = dv_5 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 5) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6 = dv_6 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 6) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7 = dv_7 + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 7) + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_0b = dv_0b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1b = dv_1b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2b = dv_2b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3b = dv_3b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4b = dv_4b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5b = dv_5b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6b = dv_6b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7b = dv_7b + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_0c = dv_0c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1c = dv_1c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2c = dv_2c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3c = dv_3c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4c = dv_4c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5c = dv_5c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6c = dv_6c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7c = dv_7c + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_0d = dv_0d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1d = dv_1d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2d = dv_2d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3d = dv_3d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4d = dv_4d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5d = dv_5d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6d = dv_6d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7d = dv_7d + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_0e = dv_0e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1e = dv_1e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2e = dv_2e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3e = dv_3e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4e = dv_4e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5e = dv_5e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6e = dv_6e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7e = dv_7e + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_0f = dv_0f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1f = dv_1f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2f = dv_2f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3f = dv_3f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4f = dv_4f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5f = dv_5f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6f = dv_6f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7f = dv_7f + attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
+                  do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                    dv_0 = dv_0 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)))
+                    dv_1 = dv_1 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 1)
+                    dv_2 = dv_2 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 2)
+                    dv_3 = dv_3 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 3)
+                    dv_4 = dv_4 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 4)
+                    dv_5 = dv_5 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 5)
+                    dv_6 = dv_6 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 6)
+                    dv_7 = dv_7 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads + h)) + 7)
+                    dv_0b = dv_0b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1b = dv_1b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2b = dv_2b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3b = dv_3b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4b = dv_4b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5b = dv_5b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6b = dv_6b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7b = dv_7b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_0c = dv_0c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1c = dv_1c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2c = dv_2c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3c = dv_3c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4c = dv_4c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5c = dv_5c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6c = dv_6c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7c = dv_7c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_0d = dv_0d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1d = dv_1d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2d = dv_2d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3d = dv_3d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4d = dv_4d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5d = dv_5d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6d = dv_6d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7d = dv_7d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_0e = dv_0e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1e = dv_1e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2e = dv_2e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3e = dv_3e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4e = dv_4e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5e = dv_5e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6e = dv_6e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7e = dv_7e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_0f = dv_0f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1f = dv_1f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2f = dv_2f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3f = dv_3f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4f = dv_4f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5f = dv_5f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6f = dv_6f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7f = dv_7f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(8*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
                   end do
                   dV(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dv_0
                   dV(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 1) = dv_1
@@ -3728,123 +3450,25 @@ contains
                   dV(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6) = dv_6f
                   dV(8*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7) = dv_7f
                 end do
-                do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                  dattn_row0 = dh*(2*i_tile + n*(b*heads + h))
-                  dattn_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                  t2_0_0 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h))
-                  t2_0_1 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64)
-                  t2_0_2 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128)
-                  t2_0_3 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192)
-                  t2_0_4 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256)
-                  t2_0_5 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320)
-                  t2_1_0 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1)
-                  t2_1_1 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65)
-                  t2_1_2 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129)
-                  t2_1_3 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193)
-                  t2_1_4 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257)
-                  t2_1_5 = attn_t2_block(-64*i_blk + 2*i_tile + 384*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321)
+                do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                  dattn_row = dh*(i + n*(b*heads + h))
+                  t2_0 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  t2_1 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  t2_2 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  t2_3 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  t2_4 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  t2_5 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
                   do c = 8*((dh) / 8), dh - 1
                     dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dV(c + dh*(6*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t2_0_0 * dattn(dattn_row0 + c) + t2_1_0 &
-                        & * dattn(dattn_row1 + c)
+                        & + j_part + n*(b*heads + h))) + t2_0 * dattn(dattn_row + c)
                     dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_1 * &
-                        & dattn(dattn_row0 + c) + t2_1_1 * dattn(dattn_row1 + c)
-                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_2 * &
-                        & dattn(dattn_row0 + c) + t2_1_2 * dattn(dattn_row1 + c)
-                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_0_3 * &
-                        & dattn(dattn_row0 + c) + t2_1_3 * dattn(dattn_row1 + c)
-                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dV(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t2_0_4 * &
-                        & dattn(dattn_row0 + c) + t2_1_4 * dattn(dattn_row1 + c)
-                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dV(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) + t2_0_5 * &
-                        & dattn(dattn_row0 + c) + t2_1_5 * dattn(dattn_row1 + c)
-                  end do
-                end do
-                do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
-                  Q_row = dh*(i + n*(b*heads + h))
-                  dattn_row = dh*(i + n*(b*heads + h))
-                  attn_dQ_part_row = dh*(i + n*(h + heads*(b + batch*j_part)))
-                  t2_0b = attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h))
-                  t2_1b = attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 64)
-                  t2_2 = attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 128)
-                  t2_3 = attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 192)
-                  t2_4 = attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 256)
-                  t2_5 = attn_t2_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 320)
-                  t_0b = attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  t_1b = attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 64)
-                  t_2 = attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 128)
-                  t_3 = attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 192)
-                  t_4 = attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 256)
-                  t_5 = attn_t_block(i - 64*i_blk + 384*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 320)
-                  !$omp simd
-                  do c = 0, dh - 1
-                    attn_dQ_part(attn_dQ_part_row + c) = attn_dQ_part(attn_dQ_part_row + c) + &
-                        & t_0b * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) + t_1b * K(c &
-                        & + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_2 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_3 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_4 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_5 * K(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
-                  end do
-                  !$omp simd
-                  do c = 0, dh - 1
-                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dK(c + dh*(6*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t_0b * Q(Q_row + c)
-                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_1b * Q(Q_row + c)
-                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_2 * Q(Q_row + c)
-                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_3 * Q(Q_row + c)
-                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_4 * Q(Q_row + c)
-                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dK(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_5 * Q(Q_row + c)
-                  end do
-                  !$omp simd
-                  do c = 0, dh - 1
-                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dV(c + dh*(6*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t2_0b * dattn(dattn_row + c)
-                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1b * &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1 * &
                         & dattn(dattn_row + c)
                     dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
                         & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * &
@@ -3868,10 +3492,9 @@ contains
     end do
     !$omp end parallel do
     ! attn.keys.edge: reads Q, K, V, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, dattn, attn_delta
-    ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd), i_tile / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, i_tile, Q_row, &
-    !$omp& dattn_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, dattn_row0, &
-    !$omp& dattn_row1, attn_dQ_part_row, qk, dov, t2, t, t2_0, t2_1, t_0, t_1)
+    ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, Q_row, dattn_row, &
+    !$omp& attn_dQ_part_row, qk, dov, t2, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -3895,57 +3518,24 @@ contains
                 do c = 0, dh - 1
                   dov = dov + dattn(dattn_row + c) * V(c + dh*(j_in + j_part + n*(b*heads + h)))
                 end do
-                attn_qk_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = qk
-                attn_dov_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = dov
+                attn_qk_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = qk
+                attn_dov_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = dov
               end do
               !$omp simd
               do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                qk = attn_qk_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
-                dov = attn_dov_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
+                qk = attn_qk_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
+                dov = attn_dov_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
                 t2 = exp(scale * qk - lse(i + n*(b*heads + h)))
                 t = scale * t2 * (dov - attn_delta(i + n*(b*heads + h)))
-                attn_t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = t2
-                attn_t_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = t
+                attn_t2_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = t2
+                attn_t_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = t
               end do
-              do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                attn_dQ_part_row0 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)))
-                attn_dQ_part_row1 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
-                Q_row0 = dh*(2*i_tile + n*(b*heads + h))
-                Q_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                dattn_row0 = dh*(2*i_tile + n*(b*heads + h))
-                dattn_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                t2_0 = attn_t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + &
-                    & h))
-                t2_1 = attn_t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + &
-                    & h) + 1)
-                t_0 = attn_t_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h))
-                t_1 = attn_t_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + &
-                    & h) + 1)
-                !$omp simd
-                do c = 0, dh - 1
-                  attn_dQ_part(attn_dQ_part_row0 + c) = attn_dQ_part(attn_dQ_part_row0 + c) + t_0 &
-                      & * K(c + dh*(j_in + j_part + n*(b*heads + h)))
-                  attn_dQ_part(attn_dQ_part_row1 + c) = attn_dQ_part(attn_dQ_part_row1 + c) + t_1 &
-                      & * K(c + dh*(j_in + j_part + n*(b*heads + h)))
-                end do
-                !$omp simd
-                do c = 0, dh - 1
-                  dK(c + dh*(j_in + j_part + n*(b*heads + h))) = dK(c + dh*(j_in + j_part + &
-                      & n*(b*heads + h))) + t_0 * Q(Q_row0 + c) + t_1 * Q(Q_row1 + c)
-                end do
-                !$omp simd
-                do c = 0, dh - 1
-                  dV(c + dh*(j_in + j_part + n*(b*heads + h))) = dV(c + dh*(j_in + j_part + &
-                      & n*(b*heads + h))) + t2_0 * dattn(dattn_row0 + c) + t2_1 * &
-                      & dattn(dattn_row1 + c)
-                end do
-              end do
-              do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
+              do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
                 Q_row = dh*(i + n*(b*heads + h))
                 dattn_row = dh*(i + n*(b*heads + h))
                 attn_dQ_part_row = dh*(i + n*(h + heads*(b + batch*j_part)))
-                t2 = attn_t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
-                t = attn_t_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
+                t2 = attn_t2_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
+                t = attn_t_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
                 !$omp simd
                 do c = 0, dh - 1
                   attn_dQ_part(attn_dQ_part_row + c) = attn_dQ_part(attn_dQ_part_row + c) + t * &
@@ -5322,10 +4912,10 @@ contains
     real(c_float), intent(out) :: out_WoT_panel(0:heads * ((dh) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: out_dY_panel(0:((dm) / 16) * batch * n * 16 - 1)
     real(c_float), intent(out) :: attn_delta(0:batch * heads * n - 1)
-    real(c_float), intent(out) :: attn_qk_block(0:batch * heads * n * 64 - 1)
-    real(c_float), intent(out) :: attn_dov_block(0:batch * heads * n * 64 - 1)
-    real(c_float), intent(out) :: attn_t2_block(0:batch * heads * n * 64 - 1)
-    real(c_float), intent(out) :: attn_t_block(0:batch * heads * n * 64 - 1)
+    real(c_float), intent(out) :: attn_qk_block(0:batch * heads * n * min(64, n) - 1)
+    real(c_float), intent(out) :: attn_dov_block(0:batch * heads * n * min(64, n) - 1)
+    real(c_float), intent(out) :: attn_t2_block(0:batch * heads * n * min(64, n) - 1)
+    real(c_float), intent(out) :: attn_t_block(0:batch * heads * n * min(64, n) - 1)
     real(c_float), intent(out) :: attn_dQ_part(0:1 * batch * heads * n * dh - 1)
     real(c_float), intent(out) :: attn_Q_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
     real(c_float), intent(out) :: attn_dO_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
@@ -5351,8 +4941,7 @@ contains
         & mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, &
         & dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, &
         & dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, attn_Q_panel_row, &
-        & attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, &
-        & dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
+        & attn_dO_panel_row, Q_row, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
         & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
         & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
         & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
@@ -5379,52 +4968,36 @@ contains
         & qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, &
         & qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, &
         & qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, &
-        & qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, &
-        & qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, &
-        & qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, &
-        & qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, &
-        & dov_0_4, dov_0_5, dov_0_6, dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, &
-        & dov_0_13, dov_0_14, dov_0_15, dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, &
-        & dov_1_6, dov_1_7, dov_1_8, dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, &
-        & dov_1_15, dov_2_0, dov_2_1, dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, &
-        & dov_2_8, dov_2_9, dov_2_10, dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, &
-        & dov_3_1, dov_3_2, dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, &
-        & dov_3_10, dov_3_11, dov_3_12, dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, &
-        & dov_4_3, dov_4_4, dov_4_5, dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, &
-        & dov_4_12, dov_4_13, dov_4_14, dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, &
-        & dov_5_5, dov_5_6, dov_5_7, dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, &
-        & dov_5_14, dov_5_15, dov_6_0, dov_6_1, dov_6_2, dov_6_3, dov_6_4, dov_6_5, dov_6_6, &
-        & dov_6_7, dov_6_8, dov_6_9, dov_6_10, dov_6_11, dov_6_12, dov_6_13, dov_6_14, dov_6_15, &
-        & dov_7_0, dov_7_1, dov_7_2, dov_7_3, dov_7_4, dov_7_5, dov_7_6, dov_7_7, dov_7_8, &
-        & dov_7_9, dov_7_10, dov_7_11, dov_7_12, dov_7_13, dov_7_14, dov_7_15, qk_0, qk_1, qk_2, &
-        & qk_3, qk_4, qk_5, qk_6, qk_7, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, dov_6, dov_7, &
-        & t2_0b, t2_1b, t2_2, t2_3, t2_4, t2_5, t2_6, t2_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, &
-        & t_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, &
-        & t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, &
-        & dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, dk_1b, dk_2b, dk_3b, &
-        & dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, dk_13b, dk_14b, &
-        & dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, dk_9c, dk_10c, &
-        & dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, &
-        & dk_6d, dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, dk_15d, dk_0e, &
-        & dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, dk_11e, dk_12e, &
-        & dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, dk_6f, dk_7f, dk_8f, &
-        & dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dk_0g, dk_1g, dk_2g, dk_3g, &
-        & dk_4g, dk_5g, dk_6g, dk_7g, dk_8g, dk_9g, dk_10g, dk_11g, dk_12g, dk_13g, dk_14g, &
-        & dk_15g, dk_0h, dk_1h, dk_2h, dk_3h, dk_4h, dk_5h, dk_6h, dk_7h, dk_8h, dk_9h, dk_10h, &
-        & dk_11h, dk_12h, dk_13h, dk_14h, dk_15h, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, &
-        & dv_8, dv_9, dv_10, dv_11, dv_12, dv_13, dv_14, dv_15, dv_0b, dv_1b, dv_2b, dv_3b, &
-        & dv_4b, dv_5b, dv_6b, dv_7b, dv_8b, dv_9b, dv_10b, dv_11b, dv_12b, dv_13b, dv_14b, &
-        & dv_15b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_8c, dv_9c, dv_10c, &
-        & dv_11c, dv_12c, dv_13c, dv_14c, dv_15c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, &
-        & dv_6d, dv_7d, dv_8d, dv_9d, dv_10d, dv_11d, dv_12d, dv_13d, dv_14d, dv_15d, dv_0e, &
-        & dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_8e, dv_9e, dv_10e, dv_11e, dv_12e, &
-        & dv_13e, dv_14e, dv_15e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, &
-        & dv_9f, dv_10f, dv_11f, dv_12f, dv_13f, dv_14f, dv_15f, dv_0g, dv_1g, dv_2g, dv_3g, &
-        & dv_4g, dv_5g, dv_6g, dv_7g, dv_8g, dv_9g, dv_10g, dv_11g, dv_12g, dv_13g, dv_14g, &
-        & dv_15g, dv_0h, dv_1h, dv_2h, dv_3h, dv_4h, dv_5h, dv_6h, dv_7h, dv_8h, dv_9h, dv_10h, &
-        & dv_11h, dv_12h, dv_13h, dv_14h, dv_15h, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_0_4, t2_0_5, &
-        & t2_0_6, t2_0_7, t2_1_0, t2_1_1, t2_1_2, t2_1_3, t2_1_4, t2_1_5, t2_1_6, t2_1_7, qk, &
-        & dov, t2_0, t2_1, t_0, t_1, dQ_sum, over_h, dqwq, xdq, xdk, xdv
+        & qk_5_13, qk_5_14, qk_5_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, &
+        & dov_0_6, dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, dov_0_14, &
+        & dov_0_15, dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, &
+        & dov_1_8, dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, dov_2_0, &
+        & dov_2_1, dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, dov_2_9, &
+        & dov_2_10, dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, dov_3_2, &
+        & dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, dov_3_11, &
+        & dov_3_12, dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, &
+        & dov_4_5, dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, dov_4_13, &
+        & dov_4_14, dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, &
+        & dov_5_7, dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, dov_5_15, &
+        & qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t2_0, &
+        & t2_1, t2_2, t2_3, t2_4, t2_5, t_0, t_1, t_2, t_3, t_4, t_5, dk_0, dk_1, dk_2, dk_3, &
+        & dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, &
+        & dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, &
+        & dk_13b, dk_14b, dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, &
+        & dk_9c, dk_10c, dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, &
+        & dk_4d, dk_5d, dk_6d, dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, &
+        & dk_15d, dk_0e, dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, &
+        & dk_11e, dk_12e, dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, &
+        & dk_6f, dk_7f, dk_8f, dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dv_0, dv_1, &
+        & dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_8, dv_9, dv_10, dv_11, dv_12, dv_13, dv_14, &
+        & dv_15, dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_8b, dv_9b, dv_10b, &
+        & dv_11b, dv_12b, dv_13b, dv_14b, dv_15b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, &
+        & dv_6c, dv_7c, dv_8c, dv_9c, dv_10c, dv_11c, dv_12c, dv_13c, dv_14c, dv_15c, dv_0d, &
+        & dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_8d, dv_9d, dv_10d, dv_11d, dv_12d, &
+        & dv_13d, dv_14d, dv_15d, dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_8e, &
+        & dv_9e, dv_10e, dv_11e, dv_12e, dv_13e, dv_14e, dv_15e, dv_0f, dv_1f, dv_2f, dv_3f, &
+        & dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, dv_9f, dv_10f, dv_11f, dv_12f, dv_13f, dv_14f, &
+        & dv_15f, qk, dov, dQ_sum, over_h, dqwq, xdq, xdk, xdv
 
     ! norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -8790,10 +8363,9 @@ contains
     !$omp end parallel do
     ! attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
-    !$omp& i_tile, i, c_tile, Q_row, dattn_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, &
-    !$omp& Q_row1, dattn_row0, dattn_row1, attn_dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
+    !$omp& i_tile, i, c_tile, Q_row, dattn_row, attn_dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
     !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
     !$omp& qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
     !$omp& qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
@@ -8803,79 +8375,59 @@ contains
     !$omp& qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
     !$omp& qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
     !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-    !$omp& qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, &
-    !$omp& qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, &
-    !$omp& qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, &
-    !$omp& qk_7_12, qk_7_13, qk_7_14, qk_7_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, &
-    !$omp& dov_0_5, dov_0_6, dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, &
-    !$omp& dov_0_14, dov_0_15, dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, &
-    !$omp& dov_1_7, dov_1_8, dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, &
-    !$omp& dov_2_0, dov_2_1, dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, &
-    !$omp& dov_2_9, dov_2_10, dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, &
-    !$omp& dov_3_2, dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, &
-    !$omp& dov_3_11, dov_3_12, dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, &
-    !$omp& dov_4_4, dov_4_5, dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, &
-    !$omp& dov_4_13, dov_4_14, dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, &
-    !$omp& dov_5_6, dov_5_7, dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, &
-    !$omp& dov_5_15, dov_6_0, dov_6_1, dov_6_2, dov_6_3, dov_6_4, dov_6_5, dov_6_6, dov_6_7, &
-    !$omp& dov_6_8, dov_6_9, dov_6_10, dov_6_11, dov_6_12, dov_6_13, dov_6_14, dov_6_15, dov_7_0, &
-    !$omp& dov_7_1, dov_7_2, dov_7_3, dov_7_4, dov_7_5, dov_7_6, dov_7_7, dov_7_8, dov_7_9, &
-    !$omp& dov_7_10, dov_7_11, dov_7_12, dov_7_13, dov_7_14, dov_7_15, qk_0, qk_1, qk_2, qk_3, &
-    !$omp& qk_4, qk_5, qk_6, qk_7, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, dov_6, dov_7, t2_0b, &
-    !$omp& t2_1b, t2_2, t2_3, t2_4, t2_5, t2_6, t2_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7, &
-    !$omp& t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, &
-    !$omp& t_1_4, t_1_5, t_1_6, t_1_7, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, &
-    !$omp& dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, dk_1b, dk_2b, dk_3b, dk_4b, &
-    !$omp& dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, dk_13b, dk_14b, dk_15b, &
-    !$omp& dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, dk_9c, dk_10c, dk_11c, &
-    !$omp& dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, &
-    !$omp& dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, dk_15d, dk_0e, dk_1e, &
-    !$omp& dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, dk_11e, dk_12e, &
-    !$omp& dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, dk_6f, dk_7f, dk_8f, &
-    !$omp& dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dk_0g, dk_1g, dk_2g, dk_3g, &
-    !$omp& dk_4g, dk_5g, dk_6g, dk_7g, dk_8g, dk_9g, dk_10g, dk_11g, dk_12g, dk_13g, dk_14g, &
-    !$omp& dk_15g, dk_0h, dk_1h, dk_2h, dk_3h, dk_4h, dk_5h, dk_6h, dk_7h, dk_8h, dk_9h, dk_10h, &
-    !$omp& dk_11h, dk_12h, dk_13h, dk_14h, dk_15h, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, &
-    !$omp& dv_7, dv_8, dv_9, dv_10, dv_11, dv_12, dv_13, dv_14, dv_15, dv_0b, dv_1b, dv_2b, &
-    !$omp& dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_8b, dv_9b, dv_10b, dv_11b, dv_12b, dv_13b, &
-    !$omp& dv_14b, dv_15b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_8c, dv_9c, &
-    !$omp& dv_10c, dv_11c, dv_12c, dv_13c, dv_14c, dv_15c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, &
-    !$omp& dv_5d, dv_6d, dv_7d, dv_8d, dv_9d, dv_10d, dv_11d, dv_12d, dv_13d, dv_14d, dv_15d, &
-    !$omp& dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_8e, dv_9e, dv_10e, dv_11e, &
-    !$omp& dv_12e, dv_13e, dv_14e, dv_15e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, &
-    !$omp& dv_7f, dv_8f, dv_9f, dv_10f, dv_11f, dv_12f, dv_13f, dv_14f, dv_15f, dv_0g, dv_1g, &
-    !$omp& dv_2g, dv_3g, dv_4g, dv_5g, dv_6g, dv_7g, dv_8g, dv_9g, dv_10g, dv_11g, dv_12g, &
-    !$omp& dv_13g, dv_14g, dv_15g, dv_0h, dv_1h, dv_2h, dv_3h, dv_4h, dv_5h, dv_6h, dv_7h, dv_8h, &
-    !$omp& dv_9h, dv_10h, dv_11h, dv_12h, dv_13h, dv_14h, dv_15h, t2_0_0, t2_0_1, t2_0_2, t2_0_3, &
-    !$omp& t2_0_4, t2_0_5, t2_0_6, t2_0_7, t2_1_0, t2_1_1, t2_1_2, t2_1_3, t2_1_4, t2_1_5, &
-    !$omp& t2_1_6, t2_1_7)
+    !$omp& qk_5_14, qk_5_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, &
+    !$omp& dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, dov_0_14, dov_0_15, &
+    !$omp& dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, dov_1_8, &
+    !$omp& dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, dov_2_0, dov_2_1, &
+    !$omp& dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, dov_2_9, dov_2_10, &
+    !$omp& dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, dov_3_2, dov_3_3, &
+    !$omp& dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, dov_3_11, dov_3_12, &
+    !$omp& dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, &
+    !$omp& dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, dov_4_13, dov_4_14, &
+    !$omp& dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, &
+    !$omp& dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, dov_5_15, qk_0, &
+    !$omp& qk_1, qk_2, qk_3, qk_4, qk_5, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t2_0, t2_1, &
+    !$omp& t2_2, t2_3, t2_4, t2_5, t_0, t_1, t_2, t_3, t_4, t_5, dk_0, dk_1, dk_2, dk_3, dk_4, &
+    !$omp& dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, dk_1b, &
+    !$omp& dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, &
+    !$omp& dk_13b, dk_14b, dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, &
+    !$omp& dk_9c, dk_10c, dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, &
+    !$omp& dk_4d, dk_5d, dk_6d, dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, &
+    !$omp& dk_15d, dk_0e, dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, &
+    !$omp& dk_11e, dk_12e, dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, &
+    !$omp& dk_6f, dk_7f, dk_8f, dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dv_0, &
+    !$omp& dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_8, dv_9, dv_10, dv_11, dv_12, dv_13, &
+    !$omp& dv_14, dv_15, dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_8b, dv_9b, &
+    !$omp& dv_10b, dv_11b, dv_12b, dv_13b, dv_14b, dv_15b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, &
+    !$omp& dv_5c, dv_6c, dv_7c, dv_8c, dv_9c, dv_10c, dv_11c, dv_12c, dv_13c, dv_14c, dv_15c, &
+    !$omp& dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_8d, dv_9d, dv_10d, dv_11d, &
+    !$omp& dv_12d, dv_13d, dv_14d, dv_15d, dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, &
+    !$omp& dv_7e, dv_8e, dv_9e, dv_10e, dv_11e, dv_12e, dv_13e, dv_14e, dv_15e, dv_0f, dv_1f, &
+    !$omp& dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, dv_9f, dv_10f, dv_11f, dv_12f, &
+    !$omp& dv_13f, dv_14f, dv_15f)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
-          do j_in_tile_blk = 0, ((((-j_part + n) / 8) + 7) / 8) - 1
-            do j_in_tile = 8*j_in_tile_blk, min(8*j_in_tile_blk + 8, ((-j_part + n) / 8)) - 1
+          do j_in_tile_blk = 0, ((((-j_part + n) / 6) + 9) / 10) - 1
+            do j_in_tile = 10*j_in_tile_blk, min(10*j_in_tile_blk + 10, ((-j_part + n) / 6)) - 1
               !$omp simd
               do c = 0, dh - 1
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = 0.0_c_float
-                dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = 0.0_c_float
-                dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = 0.0_c_float
+                dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = 0.0_c_float
+                dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = 0.0_c_float
+                dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = 0.0_c_float
+                dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = 0.0_c_float
+                dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = 0.0_c_float
+                dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = 0.0_c_float
+                dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = 0.0_c_float
+                dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = 0.0_c_float
+                dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = 0.0_c_float
+                dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = 0.0_c_float
+                dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = 0.0_c_float
+                dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = 0.0_c_float
               end do
             end do
             do i_blk = 0, ((n + 63) / 64) - 1
-              do j_in_tile = 8*j_in_tile_blk, min(8*j_in_tile_blk + 8, ((-j_part + n) / 8)) - 1
+              do j_in_tile = 10*j_in_tile_blk, min(10*j_in_tile_blk + 10, ((-j_part + n) / 6)) - 1
                 do i_tile = 4*i_blk, ((min(n, 64*i_blk + 64)) / 16) - 1
                   qk_0_0 = 0.0_c_float
                   qk_0_1 = 0.0_c_float
@@ -8973,296 +8525,200 @@ contains
                   qk_5_13 = 0.0_c_float
                   qk_5_14 = 0.0_c_float
                   qk_5_15 = 0.0_c_float
-                  qk_6_0 = 0.0_c_float
-                  qk_6_1 = 0.0_c_float
-                  qk_6_2 = 0.0_c_float
-                  qk_6_3 = 0.0_c_float
-                  qk_6_4 = 0.0_c_float
-                  qk_6_5 = 0.0_c_float
-                  qk_6_6 = 0.0_c_float
-                  qk_6_7 = 0.0_c_float
-                  qk_6_8 = 0.0_c_float
-                  qk_6_9 = 0.0_c_float
-                  qk_6_10 = 0.0_c_float
-                  qk_6_11 = 0.0_c_float
-                  qk_6_12 = 0.0_c_float
-                  qk_6_13 = 0.0_c_float
-                  qk_6_14 = 0.0_c_float
-                  qk_6_15 = 0.0_c_float
-                  qk_7_0 = 0.0_c_float
-                  qk_7_1 = 0.0_c_float
-                  qk_7_2 = 0.0_c_float
-                  qk_7_3 = 0.0_c_float
-                  qk_7_4 = 0.0_c_float
-                  qk_7_5 = 0.0_c_float
-                  qk_7_6 = 0.0_c_float
-                  qk_7_7 = 0.0_c_float
-                  qk_7_8 = 0.0_c_float
-                  qk_7_9 = 0.0_c_float
-                  qk_7_10 = 0.0_c_float
-                  qk_7_11 = 0.0_c_float
-                  qk_7_12 = 0.0_c_float
-                  qk_7_13 = 0.0_c_float
-                  qk_7_14 = 0.0_c_float
-                  qk_7_15 = 0.0_c_float
                   !GCC$ novector
                   do c = 0, dh - 1
                     qk_0_0 = qk_0_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16))) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_1 = qk_0_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 1) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_2 = qk_0_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 2) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_3 = qk_0_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 3) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_4 = qk_0_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 4) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_5 = qk_0_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 5) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_6 = qk_0_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 6) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_7 = qk_0_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 7) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_8 = qk_0_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 8) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_9 = qk_0_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 9) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_10 = qk_0_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 10) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_11 = qk_0_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 11) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_12 = qk_0_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 12) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_13 = qk_0_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 13) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_14 = qk_0_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 14) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_0_15 = qk_0_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 15) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     qk_1_0 = qk_1_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16))) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_1 = qk_1_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 1) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_2 = qk_1_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 2) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_3 = qk_1_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 3) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_4 = qk_1_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 4) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_5 = qk_1_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 5) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_6 = qk_1_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 6) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_7 = qk_1_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 7) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_8 = qk_1_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 8) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_9 = qk_1_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 9) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_10 = qk_1_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 10) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_11 = qk_1_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 11) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_12 = qk_1_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 12) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_13 = qk_1_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 13) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_14 = qk_1_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 14) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_1_15 = qk_1_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 15) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     qk_2_0 = qk_2_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16))) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_1 = qk_2_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 1) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_2 = qk_2_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 2) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_3 = qk_2_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 3) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_4 = qk_2_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 4) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_5 = qk_2_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 5) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_6 = qk_2_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 6) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_7 = qk_2_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 7) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_8 = qk_2_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 8) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_9 = qk_2_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 9) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_10 = qk_2_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 10) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_11 = qk_2_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 11) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_12 = qk_2_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 12) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_13 = qk_2_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 13) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_14 = qk_2_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 14) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_2_15 = qk_2_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 15) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     qk_3_0 = qk_3_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16))) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_1 = qk_3_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 1) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_2 = qk_3_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 2) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_3 = qk_3_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 3) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_4 = qk_3_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 4) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_5 = qk_3_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 5) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_6 = qk_3_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 6) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_7 = qk_3_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 7) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_8 = qk_3_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 8) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_9 = qk_3_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 9) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_10 = qk_3_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 10) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_11 = qk_3_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 11) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_12 = qk_3_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 12) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_13 = qk_3_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 13) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_14 = qk_3_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 14) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_3_15 = qk_3_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 15) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     qk_4_0 = qk_4_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16))) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_1 = qk_4_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 1) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_2 = qk_4_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 2) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_3 = qk_4_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 3) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_4 = qk_4_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 4) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_5 = qk_4_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 5) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_6 = qk_4_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 6) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_7 = qk_4_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 7) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_8 = qk_4_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 8) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_9 = qk_4_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 9) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_10 = qk_4_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 10) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_11 = qk_4_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 11) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_12 = qk_4_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 12) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_13 = qk_4_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 13) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_14 = qk_4_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 14) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_4_15 = qk_4_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 15) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     qk_5_0 = qk_5_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16))) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_1 = qk_5_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 1) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_2 = qk_5_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 2) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_3 = qk_5_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 3) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_4 = qk_5_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 4) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_5 = qk_5_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 5) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_6 = qk_5_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 6) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_7 = qk_5_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 7) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_8 = qk_5_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 8) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_9 = qk_5_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 9) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_10 = qk_5_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 10) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_11 = qk_5_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 11) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_12 = qk_5_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 12) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_13 = qk_5_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 13) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_14 = qk_5_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 14) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     qk_5_15 = qk_5_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
-                    qk_6_0 = qk_6_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_1 = qk_6_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_2 = qk_6_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_3 = qk_6_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_4 = qk_6_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_5 = qk_6_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_6 = qk_6_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_7 = qk_6_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_8 = qk_6_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_9 = qk_6_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_10 = qk_6_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_11 = qk_6_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_12 = qk_6_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_13 = qk_6_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_14 = qk_6_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_6_15 = qk_6_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    qk_7_0 = qk_7_0 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_1 = qk_7_1 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_2 = qk_7_2 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_3 = qk_7_3 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_4 = qk_7_4 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_5 = qk_7_5 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_6 = qk_7_6 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_7 = qk_7_7 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_8 = qk_7_8 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_9 = qk_7_9 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_10 = qk_7_10 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 10) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_11 = qk_7_11 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 11) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_12 = qk_7_12 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 12) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_13 = qk_7_13 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 13) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_14 = qk_7_14 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 14) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    qk_7_15 = qk_7_15 + attn_Q_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 15) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
+                        & 16)) + 15) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                   end do
                   dov_0_0 = 0.0_c_float
                   dov_0_1 = 0.0_c_float
@@ -9360,1063 +8816,777 @@ contains
                   dov_5_13 = 0.0_c_float
                   dov_5_14 = 0.0_c_float
                   dov_5_15 = 0.0_c_float
-                  dov_6_0 = 0.0_c_float
-                  dov_6_1 = 0.0_c_float
-                  dov_6_2 = 0.0_c_float
-                  dov_6_3 = 0.0_c_float
-                  dov_6_4 = 0.0_c_float
-                  dov_6_5 = 0.0_c_float
-                  dov_6_6 = 0.0_c_float
-                  dov_6_7 = 0.0_c_float
-                  dov_6_8 = 0.0_c_float
-                  dov_6_9 = 0.0_c_float
-                  dov_6_10 = 0.0_c_float
-                  dov_6_11 = 0.0_c_float
-                  dov_6_12 = 0.0_c_float
-                  dov_6_13 = 0.0_c_float
-                  dov_6_14 = 0.0_c_float
-                  dov_6_15 = 0.0_c_float
-                  dov_7_0 = 0.0_c_float
-                  dov_7_1 = 0.0_c_float
-                  dov_7_2 = 0.0_c_float
-                  dov_7_3 = 0.0_c_float
-                  dov_7_4 = 0.0_c_float
-                  dov_7_5 = 0.0_c_float
-                  dov_7_6 = 0.0_c_float
-                  dov_7_7 = 0.0_c_float
-                  dov_7_8 = 0.0_c_float
-                  dov_7_9 = 0.0_c_float
-                  dov_7_10 = 0.0_c_float
-                  dov_7_11 = 0.0_c_float
-                  dov_7_12 = 0.0_c_float
-                  dov_7_13 = 0.0_c_float
-                  dov_7_14 = 0.0_c_float
-                  dov_7_15 = 0.0_c_float
                   !GCC$ novector
                   do c = 0, dh - 1
                     dov_0_0 = dov_0_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16))) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_1 = dov_0_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 1) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_2 = dov_0_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 2) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_3 = dov_0_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 3) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_4 = dov_0_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 4) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_5 = dov_0_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 5) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_6 = dov_0_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 6) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_7 = dov_0_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_8 = dov_0_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 8) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_9 = dov_0_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & 16)) + 9) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_10 = dov_0_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & / 16)) + 10) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_11 = dov_0_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & / 16)) + 11) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_12 = dov_0_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & / 16)) + 12) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_13 = dov_0_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & / 16)) + 13) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_14 = dov_0_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & / 16)) + 14) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_0_15 = dov_0_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
+                        & / 16)) + 15) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
                     dov_1_0 = dov_1_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16))) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_1 = dov_1_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 1) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_2 = dov_1_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 2) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_3 = dov_1_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 3) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_4 = dov_1_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 4) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_5 = dov_1_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 5) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_6 = dov_1_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 6) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_7 = dov_1_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_8 = dov_1_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 8) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_9 = dov_1_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & 16)) + 9) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_10 = dov_1_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & / 16)) + 10) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_11 = dov_1_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & / 16)) + 11) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_12 = dov_1_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & / 16)) + 12) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_13 = dov_1_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & / 16)) + 13) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_14 = dov_1_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & / 16)) + 14) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_1_15 = dov_1_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
+                        & / 16)) + 15) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
                     dov_2_0 = dov_2_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16))) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_1 = dov_2_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 1) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_2 = dov_2_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 2) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_3 = dov_2_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 3) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_4 = dov_2_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 4) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_5 = dov_2_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 5) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_6 = dov_2_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 6) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_7 = dov_2_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_8 = dov_2_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 8) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_9 = dov_2_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & 16)) + 9) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_10 = dov_2_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & / 16)) + 10) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_11 = dov_2_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & / 16)) + 11) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_12 = dov_2_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & / 16)) + 12) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_13 = dov_2_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & / 16)) + 13) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_14 = dov_2_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & / 16)) + 14) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_2_15 = dov_2_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
+                        & / 16)) + 15) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
                     dov_3_0 = dov_3_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16))) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_1 = dov_3_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 1) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_2 = dov_3_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 2) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_3 = dov_3_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 3) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_4 = dov_3_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 4) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_5 = dov_3_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 5) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_6 = dov_3_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 6) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_7 = dov_3_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_8 = dov_3_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 8) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_9 = dov_3_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & 16)) + 9) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_10 = dov_3_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & / 16)) + 10) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_11 = dov_3_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & / 16)) + 11) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_12 = dov_3_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & / 16)) + 12) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_13 = dov_3_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & / 16)) + 13) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_14 = dov_3_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & / 16)) + 14) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_3_15 = dov_3_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
+                        & / 16)) + 15) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
                     dov_4_0 = dov_4_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16))) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_1 = dov_4_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 1) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_2 = dov_4_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 2) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_3 = dov_4_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 3) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_4 = dov_4_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 4) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_5 = dov_4_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 5) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_6 = dov_4_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 6) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_7 = dov_4_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_8 = dov_4_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 8) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_9 = dov_4_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & 16)) + 9) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_10 = dov_4_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & / 16)) + 10) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_11 = dov_4_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & / 16)) + 11) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_12 = dov_4_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & / 16)) + 12) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_13 = dov_4_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & / 16)) + 13) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_14 = dov_4_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & / 16)) + 14) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_4_15 = dov_4_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
+                        & / 16)) + 15) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
                     dov_5_0 = dov_5_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16))) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_1 = dov_5_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 1) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_2 = dov_5_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 2) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_3 = dov_5_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 3) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_4 = dov_5_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 4) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_5 = dov_5_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 5) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_6 = dov_5_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 6) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_7 = dov_5_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 7) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_8 = dov_5_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 8) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_9 = dov_5_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & 16)) + 9) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_10 = dov_5_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & / 16)) + 10) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_11 = dov_5_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & / 16)) + 11) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_12 = dov_5_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & / 16)) + 12) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_13 = dov_5_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & / 16)) + 13) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_14 = dov_5_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
+                        & / 16)) + 14) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                     dov_5_15 = dov_5_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
-                    dov_6_0 = dov_6_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_1 = dov_6_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_2 = dov_6_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_3 = dov_6_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_4 = dov_6_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_5 = dov_6_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_6 = dov_6_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_7 = dov_6_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_8 = dov_6_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_9 = dov_6_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_10 = dov_6_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_11 = dov_6_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_12 = dov_6_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_13 = dov_6_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_14 = dov_6_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_6_15 = dov_6_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                    dov_7_0 = dov_7_0 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16))) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_1 = dov_7_1 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 1) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_2 = dov_7_2 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 2) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_3 = dov_7_3 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 3) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_4 = dov_7_4 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 4) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_5 = dov_7_5 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 5) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_6 = dov_7_6 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 6) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_7 = dov_7_7 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 7) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_8 = dov_7_8 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 8) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_9 = dov_7_9 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) / &
-                        & 16)) + 9) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_10 = dov_7_10 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 10) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_11 = dov_7_11 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 11) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_12 = dov_7_12 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 12) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_13 = dov_7_13 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 13) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_14 = dov_7_14 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 14) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    dov_7_15 = dov_7_15 + attn_dO_panel(16*c + 16*dh*(i_tile + (b*heads + h)*((n) &
-                        & / 16)) + 15) * V(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
+                        & / 16)) + 15) * V(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                   end do
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h)) = qk_0_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      1) = qk_0_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      2) = qk_0_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      3) = qk_0_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      4) = qk_0_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      5) = qk_0_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      6) = qk_0_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      7) = qk_0_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      8) = qk_0_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      9) = qk_0_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      10) = qk_0_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      11) = qk_0_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      12) = qk_0_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      13) = qk_0_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      14) = qk_0_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      15) = qk_0_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      64) = qk_1_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      65) = qk_1_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      66) = qk_1_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      67) = qk_1_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      68) = qk_1_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      69) = qk_1_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      70) = qk_1_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      71) = qk_1_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      72) = qk_1_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      73) = qk_1_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      74) = qk_1_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      75) = qk_1_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      76) = qk_1_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      77) = qk_1_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      78) = qk_1_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      79) = qk_1_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      128) = qk_2_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      129) = qk_2_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      130) = qk_2_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      131) = qk_2_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      132) = qk_2_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      133) = qk_2_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      134) = qk_2_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      135) = qk_2_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      136) = qk_2_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      137) = qk_2_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      138) = qk_2_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      139) = qk_2_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      140) = qk_2_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      141) = qk_2_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      142) = qk_2_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      143) = qk_2_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      192) = qk_3_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      193) = qk_3_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      194) = qk_3_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      195) = qk_3_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      196) = qk_3_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      197) = qk_3_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      198) = qk_3_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      199) = qk_3_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      200) = qk_3_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      201) = qk_3_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      202) = qk_3_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      203) = qk_3_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      204) = qk_3_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      205) = qk_3_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      206) = qk_3_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      207) = qk_3_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      256) = qk_4_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      257) = qk_4_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      258) = qk_4_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      259) = qk_4_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      260) = qk_4_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      261) = qk_4_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      262) = qk_4_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      263) = qk_4_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      264) = qk_4_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      265) = qk_4_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      266) = qk_4_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      267) = qk_4_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      268) = qk_4_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      269) = qk_4_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      270) = qk_4_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      271) = qk_4_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      320) = qk_5_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      321) = qk_5_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      322) = qk_5_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      323) = qk_5_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      324) = qk_5_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      325) = qk_5_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      326) = qk_5_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      327) = qk_5_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      328) = qk_5_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      329) = qk_5_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      330) = qk_5_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      331) = qk_5_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      332) = qk_5_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      333) = qk_5_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      334) = qk_5_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      335) = qk_5_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      384) = qk_6_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      385) = qk_6_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      386) = qk_6_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      387) = qk_6_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      388) = qk_6_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      389) = qk_6_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      390) = qk_6_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      391) = qk_6_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      392) = qk_6_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      393) = qk_6_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      394) = qk_6_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      395) = qk_6_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      396) = qk_6_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      397) = qk_6_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      398) = qk_6_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      399) = qk_6_15
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      448) = qk_7_0
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      449) = qk_7_1
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      450) = qk_7_2
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      451) = qk_7_3
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      452) = qk_7_4
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      453) = qk_7_5
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      454) = qk_7_6
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      455) = qk_7_7
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      456) = qk_7_8
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      457) = qk_7_9
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      458) = qk_7_10
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      459) = qk_7_11
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      460) = qk_7_12
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      461) = qk_7_13
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      462) = qk_7_14
-                  attn_qk_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + &
-      463) = qk_7_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h)) = dov_0_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1) = dov_0_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      2) = dov_0_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      3) = dov_0_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      4) = dov_0_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      5) = dov_0_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      6) = dov_0_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      7) = dov_0_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      8) = dov_0_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      9) = dov_0_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      10) = dov_0_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      11) = dov_0_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      12) = dov_0_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      13) = dov_0_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      14) = dov_0_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      15) = dov_0_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64) = dov_1_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65) = dov_1_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      66) = dov_1_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      67) = dov_1_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      68) = dov_1_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      69) = dov_1_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      70) = dov_1_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      71) = dov_1_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      72) = dov_1_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      73) = dov_1_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      74) = dov_1_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      75) = dov_1_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      76) = dov_1_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      77) = dov_1_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      78) = dov_1_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      79) = dov_1_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128) = dov_2_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129) = dov_2_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      130) = dov_2_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      131) = dov_2_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      132) = dov_2_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      133) = dov_2_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      134) = dov_2_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      135) = dov_2_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      136) = dov_2_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      137) = dov_2_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      138) = dov_2_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      139) = dov_2_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      140) = dov_2_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      141) = dov_2_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      142) = dov_2_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      143) = dov_2_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192) = dov_3_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193) = dov_3_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      194) = dov_3_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      195) = dov_3_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      196) = dov_3_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      197) = dov_3_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      198) = dov_3_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      199) = dov_3_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      200) = dov_3_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      201) = dov_3_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      202) = dov_3_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      203) = dov_3_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      204) = dov_3_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      205) = dov_3_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      206) = dov_3_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      207) = dov_3_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256) = dov_4_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257) = dov_4_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      258) = dov_4_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      259) = dov_4_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      260) = dov_4_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      261) = dov_4_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      262) = dov_4_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      263) = dov_4_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      264) = dov_4_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      265) = dov_4_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      266) = dov_4_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      267) = dov_4_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      268) = dov_4_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      269) = dov_4_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      270) = dov_4_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      271) = dov_4_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320) = dov_5_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321) = dov_5_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      322) = dov_5_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      323) = dov_5_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      324) = dov_5_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      325) = dov_5_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      326) = dov_5_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      327) = dov_5_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      328) = dov_5_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      329) = dov_5_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      330) = dov_5_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      331) = dov_5_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      332) = dov_5_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      333) = dov_5_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      334) = dov_5_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      335) = dov_5_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      384) = dov_6_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      385) = dov_6_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      386) = dov_6_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      387) = dov_6_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      388) = dov_6_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      389) = dov_6_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      390) = dov_6_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      391) = dov_6_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      392) = dov_6_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      393) = dov_6_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      394) = dov_6_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      395) = dov_6_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      396) = dov_6_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      397) = dov_6_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      398) = dov_6_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      399) = dov_6_15
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      448) = dov_7_0
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      449) = dov_7_1
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      450) = dov_7_2
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      451) = dov_7_3
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      452) = dov_7_4
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      453) = dov_7_5
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      454) = dov_7_6
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      455) = dov_7_7
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      456) = dov_7_8
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      457) = dov_7_9
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      458) = dov_7_10
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      459) = dov_7_11
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      460) = dov_7_12
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      461) = dov_7_13
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      462) = dov_7_14
-                  attn_dov_block(-64*i_blk + 16*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      463) = dov_7_15
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n)) = qk_0_0
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 1) = qk_0_1
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 2) = qk_0_2
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 3) = qk_0_3
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 4) = qk_0_4
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 5) = qk_0_5
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 6) = qk_0_6
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 7) = qk_0_7
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 8) = qk_0_8
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 9) = qk_0_9
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 10) = qk_0_10
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 11) = qk_0_11
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 12) = qk_0_12
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 13) = qk_0_13
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 14) = qk_0_14
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 15) = qk_0_15
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n)) = qk_1_0
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 1) = qk_1_1
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 2) = qk_1_2
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 3) = qk_1_3
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 4) = qk_1_4
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 5) = qk_1_5
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 6) = qk_1_6
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 7) = qk_1_7
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 8) = qk_1_8
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 9) = qk_1_9
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 10) = qk_1_10
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 11) = qk_1_11
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 12) = qk_1_12
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 13) = qk_1_13
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 14) = qk_1_14
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min &
+      (64, n) + 15) = qk_1_15
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n)) = qk_2_0
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 1) = qk_2_1
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 2) = qk_2_2
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 3) = qk_2_3
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 4) = qk_2_4
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 5) = qk_2_5
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 6) = qk_2_6
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 7) = qk_2_7
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 8) = qk_2_8
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 9) = qk_2_9
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 10) = qk_2_10
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 11) = qk_2_11
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 12) = qk_2_12
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 13) = qk_2_13
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 14) = qk_2_14
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min &
+      (64, n) + 15) = qk_2_15
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n)) = qk_3_0
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 1) = qk_3_1
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 2) = qk_3_2
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 3) = qk_3_3
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 4) = qk_3_4
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 5) = qk_3_5
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 6) = qk_3_6
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 7) = qk_3_7
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 8) = qk_3_8
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 9) = qk_3_9
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 10) = qk_3_10
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 11) = qk_3_11
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 12) = qk_3_12
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 13) = qk_3_13
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 14) = qk_3_14
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min &
+      (64, n) + 15) = qk_3_15
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n)) = qk_4_0
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 1) = qk_4_1
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 2) = qk_4_2
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 3) = qk_4_3
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 4) = qk_4_4
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 5) = qk_4_5
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 6) = qk_4_6
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 7) = qk_4_7
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 8) = qk_4_8
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 9) = qk_4_9
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 10) = qk_4_10
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 11) = qk_4_11
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 12) = qk_4_12
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 13) = qk_4_13
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 14) = qk_4_14
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min &
+      (64, n) + 15) = qk_4_15
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n)) = qk_5_0
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 1) = qk_5_1
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 2) = qk_5_2
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 3) = qk_5_3
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 4) = qk_5_4
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 5) = qk_5_5
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 6) = qk_5_6
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 7) = qk_5_7
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 8) = qk_5_8
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 9) = qk_5_9
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 10) = qk_5_10
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 11) = qk_5_11
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 12) = qk_5_12
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 13) = qk_5_13
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 14) = qk_5_14
+                  attn_qk_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min &
+      (64, n) + 15) = qk_5_15
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n)) = dov_0_0
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 1) = dov_0_1
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 2) = dov_0_2
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 3) = dov_0_3
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 4) = dov_0_4
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 5) = dov_0_5
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 6) = dov_0_6
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 7) = dov_0_7
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 8) = dov_0_8
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 9) = dov_0_9
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 10) = dov_0_10
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 11) = dov_0_11
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 12) = dov_0_12
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 13) = dov_0_13
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 14) = dov_0_14
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, &
+      n) + 15) = dov_0_15
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n)) = dov_1_0
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 1) = dov_1_1
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 2) = dov_1_2
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 3) = dov_1_3
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 4) = dov_1_4
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 5) = dov_1_5
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 6) = dov_1_6
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 7) = dov_1_7
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 8) = dov_1_8
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 9) = dov_1_9
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 10) = dov_1_10
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 11) = dov_1_11
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 12) = dov_1_12
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 13) = dov_1_13
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 14) = dov_1_14
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 1)*min &
+      (64, n) + 15) = dov_1_15
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n)) = dov_2_0
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 1) = dov_2_1
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 2) = dov_2_2
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 3) = dov_2_3
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 4) = dov_2_4
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 5) = dov_2_5
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 6) = dov_2_6
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 7) = dov_2_7
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 8) = dov_2_8
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 9) = dov_2_9
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 10) = dov_2_10
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 11) = dov_2_11
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 12) = dov_2_12
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 13) = dov_2_13
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 14) = dov_2_14
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 2)*min &
+      (64, n) + 15) = dov_2_15
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n)) = dov_3_0
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 1) = dov_3_1
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 2) = dov_3_2
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 3) = dov_3_3
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 4) = dov_3_4
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 5) = dov_3_5
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 6) = dov_3_6
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 7) = dov_3_7
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 8) = dov_3_8
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 9) = dov_3_9
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 10) = dov_3_10
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 11) = dov_3_11
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 12) = dov_3_12
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 13) = dov_3_13
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 14) = dov_3_14
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 3)*min &
+      (64, n) + 15) = dov_3_15
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n)) = dov_4_0
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 1) = dov_4_1
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 2) = dov_4_2
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 3) = dov_4_3
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 4) = dov_4_4
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 5) = dov_4_5
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 6) = dov_4_6
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 7) = dov_4_7
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 8) = dov_4_8
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 9) = dov_4_9
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 10) = dov_4_10
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 11) = dov_4_11
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 12) = dov_4_12
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 13) = dov_4_13
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 14) = dov_4_14
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 4)*min &
+      (64, n) + 15) = dov_4_15
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n)) = dov_5_0
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 1) = dov_5_1
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 2) = dov_5_2
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 3) = dov_5_3
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 4) = dov_5_4
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 5) = dov_5_5
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 6) = dov_5_6
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 7) = dov_5_7
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 8) = dov_5_8
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 9) = dov_5_9
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 10) = dov_5_10
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 11) = dov_5_11
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 12) = dov_5_12
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 13) = dov_5_13
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 14) = dov_5_14
+                  attn_dov_block(-64*i_blk + 16*i_tile + (6*j_in_tile + j_part + n*(b*heads + h) &
+                      & + 5)*min &
+      (64, n) + 15) = dov_5_15
                 end do
                 do i = 16*((min(n, 64*i_blk + 64)) / 16), min(n, 64*i_blk + 64) - 1
                   Q_row = dh*(i + n*(b*heads + h))
@@ -10427,25 +9597,19 @@ contains
                   qk_3 = 0.0_c_float
                   qk_4 = 0.0_c_float
                   qk_5 = 0.0_c_float
-                  qk_6 = 0.0_c_float
-                  qk_7 = 0.0_c_float
-                  !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
+                  !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5)
                   do c = 0, dh - 1
-                    qk_0 = qk_0 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
-                    qk_1 = qk_1 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
+                    qk_0 = qk_0 + Q(Q_row + c) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
+                    qk_1 = qk_1 + Q(Q_row + c) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) &
                         & + 1))
-                    qk_2 = qk_2 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
+                    qk_2 = qk_2 + Q(Q_row + c) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) &
                         & + 2))
-                    qk_3 = qk_3 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
+                    qk_3 = qk_3 + Q(Q_row + c) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) &
                         & + 3))
-                    qk_4 = qk_4 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
+                    qk_4 = qk_4 + Q(Q_row + c) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) &
                         & + 4))
-                    qk_5 = qk_5 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
+                    qk_5 = qk_5 + Q(Q_row + c) * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) &
                         & + 5))
-                    qk_6 = qk_6 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
-                        & + 6))
-                    qk_7 = qk_7 + Q(Q_row + c) * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) &
-                        & + 7))
                   end do
                   dov_0 = 0.0_c_float
                   dov_1 = 0.0_c_float
@@ -10453,2260 +9617,1139 @@ contains
                   dov_3 = 0.0_c_float
                   dov_4 = 0.0_c_float
                   dov_5 = 0.0_c_float
-                  dov_6 = 0.0_c_float
-                  dov_7 = 0.0_c_float
-                  !$omp simd reduction(+:dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, dov_6, dov_7)
+                  !$omp simd reduction(+:dov_0, dov_1, dov_2, dov_3, dov_4, dov_5)
                   do c = 0, dh - 1
-                    dov_0 = dov_0 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
+                    dov_0 = dov_0 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h)))
-                    dov_1 = dov_1 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
+                    dov_1 = dov_1 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h) + 1))
-                    dov_2 = dov_2 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
+                    dov_2 = dov_2 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h) + 2))
-                    dov_3 = dov_3 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
+                    dov_3 = dov_3 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h) + 3))
-                    dov_4 = dov_4 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
+                    dov_4 = dov_4 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h) + 4))
-                    dov_5 = dov_5 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
+                    dov_5 = dov_5 + dattn(dattn_row + c) * V(c + dh*(6*j_in_tile + j_part + &
                         & n*(b*heads + h) + 5))
-                    dov_6 = dov_6 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 6))
-                    dov_7 = dov_7 + dattn(dattn_row + c) * V(c + dh*(8*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 7))
                   end do
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = &
-                      & qk_0
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = qk_1
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = qk_2
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = qk_3
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = qk_4
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = qk_5
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 384) = qk_6
-                  attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 448) = qk_7
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = &
-                      & dov_0
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = dov_1
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = dov_2
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = dov_3
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = dov_4
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = dov_5
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 384) = dov_6
-                  attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 448) = dov_7
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = qk_0
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = qk_1
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = qk_2
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = qk_3
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = qk_4
+                  attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = qk_5
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = dov_0
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = dov_1
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = dov_2
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = dov_3
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = dov_4
+                  attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = dov_5
                 end do
                 !$omp simd
                 do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                  qk_0 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h))
-                  qk_1 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 64)
-                  qk_2 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 128)
-                  qk_3 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 192)
-                  qk_4 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 256)
-                  qk_5 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 320)
-                  qk_6 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 384)
-                  qk_7 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 448)
-                  dov_0 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h))
-                  dov_1 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 64)
-                  dov_2 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 128)
-                  dov_3 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 192)
-                  dov_4 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 256)
-                  dov_5 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 320)
-                  dov_6 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 384)
-                  dov_7 = attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 448)
-                  t2_0b = exp(scale * qk_0 - lse(i + n*(b*heads + h)))
-                  t2_1b = exp(scale * qk_1 - lse(i + n*(b*heads + h)))
+                  qk_0 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  qk_1 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  qk_2 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  qk_3 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  qk_4 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  qk_5 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
+                  dov_0 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  dov_1 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  dov_2 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  dov_3 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  dov_4 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  dov_5 = attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
+                  t2_0 = exp(scale * qk_0 - lse(i + n*(b*heads + h)))
+                  t2_1 = exp(scale * qk_1 - lse(i + n*(b*heads + h)))
                   t2_2 = exp(scale * qk_2 - lse(i + n*(b*heads + h)))
                   t2_3 = exp(scale * qk_3 - lse(i + n*(b*heads + h)))
                   t2_4 = exp(scale * qk_4 - lse(i + n*(b*heads + h)))
                   t2_5 = exp(scale * qk_5 - lse(i + n*(b*heads + h)))
-                  t2_6 = exp(scale * qk_6 - lse(i + n*(b*heads + h)))
-                  t2_7 = exp(scale * qk_7 - lse(i + n*(b*heads + h)))
-                  t_0b = scale * t2_0b * (dov_0 - attn_delta(i + n*(b*heads + h)))
-                  t_1b = scale * t2_1b * (dov_1 - attn_delta(i + n*(b*heads + h)))
+                  t_0 = scale * t2_0 * (dov_0 - attn_delta(i + n*(b*heads + h)))
+                  t_1 = scale * t2_1 * (dov_1 - attn_delta(i + n*(b*heads + h)))
                   t_2 = scale * t2_2 * (dov_2 - attn_delta(i + n*(b*heads + h)))
                   t_3 = scale * t2_3 * (dov_3 - attn_delta(i + n*(b*heads + h)))
                   t_4 = scale * t2_4 * (dov_4 - attn_delta(i + n*(b*heads + h)))
                   t_5 = scale * t2_5 * (dov_5 - attn_delta(i + n*(b*heads + h)))
-                  t_6 = scale * t2_6 * (dov_6 - attn_delta(i + n*(b*heads + h)))
-                  t_7 = scale * t2_7 * (dov_7 - attn_delta(i + n*(b*heads + h)))
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = &
-                      & t2_0b
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = t2_1b
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = t2_2
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = t2_3
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = t2_4
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = t2_5
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 384) = t2_6
-                  attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 448) = t2_7
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t_0b
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 64) = t_1b
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 128) = t_2
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 192) = t_3
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 256) = t_4
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 320) = t_5
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 384) = t_6
-                  attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-                      & 448) = t_7
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = t2_0
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = t2_1
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = t2_2
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = t2_3
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = t2_4
+                  attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = t2_5
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*min(64, &
+                      & n)) = t_0
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n)) = t_1
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n)) = t_2
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n)) = t_3
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n)) = t_4
+                  attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n)) = t_5
                 end do
-                do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                  attn_dQ_part_row0 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)))
-                  attn_dQ_part_row1 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
-                  t_0_0 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h))
-                  t_0_1 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64)
-                  t_0_2 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128)
-                  t_0_3 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192)
-                  t_0_4 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256)
-                  t_0_5 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320)
-                  t_0_6 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      384)
-                  t_0_7 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      448)
-                  t_1_0 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1)
-                  t_1_1 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65)
-                  t_1_2 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129)
-                  t_1_3 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193)
-                  t_1_4 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257)
-                  t_1_5 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321)
-                  t_1_6 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      385)
-                  t_1_7 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      449)
-                  !$omp simd
-                  do c = 0, dh - 1
-                    attn_dQ_part(attn_dQ_part_row0 + c) = attn_dQ_part(attn_dQ_part_row0 + c) + &
-                        & t_0_0 * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) + t_0_1 * &
-                        & K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_0_2 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_0_3 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_0_4 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_0_5 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_0_6 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t_0_7 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                    attn_dQ_part(attn_dQ_part_row1 + c) = attn_dQ_part(attn_dQ_part_row1 + c) + &
-                        & t_1_0 * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) + t_1_1 * &
-                        & K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_1_2 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_1_3 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_1_4 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_1_5 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_1_6 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t_1_7 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                  end do
-                end do
-                do c_tile = 0, ((dh) / 16) - 1
-                  dk_0 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
-                  dk_1 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 1)
-                  dk_2 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 2)
-                  dk_3 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 3)
-                  dk_4 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 4)
-                  dk_5 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 5)
-                  dk_6 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 6)
-                  dk_7 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 7)
-                  dk_8 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 8)
-                  dk_9 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 9)
-                  dk_10 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 10)
-                  dk_11 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 11)
-                  dk_12 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 12)
-                  dk_13 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 13)
-                  dk_14 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 14)
-                  dk_15 = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 15)
-                  dk_0b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
-                  dk_1b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 1)
-                  dk_2b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 2)
-                  dk_3b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 3)
-                  dk_4b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 4)
-                  dk_5b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 5)
-                  dk_6b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 6)
-                  dk_7b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 7)
-                  dk_8b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 8)
-                  dk_9b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 9)
-                  dk_10b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 10)
-                  dk_11b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 11)
-                  dk_12b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 12)
-                  dk_13b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 13)
-                  dk_14b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 14)
-                  dk_15b = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 15)
-                  dk_0c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
-                  dk_1c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 1)
-                  dk_2c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 2)
-                  dk_3c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 3)
-                  dk_4c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 4)
-                  dk_5c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 5)
-                  dk_6c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 6)
-                  dk_7c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 7)
-                  dk_8c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 8)
-                  dk_9c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 9)
-                  dk_10c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 10)
-                  dk_11c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 11)
-                  dk_12c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 12)
-                  dk_13c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 13)
-                  dk_14c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 14)
-                  dk_15c = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 15)
-                  dk_0d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
-                  dk_1d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 1)
-                  dk_2d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 2)
-                  dk_3d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 3)
-                  dk_4d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 4)
-                  dk_5d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 5)
-                  dk_6d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 6)
-                  dk_7d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 7)
-                  dk_8d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 8)
-                  dk_9d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 9)
-                  dk_10d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 10)
-                  dk_11d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 11)
-                  dk_12d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 12)
-                  dk_13d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 13)
-                  dk_14d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 14)
-                  dk_15d = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 15)
-                  dk_0e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
-                  dk_1e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 1)
-                  dk_2e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 2)
-                  dk_3e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 3)
-                  dk_4e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 4)
-                  dk_5e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 5)
-                  dk_6e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 6)
-                  dk_7e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 7)
-                  dk_8e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 8)
-                  dk_9e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 9)
-                  dk_10e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 10)
-                  dk_11e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 11)
-                  dk_12e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 12)
-                  dk_13e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 13)
-                  dk_14e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 14)
-                  dk_15e = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 15)
-                  dk_0f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
-                  dk_1f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 1)
-                  dk_2f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 2)
-                  dk_3f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 3)
-                  dk_4f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 4)
-                  dk_5f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 5)
-                  dk_6f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 6)
-                  dk_7f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 7)
-                  dk_8f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 8)
-                  dk_9f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 9)
-                  dk_10f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 10)
-                  dk_11f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 11)
-                  dk_12f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 12)
-                  dk_13f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 13)
-                  dk_14f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 14)
-                  dk_15f = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 15)
-                  dk_0g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                  dk_1g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 1)
-                  dk_2g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 2)
-                  dk_3g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 3)
-                  dk_4g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 4)
-                  dk_5g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 5)
-                  dk_6g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 6)
-                  dk_7g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 7)
-                  dk_8g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 8)
-                  dk_9g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 9)
-                  dk_10g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 10)
-                  dk_11g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 11)
-                  dk_12g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 12)
-                  dk_13g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 13)
-                  dk_14g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 14)
-                  dk_15g = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 15)
-                  dk_0h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                  dk_1h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 1)
-                  dk_2h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 2)
-                  dk_3h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 3)
-                  dk_4h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 4)
-                  dk_5h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 5)
-                  dk_6h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 6)
-                  dk_7h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 7)
-                  dk_8h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 8)
-                  dk_9h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 9)
-                  dk_10h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 10)
-                  dk_11h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 11)
-                  dk_12h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 12)
-                  dk_13h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 13)
-                  dk_14h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 14)
-                  dk_15h = dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 15)
-                  !GCC$ novector
-                  do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                    dk_0 = dk_0 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + &
-                        & attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1 = dk_1 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 1) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2 = dk_2 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 2) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3 = dk_3 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 3) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4 = dk_4 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 4) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5 = dk_5 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 5) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6 = dk_6 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 6) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7 = dk_7 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 7) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8 = dk_8 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 8) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9 = dk_9 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 9) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10 = dk_10 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 10) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11 = dk_11 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 11) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12 = dk_12 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 12) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13 = dk_13 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 13) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14 = dk_14 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 14) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15 = dk_15 + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + &
-                        & 15) + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0b = dk_0b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1b = dk_1b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2b = dk_2b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3b = dk_3b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4b = dk_4b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5b = dk_5b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6b = dk_6b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7b = dk_7b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8b = dk_8b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9b = dk_9b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10b = dk_10b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11b = dk_11b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12b = dk_12b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13b = dk_13b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14b = dk_14b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15b = dk_15b + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0c = dk_0c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1c = dk_1c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2c = dk_2c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3c = dk_3c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4c = dk_4c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5c = dk_5c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6c = dk_6c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7c = dk_7c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8c = dk_8c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9c = dk_9c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10c = dk_10c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11c = dk_11c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12c = dk_12c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13c = dk_13c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14c = dk_14c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15c = dk_15c + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0d = dk_0d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1d = dk_1d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2d = dk_2d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3d = dk_3d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4d = dk_4d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5d = dk_5d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6d = dk_6d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7d = dk_7d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8d = dk_8d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9d = dk_9d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10d = dk_10d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11d = dk_11d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12d = dk_12d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13d = dk_13d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14d = dk_14d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15d = dk_15d + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0e = dk_0e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1e = dk_1e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2e = dk_2e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3e = dk_3e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4e = dk_4e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5e = dk_5e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6e = dk_6e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7e = dk_7e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8e = dk_8e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9e = dk_9e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10e = dk_10e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11e = dk_11e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12e = dk_12e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13e = dk_13e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14e = dk_14e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15e = dk_15e + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0f = dk_0f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1f = dk_1f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2f = dk_2f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3f = dk_3f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4f = dk_4f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5f = dk_5f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6f = dk_6f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7f = dk_7f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8f = dk_8f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9f = dk_9f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10f = dk_10f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11f = dk_11f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12f = dk_12f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13f = dk_13f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14f = dk_14f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15f = dk_15f + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0g = dk_0g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1g = dk_1g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2g = dk_2g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3g = dk_3g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4g = dk_4g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5g = dk_5g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6g = dk_6g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7g = dk_7g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8g = dk_8g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9g = dk_9g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10g = dk_10g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11g = dk_11g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12g = dk_12g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13g = dk_13g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14g = dk_14g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15g = dk_15g + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dk_0h = dk_0h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t_block(-64*i_blk + 2*i_tile + &
-          & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dk_1h = dk_1h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dk_2h = dk_2h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dk_3h = dk_3h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dk_4h = dk_4h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dk_5h = dk_5h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dk_6h = dk_6h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dk_7h = dk_7h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dk_8h = dk_8h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dk_9h = dk_9h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dk_10h = dk_10h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dk_11h = dk_11h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dk_12h = dk_12h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dk_13h = dk_13h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dk_14h = dk_14h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dk_15h = dk_15h + attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * Q(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                  end do
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = dk_0
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 1) = dk_1
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 2) = dk_2
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 3) = dk_3
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 4) = dk_4
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 5) = dk_5
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 6) = dk_6
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 7) = dk_7
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 8) = dk_8
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 9) = dk_9
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 10) = dk_10
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 11) = dk_11
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 12) = dk_12
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 13) = dk_13
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 14) = dk_14
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 15) = dk_15
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = dk_0b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 1) = dk_1b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 2) = dk_2b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 3) = dk_3b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 4) = dk_4b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 5) = dk_5b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 6) = dk_6b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 7) = dk_7b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 8) = dk_8b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 9) = dk_9b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 10) = dk_10b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 11) = dk_11b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 12) = dk_12b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 13) = dk_13b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 14) = dk_14b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 15) = dk_15b
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = dk_0c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 1) = dk_1c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 2) = dk_2c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 3) = dk_3c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 4) = dk_4c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 5) = dk_5c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 6) = dk_6c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 7) = dk_7c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 8) = dk_8c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 9) = dk_9c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 10) = dk_10c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 11) = dk_11c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 12) = dk_12c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 13) = dk_13c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 14) = dk_14c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 15) = dk_15c
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = dk_0d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 1) = dk_1d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 2) = dk_2d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 3) = dk_3d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 4) = dk_4d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 5) = dk_5d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 6) = dk_6d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 7) = dk_7d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 8) = dk_8d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 9) = dk_9d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 10) = dk_10d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 11) = dk_11d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 12) = dk_12d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 13) = dk_13d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 14) = dk_14d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 15) = dk_15d
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = dk_0e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 1) = dk_1e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 2) = dk_2e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 3) = dk_3e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 4) = dk_4e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 5) = dk_5e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 6) = dk_6e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 7) = dk_7e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 8) = dk_8e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 9) = dk_9e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 10) = dk_10e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 11) = dk_11e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 12) = dk_12e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 13) = dk_13e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 14) = dk_14e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 15) = dk_15e
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = dk_0f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 1) = dk_1f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 2) = dk_2f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 3) = dk_3f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 4) = dk_4f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 5) = dk_5f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 6) = dk_6f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 7) = dk_7f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 8) = dk_8f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 9) = dk_9f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 10) = dk_10f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 11) = dk_11f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 12) = dk_12f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 13) = dk_13f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 14) = dk_14f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 15) = dk_15f
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = dk_0g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 1) = dk_1g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 2) = dk_2g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 3) = dk_3g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 4) = dk_4g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 5) = dk_5g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 6) = dk_6g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 7) = dk_7g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 8) = dk_8g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 9) = dk_9g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 10) = dk_10g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 11) = dk_11g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 12) = dk_12g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 13) = dk_13g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 14) = dk_14g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 15) = dk_15g
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = dk_0h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 1) = dk_1h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 2) = dk_2h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 3) = dk_3h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 4) = dk_4h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 5) = dk_5h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 6) = dk_6h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 7) = dk_7h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 8) = dk_8h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 9) = dk_9h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 10) = dk_10h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 11) = dk_11h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 12) = dk_12h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 13) = dk_13h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 14) = dk_14h
-                  dK(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 15) = dk_15h
-                end do
-                do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                  Q_row0 = dh*(2*i_tile + n*(b*heads + h))
-                  Q_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                  t_0_0 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h))
-                  t_0_1 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64)
-                  t_0_2 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128)
-                  t_0_3 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192)
-                  t_0_4 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256)
-                  t_0_5 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320)
-                  t_0_6 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      384)
-                  t_0_7 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      448)
-                  t_1_0 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1)
-                  t_1_1 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65)
-                  t_1_2 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129)
-                  t_1_3 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193)
-                  t_1_4 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257)
-                  t_1_5 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321)
-                  t_1_6 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      385)
-                  t_1_7 = attn_t_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      449)
-                  do c = 16*((dh) / 16), dh - 1
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = dK(c + dh*(8*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t_0_0 * Q(Q_row0 + c) + t_1_0 * Q(Q_row1 &
-                        & + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_0_1 * Q(Q_row0 + &
-                        & c) + t_1_1 * Q(Q_row1 + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_0_2 * Q(Q_row0 + &
-                        & c) + t_1_2 * Q(Q_row1 + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_0_3 * Q(Q_row0 + &
-                        & c) + t_1_3 * Q(Q_row1 + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_0_4 * Q(Q_row0 + &
-                        & c) + t_1_4 * Q(Q_row1 + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_0_5 * Q(Q_row0 + &
-                        & c) + t_1_5 * Q(Q_row1 + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t_0_6 * Q(Q_row0 + &
-                        & c) + t_1_6 * Q(Q_row1 + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) + t_0_7 * Q(Q_row0 + &
-                        & c) + t_1_7 * Q(Q_row1 + c)
-                  end do
-                end do
-                do c_tile = 0, ((dh) / 16) - 1
-                  dv_0 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)))
-                  dv_1 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 1)
-                  dv_2 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 2)
-                  dv_3 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 3)
-                  dv_4 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 4)
-                  dv_5 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 5)
-                  dv_6 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 6)
-                  dv_7 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 7)
-                  dv_8 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 8)
-                  dv_9 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 9)
-                  dv_10 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 10)
-                  dv_11 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 11)
-                  dv_12 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 12)
-                  dv_13 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 13)
-                  dv_14 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 14)
-                  dv_15 = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 15)
-                  dv_0b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1))
-                  dv_1b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 1)
-                  dv_2b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 2)
-                  dv_3b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 3)
-                  dv_4b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 4)
-                  dv_5b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 5)
-                  dv_6b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 6)
-                  dv_7b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 7)
-                  dv_8b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 8)
-                  dv_9b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 9)
-                  dv_10b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 10)
-                  dv_11b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 11)
-                  dv_12b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 12)
-                  dv_13b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 13)
-                  dv_14b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 14)
-                  dv_15b = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 15)
-                  dv_0c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2))
-                  dv_1c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 1)
-                  dv_2c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 2)
-                  dv_3c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 3)
-                  dv_4c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 4)
-                  dv_5c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 5)
-                  dv_6c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 6)
-                  dv_7c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 7)
-                  dv_8c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 8)
-                  dv_9c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 9)
-                  dv_10c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 10)
-                  dv_11c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 11)
-                  dv_12c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 12)
-                  dv_13c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 13)
-                  dv_14c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 14)
-                  dv_15c = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 15)
-                  dv_0d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3))
-                  dv_1d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 1)
-                  dv_2d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 2)
-                  dv_3d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 3)
-                  dv_4d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 4)
-                  dv_5d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 5)
-                  dv_6d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 6)
-                  dv_7d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 7)
-                  dv_8d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 8)
-                  dv_9d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 9)
-                  dv_10d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 10)
-                  dv_11d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 11)
-                  dv_12d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 12)
-                  dv_13d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 13)
-                  dv_14d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 14)
-                  dv_15d = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 15)
-                  dv_0e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4))
-                  dv_1e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 1)
-                  dv_2e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 2)
-                  dv_3e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 3)
-                  dv_4e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 4)
-                  dv_5e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 5)
-                  dv_6e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 6)
-                  dv_7e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 7)
-                  dv_8e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 8)
-                  dv_9e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 9)
-                  dv_10e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 10)
-                  dv_11e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 11)
-                  dv_12e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 12)
-                  dv_13e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 13)
-                  dv_14e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 14)
-                  dv_15e = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 15)
-                  dv_0f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5))
-                  dv_1f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 1)
-                  dv_2f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 2)
-                  dv_3f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 3)
-                  dv_4f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 4)
-                  dv_5f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 5)
-                  dv_6f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 6)
-                  dv_7f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 7)
-                  dv_8f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 8)
-                  dv_9f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 9)
-                  dv_10f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 10)
-                  dv_11f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 11)
-                  dv_12f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 12)
-                  dv_13f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 13)
-                  dv_14f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 14)
-                  dv_15f = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 15)
-                  dv_0g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6))
-                  dv_1g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 1)
-                  dv_2g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 2)
-                  dv_3g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 3)
-                  dv_4g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 4)
-                  dv_5g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 5)
-                  dv_6g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 6)
-                  dv_7g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 7)
-                  dv_8g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 8)
-                  dv_9g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 9)
-                  dv_10g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 10)
-                  dv_11g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 11)
-                  dv_12g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 12)
-                  dv_13g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 13)
-                  dv_14g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 14)
-                  dv_15g = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 15)
-                  dv_0h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
-                  dv_1h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 1)
-                  dv_2h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 2)
-                  dv_3h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 3)
-                  dv_4h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 4)
-                  dv_5h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 5)
-                  dv_6h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 6)
-                  dv_7h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 7)
-                  dv_8h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 8)
-                  dv_9h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 9)
-                  dv_10h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 10)
-                  dv_11h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 11)
-                  dv_12h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 12)
-                  dv_13h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 13)
-                  dv_14h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 14)
-                  dv_15h = dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 15)
-                  !GCC$ novector
-                  do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                    dv_0 = dv_0 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h))) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                        & 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1 = dv_1 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 1) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2 = dv_2 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 2) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3 = dv_3 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 3) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4 = dv_4 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 4) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5 = dv_5 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 5) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6 = dv_6 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 6) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7 = dv_7 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 7) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8 = dv_8 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 8) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9 = dv_9 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part &
-                        & + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + &
-                        & h)) + 9) + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10 = dv_10 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + &
-                        & n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + 2*i_tile + &
-                        & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11 = dv_11 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + &
-                        & n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + 2*i_tile + &
-                        & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12 = dv_12 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + &
-                        & n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + 2*i_tile + &
-                        & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13 = dv_13 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + &
-                        & n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + 2*i_tile + &
-                        & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14 = dv_14 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + &
-                        & n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + 2*i_tile + &
-                        & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15 = dv_15 + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h)) * dattn(16*c_tile + dh*(2*i_tile + &
-                        & n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + 2*i_tile + &
-                        & 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      1) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0b = dv_0b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1b = dv_1b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2b = dv_2b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3b = dv_3b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4b = dv_4b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5b = dv_5b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6b = dv_6b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7b = dv_7b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8b = dv_8b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9b = dv_9b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10b = dv_10b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11b = dv_11b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12b = dv_12b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13b = dv_13b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14b = dv_14b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15b = dv_15b + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      64) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      65) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0c = dv_0c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1c = dv_1c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2c = dv_2c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3c = dv_3c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4c = dv_4c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5c = dv_5c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6c = dv_6c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7c = dv_7c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8c = dv_8c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9c = dv_9c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10c = dv_10c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11c = dv_11c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12c = dv_12c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13c = dv_13c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14c = dv_14c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15c = dv_15c + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      128) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      129) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0d = dv_0d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1d = dv_1d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2d = dv_2d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3d = dv_3d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4d = dv_4d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5d = dv_5d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6d = dv_6d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7d = dv_7d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8d = dv_8d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9d = dv_9d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10d = dv_10d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11d = dv_11d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12d = dv_12d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13d = dv_13d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14d = dv_14d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15d = dv_15d + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      192) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      193) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0e = dv_0e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1e = dv_1e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2e = dv_2e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3e = dv_3e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4e = dv_4e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5e = dv_5e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6e = dv_6e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7e = dv_7e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8e = dv_8e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9e = dv_9e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10e = dv_10e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11e = dv_11e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12e = dv_12e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13e = dv_13e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14e = dv_14e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15e = dv_15e + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      256) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      257) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0f = dv_0f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1f = dv_1f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2f = dv_2f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3f = dv_3f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4f = dv_4f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5f = dv_5f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6f = dv_6f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7f = dv_7f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8f = dv_8f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9f = dv_9f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10f = dv_10f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11f = dv_11f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12f = dv_12f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13f = dv_13f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14f = dv_14f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15f = dv_15f + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      320) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      321) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0g = dv_0g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1g = dv_1g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2g = dv_2g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3g = dv_3g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4g = dv_4g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5g = dv_5g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6g = dv_6g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7g = dv_7g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8g = dv_8g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9g = dv_9g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10g = dv_10g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11g = dv_11g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12g = dv_12g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13g = dv_13g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14g = dv_14g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15g = dv_15g + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      384) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      385) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                    dv_0h = dv_0h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h))) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1))
-                    dv_1h = dv_1h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 1) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 1)
-                    dv_2h = dv_2h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 2) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 2)
-                    dv_3h = dv_3h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 3) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 3)
-                    dv_4h = dv_4h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 4) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 4)
-                    dv_5h = dv_5h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 5) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 5)
-                    dv_6h = dv_6h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 6) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 6)
-                    dv_7h = dv_7h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 7) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 7)
-                    dv_8h = dv_8h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 8) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 8)
-                    dv_9h = dv_9h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 9) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 9)
-                    dv_10h = dv_10h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 10) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 10)
-                    dv_11h = dv_11h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 11) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 11)
-                    dv_12h = dv_12h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 12) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 12)
-                    dv_13h = dv_13h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 13) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 13)
-                    dv_14h = dv_14h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 14) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 14)
-                    dv_15h = dv_15h + attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + &
-                        & 64*j_part + 64*n*(b*heads + h) + &
-      448) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h)) + 15) + attn_t2_block(-64*i_blk + &
-          & 2*i_tile + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
-      449) * dattn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 1) + 15)
-                  end do
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = dv_0
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 1) = dv_1
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 2) = dv_2
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 3) = dv_3
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 4) = dv_4
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 5) = dv_5
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 6) = dv_6
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 7) = dv_7
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 8) = dv_8
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 9) = dv_9
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 10) = dv_10
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 11) = dv_11
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 12) = dv_12
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 13) = dv_13
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 14) = dv_14
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h)) + 15) = dv_15
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = dv_0b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 1) = dv_1b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 2) = dv_2b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 3) = dv_3b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 4) = dv_4b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 5) = dv_5b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 6) = dv_6b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 7) = dv_7b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 8) = dv_8b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 9) = dv_9b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 10) = dv_10b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 11) = dv_11b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 12) = dv_12b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 13) = dv_13b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 14) = dv_14b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1) + 15) = dv_15b
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = dv_0c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 1) = dv_1c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 2) = dv_2c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 3) = dv_3c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 4) = dv_4c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 5) = dv_5c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 6) = dv_6c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 7) = dv_7c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 8) = dv_8c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 9) = dv_9c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 10) = dv_10c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 11) = dv_11c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 12) = dv_12c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 13) = dv_13c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 14) = dv_14c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2) + 15) = dv_15c
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = dv_0d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 1) = dv_1d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 2) = dv_2d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 3) = dv_3d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 4) = dv_4d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 5) = dv_5d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 6) = dv_6d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 7) = dv_7d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 8) = dv_8d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 9) = dv_9d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 10) = dv_10d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 11) = dv_11d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 12) = dv_12d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 13) = dv_13d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 14) = dv_14d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3) + 15) = dv_15d
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = dv_0e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 1) = dv_1e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 2) = dv_2e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 3) = dv_3e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 4) = dv_4e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 5) = dv_5e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 6) = dv_6e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 7) = dv_7e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 8) = dv_8e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 9) = dv_9e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 10) = dv_10e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 11) = dv_11e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 12) = dv_12e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 13) = dv_13e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 14) = dv_14e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4) + 15) = dv_15e
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = dv_0f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 1) = dv_1f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 2) = dv_2f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 3) = dv_3f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 4) = dv_4f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 5) = dv_5f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 6) = dv_6f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 7) = dv_7f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 8) = dv_8f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 9) = dv_9f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 10) = dv_10f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 11) = dv_11f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 12) = dv_12f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 13) = dv_13f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 14) = dv_14f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5) + 15) = dv_15f
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = dv_0g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 1) = dv_1g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 2) = dv_2g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 3) = dv_3g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 4) = dv_4g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 5) = dv_5g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 6) = dv_6g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 7) = dv_7g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 8) = dv_8g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 9) = dv_9g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 10) = dv_10g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 11) = dv_11g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 12) = dv_12g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 13) = dv_13g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 14) = dv_14g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6) + 15) = dv_15g
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = dv_0h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 1) = dv_1h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 2) = dv_2h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 3) = dv_3h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 4) = dv_4h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 5) = dv_5h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 6) = dv_6h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 7) = dv_7h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 8) = dv_8h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 9) = dv_9h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 10) = dv_10h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 11) = dv_11h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 12) = dv_12h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 13) = dv_13h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 14) = dv_14h
-                  dV(16*c_tile + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7) + 15) = dv_15h
-                end do
-                do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                  dattn_row0 = dh*(2*i_tile + n*(b*heads + h))
-                  dattn_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                  t2_0_0 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h))
-                  t2_0_1 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      64)
-                  t2_0_2 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      128)
-                  t2_0_3 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      192)
-                  t2_0_4 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      256)
-                  t2_0_5 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      320)
-                  t2_0_6 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      384)
-                  t2_0_7 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      448)
-                  t2_1_0 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      1)
-                  t2_1_1 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      65)
-                  t2_1_2 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      129)
-                  t2_1_3 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      193)
-                  t2_1_4 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      257)
-                  t2_1_5 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      321)
-                  t2_1_6 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      385)
-                  t2_1_7 = attn_t2_block(-64*i_blk + 2*i_tile + 512*j_in_tile + 64*j_part + &
-                      & 64*n*(b*heads + h) + &
-      449)
-                  do c = 16*((dh) / 16), dh - 1
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = dV(c + dh*(8*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t2_0_0 * dattn(dattn_row0 + c) + t2_1_0 &
-                        & * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_1 * &
-                        & dattn(dattn_row0 + c) + t2_1_1 * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_2 * &
-                        & dattn(dattn_row0 + c) + t2_1_2 * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_0_3 * &
-                        & dattn(dattn_row0 + c) + t2_1_3 * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t2_0_4 * &
-                        & dattn(dattn_row0 + c) + t2_1_4 * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t2_0_5 * &
-                        & dattn(dattn_row0 + c) + t2_1_5 * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t2_0_6 * &
-                        & dattn(dattn_row0 + c) + t2_1_6 * dattn(dattn_row1 + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) + t2_0_7 * &
-                        & dattn(dattn_row0 + c) + t2_1_7 * dattn(dattn_row1 + c)
-                  end do
-                end do
-                do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
-                  Q_row = dh*(i + n*(b*heads + h))
-                  dattn_row = dh*(i + n*(b*heads + h))
+                do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
                   attn_dQ_part_row = dh*(i + n*(h + heads*(b + batch*j_part)))
-                  t2_0b = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h))
-                  t2_1b = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads &
-                      & + h) + 64)
-                  t2_2 = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 128)
-                  t2_3 = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 192)
-                  t2_4 = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 256)
-                  t2_5 = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 320)
-                  t2_6 = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 384)
-                  t2_7 = attn_t2_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 448)
-                  t_0b = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  t_1b = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 64)
-                  t_2 = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 128)
-                  t_3 = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 192)
-                  t_4 = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 256)
-                  t_5 = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 320)
-                  t_6 = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 384)
-                  t_7 = attn_t_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
-                      & h) + 448)
+                  t_0 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  t_1 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  t_2 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  t_3 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  t_4 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  t_5 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
                   !$omp simd
                   do c = 0, dh - 1
-                    attn_dQ_part(attn_dQ_part_row + c) = attn_dQ_part(attn_dQ_part_row + c) + &
-                        & t_0b * K(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) + t_1b * K(c &
-                        & + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_2 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_3 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_4 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_5 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_6 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t_7 * K(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7))
+                    attn_dQ_part(attn_dQ_part_row + c) = attn_dQ_part(attn_dQ_part_row + c) + t_0 &
+                        & * K(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) + t_1 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_2 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_3 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_4 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_5 * K(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
                   end do
-                  !$omp simd
-                  do c = 0, dh - 1
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = dK(c + dh*(8*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t_0b * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_1b * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_2 * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_3 * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_4 * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_5 * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t_6 * Q(Q_row + c)
-                    dK(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = dK(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) + t_7 * Q(Q_row + c)
+                end do
+                do c_tile = 0, ((dh) / 16) - 1
+                  dk_0 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
+                  dk_1 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 1)
+                  dk_2 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 2)
+                  dk_3 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 3)
+                  dk_4 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 4)
+                  dk_5 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 5)
+                  dk_6 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 6)
+                  dk_7 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 7)
+                  dk_8 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 8)
+                  dk_9 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 9)
+                  dk_10 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 10)
+                  dk_11 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 11)
+                  dk_12 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 12)
+                  dk_13 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 13)
+                  dk_14 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 14)
+                  dk_15 = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 15)
+                  dk_0b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
+                  dk_1b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 1)
+                  dk_2b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 2)
+                  dk_3b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 3)
+                  dk_4b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 4)
+                  dk_5b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 5)
+                  dk_6b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 6)
+                  dk_7b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 7)
+                  dk_8b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 8)
+                  dk_9b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 9)
+                  dk_10b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 10)
+                  dk_11b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 11)
+                  dk_12b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 12)
+                  dk_13b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 13)
+                  dk_14b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 14)
+                  dk_15b = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 15)
+                  dk_0c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
+                  dk_1c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 1)
+                  dk_2c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 2)
+                  dk_3c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 3)
+                  dk_4c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 4)
+                  dk_5c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 5)
+                  dk_6c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 6)
+                  dk_7c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 7)
+                  dk_8c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 8)
+                  dk_9c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 9)
+                  dk_10c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 10)
+                  dk_11c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 11)
+                  dk_12c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 12)
+                  dk_13c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 13)
+                  dk_14c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 14)
+                  dk_15c = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 15)
+                  dk_0d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
+                  dk_1d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 1)
+                  dk_2d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 2)
+                  dk_3d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 3)
+                  dk_4d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 4)
+                  dk_5d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 5)
+                  dk_6d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 6)
+                  dk_7d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 7)
+                  dk_8d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 8)
+                  dk_9d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 9)
+                  dk_10d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 10)
+                  dk_11d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 11)
+                  dk_12d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 12)
+                  dk_13d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 13)
+                  dk_14d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 14)
+                  dk_15d = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 15)
+                  dk_0e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
+                  dk_1e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 1)
+                  dk_2e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 2)
+                  dk_3e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 3)
+                  dk_4e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 4)
+                  dk_5e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 5)
+                  dk_6e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 6)
+                  dk_7e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 7)
+                  dk_8e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 8)
+                  dk_9e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 9)
+                  dk_10e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 10)
+                  dk_11e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 11)
+                  dk_12e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 12)
+                  dk_13e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 13)
+                  dk_14e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 14)
+                  dk_15e = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 15)
+                  dk_0f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
+                  dk_1f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 1)
+                  dk_2f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 2)
+                  dk_3f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 3)
+                  dk_4f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 4)
+                  dk_5f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 5)
+                  dk_6f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6)
+                  dk_7f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7)
+                  dk_8f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 8)
+                  dk_9f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 9)
+                  dk_10f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 10)
+                  dk_11f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 11)
+                  dk_12f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 12)
+                  dk_13f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 13)
+                  dk_14f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 14)
+                  dk_15f = dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 15)
+                  !GCC$ novector
+                  do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                    dk_0 = dk_0 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1 = dk_1 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 1)
+                    dk_2 = dk_2 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 2)
+                    dk_3 = dk_3 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 3)
+                    dk_4 = dk_4 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 4)
+                    dk_5 = dk_5 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 5)
+                    dk_6 = dk_6 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 6)
+                    dk_7 = dk_7 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 7)
+                    dk_8 = dk_8 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 8)
+                    dk_9 = dk_9 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + 9)
+                    dk_10 = dk_10 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + &
+                        & 10)
+                    dk_11 = dk_11 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + &
+                        & 11)
+                    dk_12 = dk_12 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + &
+                        & 12)
+                    dk_13 = dk_13 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + &
+                        & 13)
+                    dk_14 = dk_14 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + &
+                        & 14)
+                    dk_15 = dk_15 + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)) + &
+                        & 15)
+                    dk_0b = dk_0b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1b = dk_1b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2b = dk_2b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3b = dk_3b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4b = dk_4b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5b = dk_5b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6b = dk_6b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7b = dk_7b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_8b = dk_8b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 8)
+                    dk_9b = dk_9b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 9)
+                    dk_10b = dk_10b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 10)
+                    dk_11b = dk_11b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 11)
+                    dk_12b = dk_12b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 12)
+                    dk_13b = dk_13b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 13)
+                    dk_14b = dk_14b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 14)
+                    dk_15b = dk_15b + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 15)
+                    dk_0c = dk_0c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1c = dk_1c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2c = dk_2c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3c = dk_3c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4c = dk_4c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5c = dk_5c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6c = dk_6c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7c = dk_7c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_8c = dk_8c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 8)
+                    dk_9c = dk_9c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 9)
+                    dk_10c = dk_10c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 10)
+                    dk_11c = dk_11c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 11)
+                    dk_12c = dk_12c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 12)
+                    dk_13c = dk_13c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 13)
+                    dk_14c = dk_14c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 14)
+                    dk_15c = dk_15c + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 15)
+                    dk_0d = dk_0d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1d = dk_1d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2d = dk_2d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3d = dk_3d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4d = dk_4d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5d = dk_5d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6d = dk_6d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7d = dk_7d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_8d = dk_8d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 8)
+                    dk_9d = dk_9d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 9)
+                    dk_10d = dk_10d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 10)
+                    dk_11d = dk_11d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 11)
+                    dk_12d = dk_12d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 12)
+                    dk_13d = dk_13d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 13)
+                    dk_14d = dk_14d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 14)
+                    dk_15d = dk_15d + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 15)
+                    dk_0e = dk_0e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1e = dk_1e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2e = dk_2e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3e = dk_3e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4e = dk_4e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5e = dk_5e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6e = dk_6e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7e = dk_7e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_8e = dk_8e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 8)
+                    dk_9e = dk_9e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 9)
+                    dk_10e = dk_10e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 10)
+                    dk_11e = dk_11e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 11)
+                    dk_12e = dk_12e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 12)
+                    dk_13e = dk_13e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 13)
+                    dk_14e = dk_14e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 14)
+                    dk_15e = dk_15e + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 15)
+                    dk_0f = dk_0f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dk_1f = dk_1f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 1)
+                    dk_2f = dk_2f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 2)
+                    dk_3f = dk_3f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 3)
+                    dk_4f = dk_4f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 4)
+                    dk_5f = dk_5f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 5)
+                    dk_6f = dk_6f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 6)
+                    dk_7f = dk_7f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 7)
+                    dk_8f = dk_8f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 8)
+                    dk_9f = dk_9f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 9)
+                    dk_10f = dk_10f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 10)
+                    dk_11f = dk_11f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 11)
+                    dk_12f = dk_12f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 12)
+                    dk_13f = dk_13f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 13)
+                    dk_14f = dk_14f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 14)
+                    dk_15f = dk_15f + attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * Q(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 15)
                   end do
-                  !$omp simd
-                  do c = 0, dh - 1
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h))) = dV(c + dh*(8*j_in_tile &
-                        & + j_part + n*(b*heads + h))) + t2_0b * dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1b * &
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dk_0
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 1) = dk_1
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 2) = dk_2
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 3) = dk_3
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 4) = dk_4
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 5) = dk_5
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 6) = dk_6
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 7) = dk_7
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 8) = dk_8
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 9) = dk_9
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 10) = dk_10
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 11) = dk_11
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 12) = dk_12
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 13) = dk_13
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 14) = dk_14
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 15) = dk_15
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dk_0b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 1) = dk_1b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 2) = dk_2b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 3) = dk_3b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 4) = dk_4b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 5) = dk_5b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 6) = dk_6b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 7) = dk_7b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 8) = dk_8b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 9) = dk_9b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 10) = dk_10b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 11) = dk_11b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 12) = dk_12b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 13) = dk_13b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 14) = dk_14b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 15) = dk_15b
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dk_0c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 1) = dk_1c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 2) = dk_2c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 3) = dk_3c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 4) = dk_4c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 5) = dk_5c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 6) = dk_6c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 7) = dk_7c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 8) = dk_8c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 9) = dk_9c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 10) = dk_10c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 11) = dk_11c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 12) = dk_12c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 13) = dk_13c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 14) = dk_14c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 15) = dk_15c
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dk_0d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 1) = dk_1d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 2) = dk_2d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 3) = dk_3d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 4) = dk_4d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 5) = dk_5d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 6) = dk_6d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 7) = dk_7d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 8) = dk_8d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 9) = dk_9d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 10) = dk_10d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 11) = dk_11d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 12) = dk_12d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 13) = dk_13d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 14) = dk_14d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 15) = dk_15d
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dk_0e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 1) = dk_1e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 2) = dk_2e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 3) = dk_3e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 4) = dk_4e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 5) = dk_5e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 6) = dk_6e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 7) = dk_7e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 8) = dk_8e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 9) = dk_9e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 10) = dk_10e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 11) = dk_11e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 12) = dk_12e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 13) = dk_13e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 14) = dk_14e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 15) = dk_15e
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dk_0f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 1) = dk_1f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 2) = dk_2f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 3) = dk_3f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 4) = dk_4f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 5) = dk_5f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6) = dk_6f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7) = dk_7f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 8) = dk_8f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 9) = dk_9f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 10) = dk_10f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 11) = dk_11f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 12) = dk_12f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 13) = dk_13f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 14) = dk_14f
+                  dK(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 15) = dk_15f
+                end do
+                do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                  Q_row = dh*(i + n*(b*heads + h))
+                  t_0 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  t_1 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  t_2 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  t_3 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  t_4 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  t_5 = attn_t_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
+                  do c = 16*((dh) / 16), dh - 1
+                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dK(c + dh*(6*j_in_tile &
+                        & + j_part + n*(b*heads + h))) + t_0 * Q(Q_row + c)
+                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t_1 * Q(Q_row + c)
+                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t_2 * Q(Q_row + c)
+                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t_3 * Q(Q_row + c)
+                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dK(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t_4 * Q(Q_row + c)
+                    dK(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dK(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) + t_5 * Q(Q_row + c)
+                  end do
+                end do
+                do c_tile = 0, ((dh) / 16) - 1
+                  dv_0 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)))
+                  dv_1 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 1)
+                  dv_2 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 2)
+                  dv_3 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 3)
+                  dv_4 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 4)
+                  dv_5 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 5)
+                  dv_6 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 6)
+                  dv_7 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 7)
+                  dv_8 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 8)
+                  dv_9 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 9)
+                  dv_10 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 10)
+                  dv_11 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 11)
+                  dv_12 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 12)
+                  dv_13 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 13)
+                  dv_14 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 14)
+                  dv_15 = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 15)
+                  dv_0b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1))
+                  dv_1b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 1)
+                  dv_2b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 2)
+                  dv_3b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 3)
+                  dv_4b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 4)
+                  dv_5b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 5)
+                  dv_6b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 6)
+                  dv_7b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 7)
+                  dv_8b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 8)
+                  dv_9b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 9)
+                  dv_10b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 10)
+                  dv_11b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 11)
+                  dv_12b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 12)
+                  dv_13b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 13)
+                  dv_14b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 14)
+                  dv_15b = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 15)
+                  dv_0c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2))
+                  dv_1c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 1)
+                  dv_2c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 2)
+                  dv_3c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 3)
+                  dv_4c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 4)
+                  dv_5c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 5)
+                  dv_6c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 6)
+                  dv_7c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 7)
+                  dv_8c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 8)
+                  dv_9c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 9)
+                  dv_10c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 10)
+                  dv_11c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 11)
+                  dv_12c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 12)
+                  dv_13c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 13)
+                  dv_14c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 14)
+                  dv_15c = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 15)
+                  dv_0d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3))
+                  dv_1d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 1)
+                  dv_2d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 2)
+                  dv_3d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 3)
+                  dv_4d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 4)
+                  dv_5d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 5)
+                  dv_6d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 6)
+                  dv_7d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 7)
+                  dv_8d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 8)
+                  dv_9d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 9)
+                  dv_10d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 10)
+                  dv_11d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 11)
+                  dv_12d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 12)
+                  dv_13d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 13)
+                  dv_14d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 14)
+                  dv_15d = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 15)
+                  dv_0e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4))
+                  dv_1e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 1)
+                  dv_2e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 2)
+                  dv_3e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 3)
+                  dv_4e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 4)
+                  dv_5e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 5)
+                  dv_6e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 6)
+                  dv_7e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 7)
+                  dv_8e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 8)
+                  dv_9e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 9)
+                  dv_10e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 10)
+                  dv_11e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 11)
+                  dv_12e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 12)
+                  dv_13e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 13)
+                  dv_14e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 14)
+                  dv_15e = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 15)
+                  dv_0f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5))
+                  dv_1f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 1)
+                  dv_2f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 2)
+                  dv_3f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 3)
+                  dv_4f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 4)
+                  dv_5f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 5)
+                  dv_6f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6)
+                  dv_7f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7)
+                  dv_8f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 8)
+                  dv_9f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 9)
+                  dv_10f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 10)
+                  dv_11f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 11)
+                  dv_12f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 12)
+                  dv_13f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 13)
+                  dv_14f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 14)
+                  dv_15f = dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 15)
+                  !GCC$ novector
+                  do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                    dv_0 = dv_0 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)))
+                    dv_1 = dv_1 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 1)
+                    dv_2 = dv_2 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 2)
+                    dv_3 = dv_3 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 3)
+                    dv_4 = dv_4 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 4)
+                    dv_5 = dv_5 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 5)
+                    dv_6 = dv_6 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 6)
+                    dv_7 = dv_7 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 7)
+                    dv_8 = dv_8 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 8)
+                    dv_9 = dv_9 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads &
+                        & + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + h)) + 9)
+                    dv_10 = dv_10 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 10)
+                    dv_11 = dv_11 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 11)
+                    dv_12 = dv_12 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 12)
+                    dv_13 = dv_13 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 13)
+                    dv_14 = dv_14 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 14)
+                    dv_15 = dv_15 + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h))*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads + &
+                        & h)) + 15)
+                    dv_0b = dv_0b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1b = dv_1b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2b = dv_2b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3b = dv_3b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4b = dv_4b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5b = dv_5b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6b = dv_6b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7b = dv_7b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_8b = dv_8b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 8)
+                    dv_9b = dv_9b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 9)
+                    dv_10b = dv_10b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 10)
+                    dv_11b = dv_11b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 11)
+                    dv_12b = dv_12b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 12)
+                    dv_13b = dv_13b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 13)
+                    dv_14b = dv_14b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 14)
+                    dv_15b = dv_15b + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 1)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 15)
+                    dv_0c = dv_0c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1c = dv_1c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2c = dv_2c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3c = dv_3c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4c = dv_4c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5c = dv_5c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6c = dv_6c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7c = dv_7c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_8c = dv_8c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 8)
+                    dv_9c = dv_9c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 9)
+                    dv_10c = dv_10c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 10)
+                    dv_11c = dv_11c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 11)
+                    dv_12c = dv_12c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 12)
+                    dv_13c = dv_13c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 13)
+                    dv_14c = dv_14c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 14)
+                    dv_15c = dv_15c + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 2)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 15)
+                    dv_0d = dv_0d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1d = dv_1d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2d = dv_2d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3d = dv_3d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4d = dv_4d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5d = dv_5d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6d = dv_6d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7d = dv_7d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_8d = dv_8d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 8)
+                    dv_9d = dv_9d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 9)
+                    dv_10d = dv_10d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 10)
+                    dv_11d = dv_11d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 11)
+                    dv_12d = dv_12d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 12)
+                    dv_13d = dv_13d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 13)
+                    dv_14d = dv_14d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 14)
+                    dv_15d = dv_15d + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 3)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 15)
+                    dv_0e = dv_0e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1e = dv_1e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2e = dv_2e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3e = dv_3e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4e = dv_4e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5e = dv_5e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6e = dv_6e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7e = dv_7e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_8e = dv_8e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 8)
+                    dv_9e = dv_9e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 9)
+                    dv_10e = dv_10e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 10)
+                    dv_11e = dv_11e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 11)
+                    dv_12e = dv_12e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 12)
+                    dv_13e = dv_13e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 13)
+                    dv_14e = dv_14e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 14)
+                    dv_15e = dv_15e + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 4)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 15)
+                    dv_0f = dv_0f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)))
+                    dv_1f = dv_1f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 1)
+                    dv_2f = dv_2f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 2)
+                    dv_3f = dv_3f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 3)
+                    dv_4f = dv_4f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 4)
+                    dv_5f = dv_5f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 5)
+                    dv_6f = dv_6f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 6)
+                    dv_7f = dv_7f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 7)
+                    dv_8f = dv_8f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 8)
+                    dv_9f = dv_9f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 9)
+                    dv_10f = dv_10f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 10)
+                    dv_11f = dv_11f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 11)
+                    dv_12f = dv_12f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 12)
+                    dv_13f = dv_13f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 13)
+                    dv_14f = dv_14f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 14)
+                    dv_15f = dv_15f + attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + &
+                        & n*(b*heads + h) + 5)*min(64, n)) * dattn(16*c_tile + dh*(i + n*(b*heads &
+                        & + h)) + 15)
+                  end do
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dv_0
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 1) = dv_1
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 2) = dv_2
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 3) = dv_3
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 4) = dv_4
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 5) = dv_5
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 6) = dv_6
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 7) = dv_7
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 8) = dv_8
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 9) = dv_9
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 10) = dv_10
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 11) = dv_11
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 12) = dv_12
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 13) = dv_13
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 14) = dv_14
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h)) + 15) = dv_15
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dv_0b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 1) = dv_1b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 2) = dv_2b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 3) = dv_3b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 4) = dv_4b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 5) = dv_5b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 6) = dv_6b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 7) = dv_7b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 8) = dv_8b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 9) = dv_9b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 10) = dv_10b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 11) = dv_11b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 12) = dv_12b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 13) = dv_13b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 14) = dv_14b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1) + 15) = dv_15b
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dv_0c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 1) = dv_1c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 2) = dv_2c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 3) = dv_3c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 4) = dv_4c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 5) = dv_5c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 6) = dv_6c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 7) = dv_7c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 8) = dv_8c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 9) = dv_9c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 10) = dv_10c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 11) = dv_11c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 12) = dv_12c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 13) = dv_13c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 14) = dv_14c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2) + 15) = dv_15c
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dv_0d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 1) = dv_1d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 2) = dv_2d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 3) = dv_3d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 4) = dv_4d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 5) = dv_5d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 6) = dv_6d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 7) = dv_7d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 8) = dv_8d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 9) = dv_9d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 10) = dv_10d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 11) = dv_11d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 12) = dv_12d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 13) = dv_13d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 14) = dv_14d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3) + 15) = dv_15d
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dv_0e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 1) = dv_1e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 2) = dv_2e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 3) = dv_3e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 4) = dv_4e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 5) = dv_5e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 6) = dv_6e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 7) = dv_7e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 8) = dv_8e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 9) = dv_9e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 10) = dv_10e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 11) = dv_11e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 12) = dv_12e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 13) = dv_13e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 14) = dv_14e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4) + 15) = dv_15e
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dv_0f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 1) = dv_1f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 2) = dv_2f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 3) = dv_3f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 4) = dv_4f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 5) = dv_5f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 6) = dv_6f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 7) = dv_7f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 8) = dv_8f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 9) = dv_9f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 10) = dv_10f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 11) = dv_11f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 12) = dv_12f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 13) = dv_13f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 14) = dv_14f
+                  dV(16*c_tile + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5) + 15) = dv_15f
+                end do
+                do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                  dattn_row = dh*(i + n*(b*heads + h))
+                  t2_0 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
+                      & h))*min(64, n))
+                  t2_1 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 1)*min(64, n))
+                  t2_2 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 2)*min(64, n))
+                  t2_3 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 3)*min(64, n))
+                  t2_4 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 4)*min(64, n))
+                  t2_5 = attn_t2_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
+                      & 5)*min(64, n))
+                  do c = 16*((dh) / 16), dh - 1
+                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h))) = dV(c + dh*(6*j_in_tile &
+                        & + j_part + n*(b*heads + h))) + t2_0 * dattn(dattn_row + c)
+                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1 * &
                         & dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * &
+                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * &
                         & dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_3 * &
+                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_3 * &
                         & dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 4)) + t2_4 * &
+                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) = dV(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 4)) + t2_4 * &
                         & dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 5)) + t2_5 * &
-                        & dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 6)) + t2_6 * &
-                        & dattn(dattn_row + c)
-                    dV(c + dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) = dV(c + &
-                        & dh*(8*j_in_tile + j_part + n*(b*heads + h) + 7)) + t2_7 * &
+                    dV(c + dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) = dV(c + &
+                        & dh*(6*j_in_tile + j_part + n*(b*heads + h) + 5)) + t2_5 * &
                         & dattn(dattn_row + c)
                   end do
                 end do
@@ -12718,14 +10761,13 @@ contains
     end do
     !$omp end parallel do
     ! attn.keys.edge: reads Q, K, V, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, dattn, attn_delta
-    ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd), i_tile / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, i_tile, Q_row, &
-    !$omp& dattn_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, dattn_row0, &
-    !$omp& dattn_row1, attn_dQ_part_row, qk, dov, t2, t, t2_0, t2_1, t_0, t_1)
+    ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, Q_row, dattn_row, &
+    !$omp& attn_dQ_part_row, qk, dov, t2, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
-          do j_in = 8*((-j_part + n) / 8), -j_part + n - 1
+          do j_in = 6*((-j_part + n) / 6), -j_part + n - 1
             !$omp simd
             do c = 0, dh - 1
               dK(c + dh*(j_in + j_part + n*(b*heads + h))) = 0.0_c_float
@@ -12745,57 +10787,24 @@ contains
                 do c = 0, dh - 1
                   dov = dov + dattn(dattn_row + c) * V(c + dh*(j_in + j_part + n*(b*heads + h)))
                 end do
-                attn_qk_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = qk
-                attn_dov_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = dov
+                attn_qk_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = qk
+                attn_dov_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = dov
               end do
               !$omp simd
               do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                qk = attn_qk_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
-                dov = attn_dov_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
+                qk = attn_qk_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
+                dov = attn_dov_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
                 t2 = exp(scale * qk - lse(i + n*(b*heads + h)))
                 t = scale * t2 * (dov - attn_delta(i + n*(b*heads + h)))
-                attn_t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = t2
-                attn_t_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = t
+                attn_t2_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = t2
+                attn_t_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n)) = t
               end do
-              do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
-                attn_dQ_part_row0 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)))
-                attn_dQ_part_row1 = dh*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
-                Q_row0 = dh*(2*i_tile + n*(b*heads + h))
-                Q_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                dattn_row0 = dh*(2*i_tile + n*(b*heads + h))
-                dattn_row1 = dh*(2*i_tile + n*(b*heads + h) + 1)
-                t2_0 = attn_t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + &
-                    & h))
-                t2_1 = attn_t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + &
-                    & h) + 1)
-                t_0 = attn_t_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h))
-                t_1 = attn_t_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + &
-                    & h) + 1)
-                !$omp simd
-                do c = 0, dh - 1
-                  attn_dQ_part(attn_dQ_part_row0 + c) = attn_dQ_part(attn_dQ_part_row0 + c) + t_0 &
-                      & * K(c + dh*(j_in + j_part + n*(b*heads + h)))
-                  attn_dQ_part(attn_dQ_part_row1 + c) = attn_dQ_part(attn_dQ_part_row1 + c) + t_1 &
-                      & * K(c + dh*(j_in + j_part + n*(b*heads + h)))
-                end do
-                !$omp simd
-                do c = 0, dh - 1
-                  dK(c + dh*(j_in + j_part + n*(b*heads + h))) = dK(c + dh*(j_in + j_part + &
-                      & n*(b*heads + h))) + t_0 * Q(Q_row0 + c) + t_1 * Q(Q_row1 + c)
-                end do
-                !$omp simd
-                do c = 0, dh - 1
-                  dV(c + dh*(j_in + j_part + n*(b*heads + h))) = dV(c + dh*(j_in + j_part + &
-                      & n*(b*heads + h))) + t2_0 * dattn(dattn_row0 + c) + t2_1 * &
-                      & dattn(dattn_row1 + c)
-                end do
-              end do
-              do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
+              do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
                 Q_row = dh*(i + n*(b*heads + h))
                 dattn_row = dh*(i + n*(b*heads + h))
                 attn_dQ_part_row = dh*(i + n*(h + heads*(b + batch*j_part)))
-                t2 = attn_t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
-                t = attn_t_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
+                t2 = attn_t2_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
+                t = attn_t_block(i - 64*i_blk + (j_in + j_part + n*(b*heads + h))*min(64, n))
                 !$omp simd
                 do c = 0, dh - 1
                   attn_dQ_part(attn_dQ_part_row + c) = attn_dQ_part(attn_dQ_part_row + c) + t * &

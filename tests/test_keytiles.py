@@ -114,6 +114,21 @@ def test_owner_in_the_flash_form_keeps_the_value(causal, n, d):
         np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_owners_dk_and_dv_tiles_add_one_query_row_a_step(dtype):
+    """At the CPU defaults the key rows' pass adds one query row at a time: each update of
+    dK's and dV's register tiles is one product (one multiply-add), where with two rows a
+    step gcc 12 made each pair a multiply, a multiply-add and an add."""
+    keys = next(n for n in onf_of("attention_fwdbwd", "owner", dtype=dtype).nests
+                if n.label == "keys")
+    tiles = [s for s in walk(keys.body)
+             if isinstance(s, Loop) and s.vector_tile and s.var.name == "i"]
+    assert len(tiles) == 2  # dK's and dV's (the other tiles, the scores', run over c)
+    products = [sum(isinstance(e, S.Bin) and e.op == "*" for e in S.subexpressions(u.value))
+                for t in tiles for u in t.body]
+    assert products and set(products) == {1}
+
+
 def test_causal_rows_start_each_key_tile_at_its_first_query_rows():
     """The causal owner's key rows' pass (tiles of 4 key rows, blocks of 64 query rows):
     every loop over a block's query rows starts at the tile's first key rounded down to 8
