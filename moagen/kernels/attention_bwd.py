@@ -202,9 +202,9 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
 # adds one query row at a time on AVX2 (keys 1): with two, gcc 12 computed each pair of
 # terms the dK and dV tiles add as a multiply, a multiply-add and an add (docs/PERFORMANCE.md,
 # "The owner's dK and dV tiles a query row at a time"); AVX-512 keeps the two it was
-# measured with. On a GPU dQ keeps its pass (parts 0): that pass runs a thread per query row, the
-# parts only one per part of a head's keys; a thread walks the other side a row at a time
-# (lanes 0)
+# measured with. On a GPU dQ keeps its pass (parts 0): that pass runs a thread per query
+# row, the parts only one per part of a head's keys; a thread walks the other side a row at
+# a time (lanes 0)
 OWNER_DEFAULTS = {"rows": 6, "keys": 1, "parts": 1, "lanes": 8}
 OWNER_DTYPES = {"float32": {"lanes": 16}}
 OWNER_AVX512 = {"float64": {"rows": 8, "keys": 2, "lanes": 16}, "float32": {"rows": 8, "keys": 2}}

@@ -14,11 +14,10 @@ and KeyBlocks(nest, j, B) runs each kind over a block of B keys before the next 
                 for j in block: adds(j)
 
 Every local a later step reads is kept in a scratch row per iteration of the loops around
-(min(n, B) values, in L1), as the online softmax keeps its scores, and for the same reason:
-a row stride the C compiler does not know (moagen.onf.online, `_per_block`). The lets of a
-block are then one loop of scalar code, which the compiler vectorizes, exponentials
-included (one library call per key before), and the adds one loop that UnrollSum can take f
-keys at a time.
+(min(n, B) values, in L1; moagen.onf.loops.scratch_row says why min), as the online
+softmax keeps its scores. The lets of a block are then one loop of scalar code, which the
+compiler vectorizes, exponentials included (one library call per key before), and the adds
+one loop that UnrollSum can take f keys at a time.
 
 Legal as a reordering within each key: the sums read no local of the lets, and statements
 of different keys touch different elements (UnrollSum's condition: the summed arrays are
@@ -95,8 +94,7 @@ class KeyBlocks(Step):
         def kept(step, later):
             """The locals step declares that the later steps read, each with a scratch row."""
             read = names_read(later)
-            return {s.name: scratch_row(self, f"{s.name}_block", loops,
-                                        sympy.Min(loop.stop, size), names, temps)
+            return {s.name: scratch_row(self, f"{s.name}_block", loops, loop, size, names, temps)
                     for s in step if isinstance(s, Let) and s.name in read}
 
         from_sums, from_lets = kept(sums, lets + adds), kept(lets, adds)

@@ -192,18 +192,24 @@ def enclose(loops, body):
     return tuple(body)
 
 
-def scratch_row(who, hint, loops, size, names, temps) -> str:
-    """A new scratch array with a row of `size` values per iteration of `loops` (a block of
-    keys' scores), added to temps; its name. Its shape is the loops' extents and size: the
-    loops must run from 0 to bounds that do not depend on each other, and size on none of
-    them."""
+def scratch_row(who, hint, loops, keys, block, names, temps) -> str:
+    """A new scratch array with a row per iteration of `loops` for one block of the loop
+    `keys` (a block of keys' scores), added to temps; its name. A row holds min(keys' stop,
+    block) values: a short sequence's rows take only its keys, and their stride is then a
+    value the C compiler does not know. Knowing it (B), gcc 12 takes a register tile's reads
+    of several rows for one group and reads each value it broadcasts by loading a vector
+    from its row and broadcasting the first lane: a vector-unit instruction more per
+    broadcast and loads across cache lines (docs/PERFORMANCE.md, "The score rows' stride").
+    The loops must run from 0 to bounds that do not depend on each other, and keys' stop on
+    none of them."""
+    size = sympy.Min(keys.stop, block)
     outer = {x.var for x in loops}
     if any(lp.start != 0 or lp.stop.free_symbols & outer for lp in loops) or \
-            sympy.sympify(size).free_symbols & outer:
+            size.free_symbols & outer:
         raise ScheduleError(f"{who}: the loops around the keys are not rectangular from 0: no "
                             "scratch row per iteration to keep a block's values in")
     name = names.claim(names.new(hint))
-    temps.append(Buffer(name, tuple(lp.stop for lp in loops) + (sympy.sympify(size),)))
+    temps.append(Buffer(name, tuple(lp.stop for lp in loops) + (size,)))
     return name
 
 

@@ -164,13 +164,7 @@ def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
 def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     """([the loop over blocks of keys], the stores it rescales with their loops)."""
     size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
-    # a row of min(n, B): a short sequence's rows take only its keys, and their stride is
-    # then a value the C compiler does not know. Knowing it (B), gcc 12 takes the rows' reads
-    # in the P V tile for a group and reads each probability it broadcasts by loading a
-    # vector from its row and broadcasting the first lane: a vector-unit instruction more
-    # per broadcast and loads across cache lines (docs/PERFORMANCE.md, "The score rows'
-    # stride")
-    probs = scratch_row(transform, "probs", loops, sympy.Min(loop.stop, size), names, temps)
+    probs = scratch_row(transform, "probs", loops, loop, size, names, temps)
     scope = {lp.var.name for lp in loops} | loop_vars((loop,))
     block = claim_loop(names, loop_role(j.name, "blk"), scope, transform)
     first = size * block
