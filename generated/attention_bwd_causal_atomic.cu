@@ -40,10 +40,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* delta: reads dO, O; scratch delta
@@ -204,8 +205,10 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_bwd_causal_atomic_f64(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -221,13 +224,14 @@ extern "C" int attention_bwd_causal_atomic_f64(
     int64_t heads,
     int64_t n,
     int64_t d,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -236,7 +240,7 @@ extern "C" int attention_bwd_causal_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -245,7 +249,7 @@ extern "C" int attention_bwd_causal_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -254,13 +258,13 @@ extern "C" int attention_bwd_causal_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* delta: reads dO, O; scratch delta
@@ -421,8 +425,10 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_bwd_causal_atomic_f32(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -438,13 +444,14 @@ extern "C" int attention_bwd_causal_atomic_f32(
     int64_t heads,
     int64_t n,
     int64_t d,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -453,7 +460,7 @@ extern "C" int attention_bwd_causal_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -462,7 +469,7 @@ extern "C" int attention_bwd_causal_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -471,11 +478,11 @@ extern "C" int attention_bwd_causal_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_atomic_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

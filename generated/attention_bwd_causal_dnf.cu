@@ -39,10 +39,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* delta: reads dO, O; scratch delta
@@ -215,8 +216,10 @@ __global__ void attention_bwd_causal_dnf_f64_dV(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_bwd_causal_dnf_f64(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -232,13 +235,14 @@ extern "C" int attention_bwd_causal_dnf_f64(
     int64_t heads,
     int64_t n,
     int64_t d,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -247,7 +251,7 @@ extern "C" int attention_bwd_causal_dnf_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -256,7 +260,7 @@ extern "C" int attention_bwd_causal_dnf_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -265,13 +269,13 @@ extern "C" int attention_bwd_causal_dnf_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* delta: reads dO, O; scratch delta
@@ -444,8 +448,10 @@ __global__ void attention_bwd_causal_dnf_f32_dV(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_bwd_causal_dnf_f32(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -461,13 +467,14 @@ extern "C" int attention_bwd_causal_dnf_f32(
     int64_t heads,
     int64_t n,
     int64_t d,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -476,7 +483,7 @@ extern "C" int attention_bwd_causal_dnf_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -485,7 +492,7 @@ extern "C" int attention_bwd_causal_dnf_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -494,11 +501,11 @@ extern "C" int attention_bwd_causal_dnf_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_causal_dnf_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

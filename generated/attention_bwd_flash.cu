@@ -39,10 +39,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* delta: reads dO, O; scratch delta
@@ -593,8 +594,10 @@ __global__ void attention_bwd_flash_f64_keys_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_bwd_flash_f64(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -617,13 +620,14 @@ extern "C" int attention_bwd_flash_f64(
     int64_t heads,
     int64_t n,
     int64_t d,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -632,7 +636,7 @@ extern "C" int attention_bwd_flash_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -641,7 +645,7 @@ extern "C" int attention_bwd_flash_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -650,7 +654,7 @@ extern "C" int attention_bwd_flash_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -659,13 +663,13 @@ extern "C" int attention_bwd_flash_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* delta: reads dO, O; scratch delta
@@ -1216,8 +1220,10 @@ __global__ void attention_bwd_flash_f32_keys_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_bwd_flash_f32(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -1240,13 +1246,14 @@ extern "C" int attention_bwd_flash_f32(
     int64_t heads,
     int64_t n,
     int64_t d,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1255,7 +1262,7 @@ extern "C" int attention_bwd_flash_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1264,7 +1271,7 @@ extern "C" int attention_bwd_flash_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1273,7 +1280,7 @@ extern "C" int attention_bwd_flash_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1282,11 +1289,11 @@ extern "C" int attention_bwd_flash_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_bwd_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

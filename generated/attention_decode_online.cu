@@ -62,10 +62,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* heads: writes O, lse; reads K, q, V; scratch probs
@@ -296,8 +297,10 @@ __global__ void attention_decode_online_f64_heads_edge(
     lse[lse_row + r] = row_max + log(row_sum);
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_decode_online_f64(
     const double *__restrict__ q,
     const double *__restrict__ K,
@@ -311,13 +314,14 @@ extern "C" int attention_decode_online_f64(
     int64_t kv_heads,
     int64_t cap,
     int64_t n,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_online_f64_heads, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_online_f64_heads, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -326,13 +330,13 @@ extern "C" int attention_decode_online_f64(
     {
         const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_online_f64_heads_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_online_f64_heads_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* heads: writes O, lse; reads K, q, V; scratch probs
@@ -563,8 +567,10 @@ __global__ void attention_decode_online_f32_heads_edge(
     lse[lse_row + r] = row_max + logf(row_sum);
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_decode_online_f32(
     const float *__restrict__ q,
     const float *__restrict__ K,
@@ -578,13 +584,14 @@ extern "C" int attention_decode_online_f32(
     int64_t kv_heads,
     int64_t cap,
     int64_t n,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_online_f32_heads, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_online_f32_heads, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -593,11 +600,11 @@ extern "C" int attention_decode_online_f32(
     {
         const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_online_f32_heads_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_online_f32_heads_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -62,10 +62,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* A block's threads combine a value each, every thread getting the total: a tree over
@@ -202,8 +203,10 @@ __global__ void attention_decode_split_f64_heads_merge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_decode_split_f64(
     const double *__restrict__ q,
     const double *__restrict__ K,
@@ -219,13 +222,14 @@ extern "C" int attention_decode_split_f64(
     int64_t kv_heads,
     int64_t cap,
     int64_t n,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = 16*batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_split_f64_heads_partial, (unsigned int)count, (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_split_f64_heads_partial, (unsigned int)count, (unsigned int)threads, stream,
                           q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -234,13 +238,13 @@ extern "C" int attention_decode_split_f64(
     {
         const int64_t count = batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_split_f64_heads_merge, (unsigned int)count, (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_split_f64_heads_merge, (unsigned int)count, (unsigned int)threads, stream,
                           q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
@@ -352,8 +356,10 @@ __global__ void attention_decode_split_f32_heads_merge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_decode_split_f32(
     const float *__restrict__ q,
     const float *__restrict__ K,
@@ -369,13 +375,14 @@ extern "C" int attention_decode_split_f32(
     int64_t kv_heads,
     int64_t cap,
     int64_t n,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = 16*batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_split_f32_heads_partial, (unsigned int)count, (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_split_f32_heads_partial, (unsigned int)count, (unsigned int)threads, stream,
                           q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -384,11 +391,11 @@ extern "C" int attention_decode_split_f32(
     {
         const int64_t count = batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_decode_split_f32_heads_merge, (unsigned int)count, (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_decode_split_f32_heads_merge, (unsigned int)count, (unsigned int)threads, stream,
                           q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -69,10 +69,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
@@ -870,8 +871,10 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_fwdbwd_causal_owner_f64(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -895,13 +898,14 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
     int64_t heads,
     int64_t n,
     int64_t d,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -910,7 +914,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -919,7 +923,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -928,7 +932,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -937,7 +941,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -946,13 +950,13 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
@@ -1750,8 +1754,10 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_fwdbwd_causal_owner_f32(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -1775,13 +1781,14 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
     int64_t heads,
     int64_t n,
     int64_t d,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1790,7 +1797,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1799,7 +1806,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1808,7 +1815,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1817,7 +1824,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1826,11 +1833,11 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

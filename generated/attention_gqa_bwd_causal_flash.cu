@@ -43,10 +43,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* delta: reads dO, O; scratch delta
@@ -610,8 +611,10 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_gqa_bwd_causal_flash_f64(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -635,13 +638,14 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     int64_t group,
     int64_t n,
     int64_t d,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*group*kv_heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -650,7 +654,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -659,7 +663,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -668,7 +672,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -677,13 +681,13 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* delta: reads dO, O; scratch delta
@@ -1247,8 +1251,10 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_gqa_bwd_causal_flash_f32(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -1272,13 +1278,14 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     int64_t group,
     int64_t n,
     int64_t d,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*group*kv_heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1287,7 +1294,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1296,7 +1303,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1305,7 +1312,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1314,11 +1321,11 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

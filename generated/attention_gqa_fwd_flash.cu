@@ -51,10 +51,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* rows.pack_K: reads K; scratch K_panel
@@ -530,8 +531,10 @@ __global__ void attention_gqa_fwd_flash_f64_rows_edge(
     lse[lse_row + i] = row_max + log(row_sum);
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_gqa_fwd_flash_f64(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -546,13 +549,14 @@ extern "C" int attention_gqa_fwd_flash_f64(
     int64_t group,
     int64_t n,
     int64_t d,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*kv_heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -561,7 +565,7 @@ extern "C" int attention_gqa_fwd_flash_f64(
     {
         const int64_t count = batch*kv_heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -570,7 +574,7 @@ extern "C" int attention_gqa_fwd_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -579,13 +583,13 @@ extern "C" int attention_gqa_fwd_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* rows.pack_K: reads K; scratch K_panel
@@ -1061,8 +1065,10 @@ __global__ void attention_gqa_fwd_flash_f32_rows_edge(
     lse[lse_row + i] = row_max + logf(row_sum);
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int attention_gqa_fwd_flash_f32(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -1077,13 +1083,14 @@ extern "C" int attention_gqa_fwd_flash_f32(
     int64_t group,
     int64_t n,
     int64_t d,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*kv_heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1092,7 +1099,7 @@ extern "C" int attention_gqa_fwd_flash_f32(
     {
         const int64_t count = batch*kv_heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1101,7 +1108,7 @@ extern "C" int attention_gqa_fwd_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1110,11 +1117,11 @@ extern "C" int attention_gqa_fwd_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(attention_gqa_fwd_flash_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -90,10 +90,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
@@ -8612,8 +8613,10 @@ __global__ void block_bwd_composed_f64_sum_x_y(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int block_bwd_composed_f64(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
@@ -8701,13 +8704,14 @@ extern "C" int block_bwd_composed_f64(
     int64_t heads,
     int64_t dh,
     int64_t dff,
-    double scale
+    double scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8716,7 +8720,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8725,7 +8729,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8734,7 +8738,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8743,7 +8747,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8752,7 +8756,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8761,7 +8765,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8770,7 +8774,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8779,7 +8783,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8788,7 +8792,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8797,7 +8801,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8806,7 +8810,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8815,7 +8819,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8824,7 +8828,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8833,7 +8837,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8842,7 +8846,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8851,7 +8855,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8860,7 +8864,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8869,7 +8873,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8878,7 +8882,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8887,7 +8891,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8896,7 +8900,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8905,7 +8909,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8914,7 +8918,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8923,7 +8927,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8932,7 +8936,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8941,7 +8945,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8950,7 +8954,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8959,7 +8963,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8968,7 +8972,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8977,7 +8981,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8986,7 +8990,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -8995,7 +8999,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9004,7 +9008,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9013,7 +9017,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9022,7 +9026,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9031,7 +9035,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9040,7 +9044,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9049,7 +9053,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9058,7 +9062,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9067,7 +9071,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9076,7 +9080,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9085,7 +9089,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9094,7 +9098,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9103,7 +9107,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9112,7 +9116,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9121,7 +9125,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9130,7 +9134,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9139,7 +9143,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9148,7 +9152,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9157,7 +9161,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9166,7 +9170,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9175,7 +9179,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9184,7 +9188,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9193,7 +9197,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9202,7 +9206,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9211,7 +9215,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9220,7 +9224,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9229,7 +9233,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -9238,13 +9242,13 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
@@ -17763,8 +17767,10 @@ __global__ void block_bwd_composed_f32_sum_x_y(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int block_bwd_composed_f32(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
@@ -17852,13 +17858,14 @@ extern "C" int block_bwd_composed_f32(
     int64_t heads,
     int64_t dh,
     int64_t dff,
-    float scale
+    float scale,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17867,7 +17874,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17876,7 +17883,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17885,7 +17892,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17894,7 +17901,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17903,7 +17910,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17912,7 +17919,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17921,7 +17928,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17930,7 +17937,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17939,7 +17946,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17948,7 +17955,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17957,7 +17964,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17966,7 +17973,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17975,7 +17982,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17984,7 +17991,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -17993,7 +18000,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18002,7 +18009,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18011,7 +18018,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18020,7 +18027,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18029,7 +18036,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18038,7 +18045,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18047,7 +18054,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18056,7 +18063,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18065,7 +18072,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18074,7 +18081,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18083,7 +18090,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18092,7 +18099,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18101,7 +18108,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18110,7 +18117,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18119,7 +18126,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18128,7 +18135,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18137,7 +18144,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18146,7 +18153,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18155,7 +18162,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18164,7 +18171,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18173,7 +18180,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18182,7 +18189,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18191,7 +18198,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18200,7 +18207,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18209,7 +18216,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18218,7 +18225,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18227,7 +18234,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18236,7 +18243,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18245,7 +18252,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18254,7 +18261,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18263,7 +18270,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18272,7 +18279,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18281,7 +18288,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18290,7 +18297,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18299,7 +18306,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18308,7 +18315,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18317,7 +18324,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18326,7 +18333,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18335,7 +18342,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18344,7 +18351,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18353,7 +18360,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18362,7 +18369,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18371,7 +18378,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18380,7 +18387,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -18389,11 +18396,11 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

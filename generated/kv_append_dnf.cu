@@ -13,10 +13,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* K: writes K; reads k_new
@@ -69,8 +70,10 @@ __global__ void kv_append_dnf_f64_V(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int kv_append_dnf_f64(
     double *__restrict__ K,
     double *__restrict__ V,
@@ -80,13 +83,14 @@ extern "C" int kv_append_dnf_f64(
     int64_t kv_heads,
     int64_t cap,
     int64_t d,
-    int64_t n
+    int64_t n,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(kv_append_dnf_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(kv_append_dnf_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           K, V, k_new, v_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -95,13 +99,13 @@ extern "C" int kv_append_dnf_f64(
     {
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(kv_append_dnf_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(kv_append_dnf_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           K, V, k_new, v_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* K: writes K; reads k_new
@@ -154,8 +158,10 @@ __global__ void kv_append_dnf_f32_V(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int kv_append_dnf_f32(
     float *__restrict__ K,
     float *__restrict__ V,
@@ -165,13 +171,14 @@ extern "C" int kv_append_dnf_f32(
     int64_t kv_heads,
     int64_t cap,
     int64_t d,
-    int64_t n
+    int64_t n,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(kv_append_dnf_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(kv_append_dnf_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           K, V, k_new, v_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -180,11 +187,11 @@ extern "C" int kv_append_dnf_f32(
     {
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(kv_append_dnf_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(kv_append_dnf_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           K, V, k_new, v_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

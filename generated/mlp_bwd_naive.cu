@@ -25,10 +25,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* WdT: reads Wd; scratch WdT
@@ -573,8 +574,10 @@ __global__ void mlp_bwd_naive_f64_dWd(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int mlp_bwd_naive_f64(
     const double *__restrict__ X,
     const double *__restrict__ Wg,
@@ -599,13 +602,14 @@ extern "C" int mlp_bwd_naive_f64(
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t dff
+    int64_t dff,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -614,7 +618,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -623,7 +627,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -632,7 +636,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -641,7 +645,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -650,7 +654,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -659,7 +663,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -668,7 +672,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -677,7 +681,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -686,7 +690,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -695,7 +699,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -704,7 +708,7 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -713,13 +717,13 @@ extern "C" int mlp_bwd_naive_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* WdT: reads Wd; scratch WdT
@@ -1264,8 +1268,10 @@ __global__ void mlp_bwd_naive_f32_dWd(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int mlp_bwd_naive_f32(
     const float *__restrict__ X,
     const float *__restrict__ Wg,
@@ -1290,13 +1296,14 @@ extern "C" int mlp_bwd_naive_f32(
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t dff
+    int64_t dff,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1305,7 +1312,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1314,7 +1321,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1323,7 +1330,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1332,7 +1339,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1341,7 +1348,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1350,7 +1357,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1359,7 +1366,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1368,7 +1375,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1377,7 +1384,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1386,7 +1393,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1395,7 +1402,7 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1404,11 +1411,11 @@ extern "C" int mlp_bwd_naive_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -25,10 +25,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* WdT: reads Wd; scratch WdT
@@ -1894,8 +1895,10 @@ __global__ void mlp_bwd_tiled_f64_dWd_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int mlp_bwd_tiled_f64(
     const double *__restrict__ X,
     const double *__restrict__ Wg,
@@ -1926,13 +1929,14 @@ extern "C" int mlp_bwd_tiled_f64(
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t dff
+    int64_t dff,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1941,7 +1945,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1950,7 +1954,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1959,7 +1963,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1968,7 +1972,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1977,7 +1981,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1986,7 +1990,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1995,7 +1999,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2004,7 +2008,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2013,7 +2017,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2022,7 +2026,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2031,7 +2035,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2040,7 +2044,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2049,7 +2053,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2058,7 +2062,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2067,7 +2071,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2076,7 +2080,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2085,7 +2089,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2094,7 +2098,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2103,7 +2107,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2112,7 +2116,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2121,13 +2125,13 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* WdT: reads Wd; scratch WdT
@@ -3993,8 +3997,10 @@ __global__ void mlp_bwd_tiled_f32_dWd_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int mlp_bwd_tiled_f32(
     const float *__restrict__ X,
     const float *__restrict__ Wg,
@@ -4025,13 +4031,14 @@ extern "C" int mlp_bwd_tiled_f32(
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t dff
+    int64_t dff,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4040,7 +4047,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4049,7 +4056,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4058,7 +4065,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4067,7 +4074,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4076,7 +4083,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4085,7 +4092,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4094,7 +4101,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4103,7 +4110,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4112,7 +4119,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4121,7 +4128,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4130,7 +4137,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4139,7 +4146,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4148,7 +4155,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4157,7 +4164,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4166,7 +4173,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4175,7 +4182,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4184,7 +4191,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4193,7 +4200,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4202,7 +4209,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4211,7 +4218,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -4220,11 +4227,11 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -15,10 +15,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* U: writes U; reads X, Wg
@@ -142,8 +143,10 @@ __global__ void mlp_fwd_naive_f64_F(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int mlp_fwd_naive_f64(
     const double *__restrict__ X,
     const double *__restrict__ Wg,
@@ -156,13 +159,14 @@ extern "C" int mlp_fwd_naive_f64(
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t dff
+    int64_t dff,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -171,7 +175,7 @@ extern "C" int mlp_fwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -180,7 +184,7 @@ extern "C" int mlp_fwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -189,13 +193,13 @@ extern "C" int mlp_fwd_naive_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* U: writes U; reads X, Wg
@@ -319,8 +323,10 @@ __global__ void mlp_fwd_naive_f32_F(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int mlp_fwd_naive_f32(
     const float *__restrict__ X,
     const float *__restrict__ Wg,
@@ -333,13 +339,14 @@ extern "C" int mlp_fwd_naive_f32(
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t dff
+    int64_t dff,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -348,7 +355,7 @@ extern "C" int mlp_fwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -357,7 +364,7 @@ extern "C" int mlp_fwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -366,11 +373,11 @@ extern "C" int mlp_fwd_naive_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_naive_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -14,10 +14,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* WoT: reads Wo; scratch WoT
@@ -540,8 +541,10 @@ __global__ void out_proj_bwd_tiled_f64_dWo_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int out_proj_bwd_tiled_f64(
     const double *__restrict__ O,
     const double *__restrict__ Wo,
@@ -555,13 +558,14 @@ extern "C" int out_proj_bwd_tiled_f64(
     int64_t heads,
     int64_t n,
     int64_t dh,
-    int64_t dm
+    int64_t dm,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -570,7 +574,7 @@ extern "C" int out_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -579,7 +583,7 @@ extern "C" int out_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -588,7 +592,7 @@ extern "C" int out_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -597,7 +601,7 @@ extern "C" int out_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -606,7 +610,7 @@ extern "C" int out_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -615,13 +619,13 @@ extern "C" int out_proj_bwd_tiled_f64(
     {
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* WoT: reads Wo; scratch WoT
@@ -1144,8 +1148,10 @@ __global__ void out_proj_bwd_tiled_f32_dWo_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int out_proj_bwd_tiled_f32(
     const float *__restrict__ O,
     const float *__restrict__ Wo,
@@ -1159,13 +1165,14 @@ extern "C" int out_proj_bwd_tiled_f32(
     int64_t heads,
     int64_t n,
     int64_t dh,
-    int64_t dm
+    int64_t dm,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1174,7 +1181,7 @@ extern "C" int out_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1183,7 +1190,7 @@ extern "C" int out_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1192,7 +1199,7 @@ extern "C" int out_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1201,7 +1208,7 @@ extern "C" int out_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1210,7 +1217,7 @@ extern "C" int out_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1219,11 +1226,11 @@ extern "C" int out_proj_bwd_tiled_f32(
     {
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

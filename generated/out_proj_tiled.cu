@@ -13,10 +13,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* Y.pack_Wo: reads Wo; scratch Wo_panel
@@ -287,8 +288,10 @@ __global__ void out_proj_tiled_f64_Y_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int out_proj_tiled_f64(
     const double *__restrict__ O,
     const double *__restrict__ Wo,
@@ -299,13 +302,14 @@ extern "C" int out_proj_tiled_f64(
     int64_t heads,
     int64_t n,
     int64_t dh,
-    int64_t dm
+    int64_t dm,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -314,7 +318,7 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -323,7 +327,7 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -332,13 +336,13 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* Y.pack_Wo: reads Wo; scratch Wo_panel
@@ -609,8 +613,10 @@ __global__ void out_proj_tiled_f32_Y_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int out_proj_tiled_f32(
     const float *__restrict__ O,
     const float *__restrict__ Wo,
@@ -621,13 +627,14 @@ extern "C" int out_proj_tiled_f32(
     int64_t heads,
     int64_t n,
     int64_t dh,
-    int64_t dm
+    int64_t dm,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -636,7 +643,7 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -645,7 +652,7 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -654,11 +661,11 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -23,10 +23,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* WqT: reads Wq; scratch WqT
@@ -1569,8 +1570,10 @@ __global__ void qkv_proj_bwd_tiled_f64_dWv_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int qkv_proj_bwd_tiled_f64(
     const double *__restrict__ X,
     const double *__restrict__ Wq,
@@ -1597,13 +1600,14 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh
+    int64_t dh,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1612,7 +1616,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1621,7 +1625,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1630,7 +1634,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1639,7 +1643,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1648,7 +1652,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1657,7 +1661,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1666,7 +1670,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1675,7 +1679,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1684,7 +1688,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1693,7 +1697,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1702,7 +1706,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1711,7 +1715,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1720,7 +1724,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1729,7 +1733,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1738,7 +1742,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1747,7 +1751,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1756,13 +1760,13 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* WqT: reads Wq; scratch WqT
@@ -3305,8 +3309,10 @@ __global__ void qkv_proj_bwd_tiled_f32_dWv_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int qkv_proj_bwd_tiled_f32(
     const float *__restrict__ X,
     const float *__restrict__ Wq,
@@ -3333,13 +3339,14 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh
+    int64_t dh,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3348,7 +3355,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3357,7 +3364,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3366,7 +3373,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3375,7 +3382,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3384,7 +3391,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3393,7 +3400,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3402,7 +3409,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3411,7 +3418,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3420,7 +3427,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3429,7 +3436,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3438,7 +3445,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3447,7 +3454,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3456,7 +3463,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3465,7 +3472,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3474,7 +3481,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3483,7 +3490,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3492,11 +3499,11 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -14,10 +14,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* Q.pack_Wq: reads Wq; scratch Wq_panel
@@ -779,8 +780,10 @@ __global__ void qkv_proj_tiled_f64_V_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int qkv_proj_tiled_f64(
     const double *__restrict__ X,
     const double *__restrict__ Wq,
@@ -796,13 +799,14 @@ extern "C" int qkv_proj_tiled_f64(
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh
+    int64_t dh,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -811,7 +815,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -820,7 +824,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -829,7 +833,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -838,7 +842,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -847,7 +851,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -856,7 +860,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -865,7 +869,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -874,13 +878,13 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* Q.pack_Wq: reads Wq; scratch Wq_panel
@@ -1642,8 +1646,10 @@ __global__ void qkv_proj_tiled_f32_V_edge(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int qkv_proj_tiled_f32(
     const float *__restrict__ X,
     const float *__restrict__ Wq,
@@ -1659,13 +1665,14 @@ extern "C" int qkv_proj_tiled_f32(
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh
+    int64_t dh,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1674,7 +1681,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1683,7 +1690,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1692,7 +1699,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1701,7 +1708,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1710,7 +1717,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1719,7 +1726,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1728,7 +1735,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1737,11 +1744,11 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -12,10 +12,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
- * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
+ * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 /* z: writes z; reads inv_rms, weight, x
@@ -41,8 +42,10 @@ __global__ void rmsnorm_apply_dnf_f64_z(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int rmsnorm_apply_dnf_f64(
     const double *__restrict__ x,
     const double *__restrict__ weight,
@@ -50,19 +53,20 @@ extern "C" int rmsnorm_apply_dnf_f64(
     double *__restrict__ z,
     int64_t batch,
     int64_t n,
-    int64_t d
+    int64_t d,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, weight, inv_rms, z, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }
 
 /* z: writes z; reads inv_rms, weight, x
@@ -88,8 +92,10 @@ __global__ void rmsnorm_apply_dnf_f32_z(
     }
 }
 
-/* Runs the nests in order on the current device; the pointers are device pointers.
- * Returns 0 or the cudaError_t of the first failure. */
+/* Queues the nests in order on `stream` (0: the legacy default stream) of the current
+ * device and returns without waiting for them; the pointers are device pointers. Returns 0
+ * or the cudaError_t of the first launch that failed (a fault while a nest runs is reported
+ * by whatever next waits for the stream). */
 extern "C" int rmsnorm_apply_dnf_f32(
     const float *__restrict__ x,
     const float *__restrict__ weight,
@@ -97,17 +103,18 @@ extern "C" int rmsnorm_apply_dnf_f32(
     float *__restrict__ z,
     int64_t batch,
     int64_t n,
-    int64_t d
+    int64_t d,
+    cudaStream_t stream
 )
 {
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, weight, inv_rms, z, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
     }
-    return (int)cudaDeviceSynchronize();
+    return 0;
 }

@@ -15,11 +15,20 @@ from moagen.kernels import get_kernel
 
 
 class CountingDevice(HostDevice):
-    """The emulation's device, counting the copies between host and device."""
+    """The emulation's device, counting the copies between host and device and the
+    allocations, and recording the waits for other streams' work."""
 
     def __init__(self):
         super().__init__()
-        self.copies_in = self.copies_out = 0
+        self.copies_in = self.copies_out = self.allocations = 0
+        self.waits = []
+
+    def allocate(self, nbytes):
+        self.allocations += 1
+        return super().allocate(nbytes)
+
+    def wait_for(self, stream, launch_stream=0):
+        self.waits.append((stream, launch_stream))
 
     def copy_in(self, view, host):
         self.copies_in += 1
@@ -100,6 +109,52 @@ def test_inout_device_arrays_are_updated_in_place(gpu):
     assert fn(*caches, **scalars) is None
     for cache, e in zip(caches, expected):
         np.testing.assert_array_equal(cache.get(), e)
+
+
+def test_a_call_is_queued_on_the_stream_it_names_with_scratch_of_its_own(gpu):
+    """Calls on two streams may run at once: each stream has its own scratch (the online
+    forward's `probs`), kept for that stream's next call; an array made on another stream is
+    waited for first."""
+    fn = _kernel(gpu, "attention_fwd", "online")
+    inputs, scalars, reference = _case(fn, "attention_fwd")
+    on_device = [to_device(gpu, a) for a in inputs]
+    expected = fn(*inputs, **scalars)
+    allocated = []
+    for stream in (0xABC, 0xABC, 0xDEF):
+        before = gpu.allocations
+        outputs = fn(*on_device, **scalars, stream=stream)
+        allocated.append(gpu.allocations - before)
+        for ours, e in zip(outputs, expected):
+            np.testing.assert_array_equal(ours.get(), e)
+    n_outputs = len(fn.signature.outputs)
+    assert allocated == [n_outputs + 1, n_outputs, n_outputs + 1]
+    del gpu.waits[:]
+    made_elsewhere = Foreign(on_device[0], stream=0xABC)
+    fn(made_elsewhere, *on_device[1:], **scalars, stream=0xABC)
+    fn(made_elsewhere, *on_device[1:], **scalars, stream=0xDEF)
+    assert (0xABC, 0xABC) in gpu.waits and (0xABC, 0xDEF) in gpu.waits  # the device decides
+
+
+def test_bad_streams_are_refused(rmsnorm, gpu):
+    fn, (x, weight), scalars = rmsnorm
+    with pytest.raises(ValueError, match=r"stream must be a CUDA stream handle \(an int"):
+        fn(x, weight, **scalars, stream="default")
+    with pytest.raises(ValueError, match="stream= orders work on device arrays; numpy arrays"):
+        fn(x.get(), weight.get(), **scalars, stream=0xABC)
+    host = runtime.load("rmsnorm_fwd", "dnf", "c")
+    with pytest.raises(ValueError, match="stream= is for a kernel that runs on a GPU"):
+        host(x.get(), weight.get(), **scalars, stream=0)
+
+
+def test_output_shapes_are_a_calls_before_it_is_made(gpu):
+    fn = _kernel(gpu, "kv_append", "dnf")
+    assert fn.output_shapes([(2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 4), (2, 3, 4)], n=1) == ()
+    with pytest.raises(ValueError, match="size n must be given"):
+        fn.output_shapes([(2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 4), (2, 3, 4)])
+    fn = _kernel(gpu, "rmsnorm_fwd", "dnf")
+    assert fn.output_shapes([(2, 7, 5), (5,)], eps=0.1) == ((2, 7, 5), (2, 7))
+    with pytest.raises(ValueError, match="'weight': expected shape"):
+        fn.output_shapes([(2, 7, 5), (4,)])
 
 
 def _host(gpu, foreign):

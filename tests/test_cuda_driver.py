@@ -146,7 +146,9 @@ def test_other_streams_are_waited_for(driver):
     for stream in (None, 1):  # nothing pending; the legacy default stream, ours too
         gpu.wait_for(stream)
     gpu.wait_for(0xABC)
-    assert calls == [("wait", 0xABC)]
+    gpu.wait_for(0xABC, 0xABC)  # the launch's own stream orders it
+    gpu.wait_for(1, 0xABC)  # the legacy default stream, before a launch on another
+    assert calls == [("wait", 0xABC), ("wait", 1)]
 
 
 def test_no_device_is_device_unavailable(monkeypatch):

@@ -8,7 +8,10 @@ fail here with a message that names the argument, never later with wrong numbers
 
 A kernel that runs on a device (CUDA) also takes device arrays, any object with
 `__cuda_array_interface__`, checked the same way (moagen.bind.cuda_arrays); all of one
-call's arrays are then on the device, and the outputs it allocates too.
+call's arrays are then on the device, and the outputs it allocates too. Such a call may
+name the stream it is queued on:
+
+    fn(*device_arrays, **scalars, out=None, stream=handle)  # a cudaStream_t as an int
 """
 import math
 import threading
@@ -44,7 +47,8 @@ class KernelCallable:
         self._validate = validate
         self.device = device
         # a device kernel's scratch, kept from call to call: allocating and freeing GPU
-        # memory synchronizes the device, which a timed call would pay every time; a host
+        # memory synchronizes the device, which a timed call would pay every time; per
+        # stream (calls queued on two streams may run at once; on one, in order). A host
         # kernel's, per thread (two threads' calls must not share it), up to KEEP_HOST_SCRATCH
         self._device_scratch = {}
         self._host_scratch = threading.local()
@@ -82,7 +86,7 @@ class KernelCallable:
         self.takes_addresses = (address_call is not None and device is None
                                 and signature.layout == "row")
 
-    def __call__(self, *args, out=None, **kwargs):
+    def __call__(self, *args, out=None, stream=None, **kwargs):
         if kwargs or len(args) != len(self._params):
             args = self._bind(args, kwargs)
         n_inputs, n_scalars = len(self._inputs), len(self.signature.scalars)
@@ -104,8 +108,9 @@ class KernelCallable:
         # the full-size temporaries of a variant that materializes them: allocated here, so
         # that running out of memory is a MemoryError, not a crash in native code; where
         # the kernel runs, whatever side its arguments are on
-        scratch = self._scratch(scratch_shapes, on_device)[0] if scratch_shapes else ()
-        self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars)
+        launch = self._launch_stream(stream, on_device)
+        scratch = self._scratch(scratch_shapes, on_device, launch)[0] if scratch_shapes else ()
+        self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars, **launch)
         if not outputs:  # the kernel only updates its inout arguments
             return None
         # the caller's own objects back (a torch tensor as given), not our views of them
@@ -137,7 +142,7 @@ class KernelCallable:
         outputs = [allocate(shapes[p.name]) for p in self._outputs]
         # the scratch arrays are held here until the kernel returns: scratch over
         # KEEP_HOST_SCRATCH is not kept, and its addresses alone would not hold it
-        held, scratch = self._scratch(scratch_shapes, False) if scratch_shapes else ((), ())
+        held, scratch = self._scratch(scratch_shapes, False, {}) if scratch_shapes else ((), ())
         self._address_call(*(address for address, _ in inputs),
                            *(address for _, address in outputs), *scratch,
                            *sizes.values(), *scalars)
@@ -145,6 +150,17 @@ class KernelCallable:
         if not outputs:
             return None
         return outputs[0][0] if len(outputs) == 1 else tuple(array for array, _ in outputs)
+
+    def output_shapes(self, input_shapes, **given):
+        """The shapes of the outputs a call on inputs of these shapes returns, the shapes
+        checked as a call's; given: the sizes passed as arguments, by name (others are
+        ignored), for a caller that allocates the outputs itself (out=)."""
+        missing = [name for name in self._given if name not in given]
+        if missing:
+            raise ValueError(f"{self.signature.name}: size {missing[0]} must be given")
+        _, shapes, _ = self._fit(tuple(map(tuple, input_shapes)),
+                                 tuple(given[name] for name in self._given))
+        return tuple(shapes[p.name] for p in self._outputs)
 
     def __repr__(self):
         outputs = ", ".join(p.name for p in self.signature.outputs)
@@ -211,11 +227,33 @@ class KernelCallable:
             return DeviceArray(self.device, shape, self._dtype, self._order)
         return np.empty(shape, self._dtype, order=self._order)
 
-    def _scratch(self, shapes, on_device):
+    def _launch_stream(self, stream, on_device):
+        """native_call's keywords for `stream`: none for a host kernel, the stream (0, the
+        legacy default stream, unless given) for a device kernel."""
+        if self.device is None:
+            if stream is not None:
+                raise ValueError(f"{self.signature.name}: stream= is for a kernel that runs "
+                                 "on a GPU; this one runs on the host")
+            return {}
+        if stream is None:
+            return {"stream": 0}
+        if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+            raise ValueError(f"{self.signature.name}: stream must be a CUDA stream handle (an "
+                             f"int such as torch.cuda.Stream's .cuda_stream), got {stream!r}")
+        if stream and not on_device:
+            raise ValueError(f"{self.signature.name}: stream= orders work on device arrays; "
+                             "numpy arrays are copied and run on the default stream")
+        return {"stream": stream}
+
+    def _scratch(self, shapes, on_device, launch):
         """The call's scratch arrays (shapes: theirs, a tuple) and, on the host, their
-        addresses, kept from the thread's last call while their shapes stay the same (see
-        KEEP_HOST_SCRATCH and __init__)."""
-        kept = self._device_scratch if on_device else self._host_scratch.__dict__
+        addresses, kept from the last call on the same stream (a device's) or thread (the
+        host's) while their shapes stay the same (see KEEP_HOST_SCRATCH and __init__).
+        launch: native_call's stream keyword, as _launch_stream gives it."""
+        if on_device:
+            kept = self._device_scratch.setdefault(launch["stream"], {})
+        else:
+            kept = self._host_scratch.__dict__
         last = kept.pop("scratch", None)
         if last is None or last[0] != shapes:
             last = None  # the old memory is freed before the new is allocated

@@ -8,11 +8,13 @@ from .abi import KernelCallable, flat_view
 CTYPES = {"float64": "double", "float32": "float"}
 
 
-def declaration(signature, result="void"):
-    """The cdef of a kernel's exported function (cffi's parser takes no `restrict`)."""
+def declaration(signature, result="void", trailing=()):
+    """The cdef of a kernel's exported function (cffi's parser takes no `restrict`);
+    trailing: the types of parameters after the signature's (a CUDA launcher's stream)."""
     ctype = CTYPES[signature.dtype]
     params = [f"const {ctype} *" if a.intent == "in" else f"{ctype} *" for a in signature.arrays]
     params += ["int64_t"] * len(signature.sizes) + [ctype] * len(signature.scalars)
+    params += trailing
     return f"{result} {signature.name}({', '.join(params)});"
 
 

@@ -3,6 +3,10 @@
 copied to the GPU and the results back, or device arrays (anything with
 `__cuda_array_interface__`: a CUDA torch tensor, a cupy array, a DeviceArray), used where
 they are with no copy; its outputs are then DeviceArrays, unless `out` names the caller's.
+A call on device arrays is queued on a stream (`stream=`, a cudaStream_t as an int; the
+legacy default stream unless given) and returns without waiting for the kernel, as CUDA
+libraries do; a call on numpy arrays runs on the legacy default stream and returns when
+their results are copied back.
 The emulation (cuda_emulated) binds its host-built launchers through the same code."""
 from pathlib import Path
 
@@ -27,19 +31,19 @@ def bind(library, signature, validate=None):
 def bind_on(gpu, library, signature, validate=None):
     """The kernel of `library` (a path) whose launcher `signature` describes, run on `gpu`."""
     ffi = cffi.FFI()
-    ffi.cdef(declaration(signature, result="int"))
+    ffi.cdef(declaration(signature, result="int", trailing=("void *",)))
     launcher = getattr(dlopen(ffi, library), signature.name)
     pointer_type = CTYPES[signature.dtype] + " *"
     n_arrays = len(signature.arrays)
     intents = [a.intent for a in signature.arrays]
 
-    def native_call(*args):
+    def native_call(*args, stream=0):
         gpu.activate()
         arrays = [_on_device(gpu, a, intent) for a, intent in zip(args[:n_arrays], intents)]
         for array in arrays:
-            gpu.wait_for(array.stream)
+            gpu.wait_for(array.stream, stream)
         check_launch(signature.name, launcher(*(ffi.cast(pointer_type, a.ptr) for a in arrays),
-                                              *args[n_arrays:]))
+                                              *args[n_arrays:], ffi.cast("void *", stream)))
         for host, array, intent in zip(args, arrays, intents):  # numpy arrays' results back
             if intent in ("inout", "out") and not isinstance(host, DeviceView):
                 gpu.copy_out(flat_view(host), array)

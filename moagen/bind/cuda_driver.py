@@ -93,14 +93,15 @@ class Driver:
         if view.ptr + view.nbytes > start + size:
             raise ValueError(f"{where}: its {view.nbytes} bytes run past the end of its allocation")
 
-    def wait_for(self, stream):
-        """Wait for the work queued on an array's stream (interface version 3), unless it
-        is the legacy default stream, which our launches are queued behind anyway."""
-        if stream is None or stream == LEGACY_DEFAULT_STREAM:
+    def wait_for(self, stream, launch_stream=0):
+        """Wait for the work queued on an array's stream (interface version 3) before a
+        launch on launch_stream, unless that is the same stream (1, the interface's legacy
+        default stream, is the launchers' 0)."""
+        if stream in (None, launch_stream) or (stream, launch_stream) == (LEGACY_DEFAULT_STREAM, 0):
             return
         if stream == PER_THREAD_DEFAULT_STREAM:  # some thread's: wait for every stream
             self._call(self._driver.cuCtxSynchronize)
-        else:
+        else:  # a handle, or 1: CUDA's CU_STREAM_LEGACY
             self._call(self._driver.cuStreamSynchronize, self._driver.CUstream(stream))
 
     def elapsed(self, fn) -> float:

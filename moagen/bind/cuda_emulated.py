@@ -49,7 +49,7 @@ class HostDevice:
             raise ValueError(f"{where}: its pointer {view.ptr:#x} is not device memory (in the "
                              "emulation: memory this process's HostDevice allocated)")
 
-    def wait_for(self, stream):
+    def wait_for(self, stream, launch_stream=0):
         pass
 
     def elapsed(self, fn) -> float:

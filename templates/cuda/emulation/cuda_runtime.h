@@ -11,7 +11,8 @@
  * should be atomicAdd, a read before the __syncthreads that orders it) can happen here
  * too. Blocks running one at a time make `static` storage per-block storage: that is
  * __shared__ (fixed size; no `extern __shared__`, and one launch at a time per process).
- * Launches are synchronous; 1-D grids and blocks only, as the generated kernels use.
+ * Launches are synchronous (a launcher's stream is ignored); 1-D grids and blocks only, as
+ * the generated kernels use.
  */
 #ifndef MOAGEN_CUDA_EMULATION_H
 #define MOAGEN_CUDA_EMULATION_H
@@ -50,7 +51,8 @@ static inline cudaError_t cudaGetLastError(void)
     return err;
 }
 
-static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+/* launches run as they are made: a stream orders nothing more */
+typedef struct moagen_stream *cudaStream_t;
 
 template <typename T>
 static inline T atomicAdd(T *address, T value)
@@ -95,7 +97,7 @@ static void moagen_launch(unsigned int blocks, unsigned int threads, const Body 
     }
 }
 
-#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) \
-    moagen_launch((blocks), (threads), [&] { kernel(__VA_ARGS__); })
+#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
+    ((void)(stream), moagen_launch((blocks), (threads), [&] { kernel(__VA_ARGS__); }))
 
 #endif
