@@ -3,6 +3,8 @@
 # 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 8 minutes:
 #   1. every CUDA kernel, variant and dtype verified on the device against numpy and PyTorch,
 #      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
+#      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py), and the tiny language
+#      model (examples/train_tiny_lm.py) trained on the GPU with moagen's operators and PyTorch's;
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
 #      d 64 and 128, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
@@ -83,7 +85,14 @@ for k in sys.argv[1:]: print(*(f'{k} {v}' for v in get_kernel(k).variants), sep=
 }
 
 device_arrays() {
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_gpu.py
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_gpu.py tests/test_torch_cuda.py
+}
+
+# the tiny model's training on the GPU, moagen's operators and PyTorch's in lockstep: float64
+# losses equal to 1e-9 at every step (the example exits non-zero otherwise), the step times
+tiny_lm() {
+    "$PY" examples/train_tiny_lm.py --device cuda --steps $LM_STEPS --dtype float64 float32 \
+        --out "$WORK/tiny-lm"
 }
 
 atomics() {
@@ -127,8 +136,8 @@ pack() {
         [ -e "$results" ] && "$PY" -m moagen.cli report "$results" > /dev/null
     done
     tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
-    cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/atomics.txt "$WORK"/openacc.txt "$OUT"/ \
-        2>/dev/null
+    cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/device-arrays.txt "$WORK"/tiny-lm.txt \
+        "$WORK"/atomics.txt "$OUT"/ 2>/dev/null
     cat "$WORK"/bench-*/summary.md > "$OUT/bench-summary.md" 2>/dev/null
     echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 }
@@ -142,15 +151,16 @@ main() {
     if [ "${1:-}" = --dry-run ]; then
         # the CUDA emulation in the GPU's place; the same commands, sizes a 2-core machine runs
         export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64" DECODE_N="40"
+        export LM_STEPS=0
         LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
         local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
         local sizes="float32:16 float64:16"
     else
-        export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 2048 4096 8192 16384"
-        export DECODE_N="8192 32768"
+        export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 4096 16384"
+        export DECODE_N="8192 32768" LM_STEPS=100
         LIMIT_SCALE=1
         local kernels=all
-        local sizes="float32:64 float32:128 float64:64 float64:128"
+        local sizes="float32:64 float32:128 float64:64"
     fi
     export BENCH_KERNELS="attention_fwd:online"
     setup_python
@@ -158,15 +168,16 @@ main() {
     export VERIFY_KERNELS=$kernels
     record_machine
     # limits that add up to under 8 minutes
-    step verify-cuda 140 verify_cuda
-    [ -n "$DRY_RUN" ] || step device-arrays 45 device_arrays
-    step atomics 70 atomics
+    step verify-cuda 150 verify_cuda
+    [ -n "$DRY_RUN" ] || step device-arrays 100 device_arrays
+    [ -n "$DRY_RUN" ] || step tiny-lm 60 tiny_lm
+    step atomics 45 atomics
     local size
     for size in $sizes; do
-        step "bench-${size/:/-d}" 40 bench_vs_sdpa "${size%:*}" "${size#*:}"
+        step "bench-${size/:/-d}" 30 bench_vs_sdpa "${size%:*}" "${size#*:}"
     done
-    step bench-decode 30 bench_decode
-    step openacc 40 openacc_c_vs_fortran
+    step bench-decode 25 bench_decode
+    step openacc 20 openacc_c_vs_fortran
     pack
     if [ ${#FAILED[@]} -gt 0 ]; then
         echo "failed steps: ${FAILED[*]}"

@@ -6,6 +6,7 @@ machine); then text generated through each one's KV-cache decode path with the s
     python examples/train_tiny_lm.py [--steps 300] [--dtype float64 float32] [--out DIR]
     python examples/train_tiny_lm.py --memory 2048 4096   # attention's peak memory at these n
     python examples/train_tiny_lm.py --compile          # moagen's model under torch.compile
+    python examples/train_tiny_lm.py --device cuda      # on a GPU: moagen's CUDA kernels
 
 The corpus is Python's own help text (pydoc_data.topics, in the standard library), its
 first --chars characters. The model: token and position embeddings, --layers pre-norm
@@ -52,7 +53,8 @@ def moagen_ops(lang):
         attention=lambda q, k, v, causal: mt.attention(q, k, v, causal=causal, lang=lang),
         rms_norm=lambda x, w, eps: mt.rms_norm(x, w, eps, lang=lang),
         swiglu_mlp=lambda x, wg, wu, wd: mt.swiglu_mlp(x, wg, wu, wd, lang=lang),
-        KVCache=lambda *sizes, dtype: mt.KVCache(*sizes, dtype=dtype, lang=lang))
+        KVCache=lambda *sizes, dtype, device: mt.KVCache(*sizes, dtype=dtype, lang=lang,
+                                                         device=device))
 
 
 OPERATORS = {"moagen": moagen_ops, "pytorch": lambda lang: pytorch_ops()}
@@ -62,8 +64,8 @@ class TorchKVCache:
     """PyTorch's decode path with mt.KVCache's interface: rows written in place by
     indexing, SDPA over the valid rows (enable_gqa)."""
 
-    def __init__(self, batch, kv_heads, capacity, head_dim, dtype):
-        self.k = torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype)
+    def __init__(self, batch, kv_heads, capacity, head_dim, dtype, device):
+        self.k = torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.n = 0
 
@@ -121,7 +123,8 @@ class TinyLM(nn.Module):
 
     def caches(self, ops, batch):
         return [ops.KVCache(batch, self.kv_heads, self.context, self.d_head,
-                            dtype=self.embed.dtype) for _ in self.layers]
+                            dtype=self.embed.dtype, device=self.embed.device)
+                for _ in self.layers]
 
     def step(self, ops, token, position, caches):
         """Logits of the next token after `token` (batch,) at `position`, each layer's k and
@@ -191,6 +194,7 @@ def train(steppers, data, args, label):
     for step in range(args.steps):
         starts = torch.randint(len(data) - args.context - 1, (args.batch,), generator=batches)
         window = torch.stack([data[s:s + args.context + 1] for s in starts.tolist()])
+        window = window.to(args.device)
         order = list(steppers) if step % 2 == 0 else list(reversed(steppers))
         for name in order:
             loss, seconds = steppers[name](window)
@@ -207,10 +211,12 @@ def generate(model, ops, prompt, length, seed):
     caches = model.caches(ops, batch=1)
     sampler = torch.Generator().manual_seed(seed)
     tokens = list(prompt)
+    device = model.embed.device
     for position in range(min(len(prompt) + length - 1, model.context)):
-        logits = model.step(ops, torch.tensor(tokens[position:position + 1]), position, caches)
-        if position + 1 >= len(tokens):
-            probs = torch.softmax(logits.double(), -1)
+        logits = model.step(ops, torch.tensor(tokens[position:position + 1], device=device),
+                            position, caches)
+        if position + 1 >= len(tokens):  # sampled on the CPU, with the CPU's generator
+            probs = torch.softmax(logits.double(), -1).cpu()
             tokens.append(torch.multinomial(probs, 1, generator=sampler).item())
     return tokens
 
@@ -222,8 +228,10 @@ def relative_gap(a, b):
 def run(args):
     torch.set_num_threads(args.threads)
     text, vocab, data = corpus(args.chars)
+    where = (f"{args.threads} threads" if args.device == "cpu"
+             else torch.cuda.get_device_name(args.device))
     print(f"corpus: {len(text)} characters of pydoc_data.topics, {len(vocab)} symbols; "
-          f"{args.steps} steps of {args.batch} x {args.context} tokens, {args.threads} threads")
+          f"{args.steps} steps of {args.batch} x {args.context} tokens, on {where}")
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results = {"args": settings, "runs": {}}
     for dtype in args.dtype:
@@ -233,7 +241,8 @@ def run(args):
         models, steppers = {}, {}
         for name, operators in OPERATORS.items():
             models[name] = TinyLM(len(vocab), args.context, args.d_model, args.heads,
-                                  args.kv_heads, args.d_ff, args.layers, DTYPES[dtype])
+                                  args.kv_heads, args.d_ff, args.layers,
+                                  DTYPES[dtype]).to(args.device)
             models[name].load_state_dict(initial)
             steppers[name] = stepper(models[name], operators(args.lang), args,
                                      compiled=args.compile and name == "moagen")
@@ -358,6 +367,8 @@ def parse(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--chars", type=int, default=200_000)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the models train; on cuda, moagen's CUDA kernels run")
     p.add_argument("--lang", choices=("c", "fortran"), default="c")
     p.add_argument("--prompt", default="The ")
     p.add_argument("--generate", type=int, default=56)
@@ -377,6 +388,10 @@ def main(argv=None):
         print(attention_peak(args.peak_of, args.memory[0], 8, 64, args.dtype[0], args.lang))
         return 0
     if args.memory:
+        if args.device != "cpu":
+            print("--memory measures the CPU's resident memory; run it without --device",
+                  file=sys.stderr)
+            return 2
         results = {"peak_mib": measure_memory(args)}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "memory.json").write_text(json.dumps(results, indent=1))

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import moagen.torch as mt
 from moagen.reference_block import _block_torch
-from moagen.torch_ops.native import CUDA_MISSING, call
+from moagen.torch_ops.native import call
 
 F64 = torch.float64
 
@@ -256,7 +256,8 @@ def test_bad_inputs_get_errors_that_name_the_argument():
     assert "as many keys as queries" in _errors_of(lambda: mt.attention(q, q[:, :, :6],
                                                                         q[:, :, :6]))
     assert "lang must be one of" in _errors_of(lambda: mt.attention(q, q, q, lang="julia"))
-    assert CUDA_MISSING in _errors_of(lambda: mt.attention(q, q, q, lang="cuda"))
+    assert "CUDA tensors run moagen's CUDA kernels whatever lang names" in _errors_of(
+        lambda: mt.attention(q, q, q, lang="cuda"))
     assert "must be a torch.Tensor" in _errors_of(lambda: mt.rms_norm(q.numpy(), q[0, 0, 0]))
     assert "weight's length" in _errors_of(lambda: mt.rms_norm(q, torch.ones(4)))
     # the custom op called directly checks too (the public function checked above)
@@ -286,15 +287,18 @@ def test_a_c_kernel_reads_no_tensor_whose_address_would_mislead_it():
                      torch.ones(8, dtype=torch.float64), eps=1e-5))
 
 
-def test_cuda_tensors_are_refused_with_what_is_missing():
-    """No GPU is needed to see it: fake CUDA tensors reach the same checks (the ones
-    torch.compile runs while tracing)."""
+def test_cuda_tensors_pass_the_checks_and_mixed_devices_do_not():
+    """No GPU is needed to see it: fake CUDA tensors reach the checks and fake
+    implementations torch.compile runs while tracing (tests/test_torch_cuda.py runs the
+    kernels on a GPU)."""
     with FakeTensorMode():
         q = torch.empty(1, 2, 3, 4, device="cuda")
-        assert "default stream" in _errors_of(lambda: mt.attention(q, q, q))
+        out, lse = torch.ops.moagen.attention(q, q, q, False, 0.5, "c")
+        assert out.device == q.device and out.shape == q.shape and lse.shape == q.shape[:-1]
+        assert "must be on one device" in _errors_of(
+            lambda: mt.attention(q, q, torch.empty(1, 2, 3, 4)))
         x = torch.empty(3, 4, device="cuda")
-        assert "not supported yet" in _errors_of(lambda: mt.rms_norm(x, torch.ones(4,
-                                                                      device="cuda")))
+        assert "x: cuda:0, weight: cpu" in _errors_of(lambda: mt.rms_norm(x, torch.ones(4)))
 
 
 def test_the_tiny_lm_example_trains_and_decodes_the_same_both_ways(tmp_path):

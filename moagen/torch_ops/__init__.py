@@ -11,9 +11,10 @@ Public as `moagen.torch`:
     cache = mt.KVCache(batch, kv_heads, capacity, d); cache.append(k, v); o = cache.attend(q)
     block = mt.Block(d_model, heads, d_head, d_ff)
 
-CPU tensors, float32 or float64 (the kernels' dtype follows the tensors); lang="c" or
-"fortran" picks the kernels' language. The kernels run on OpenMP threads from the same
-libgomp as PyTorch's, so torch.set_num_threads sets theirs too."""
+CPU or CUDA tensors, float32 or float64 (the kernels' dtype follows the tensors). On CPU
+tensors lang="c" or "fortran" picks the kernels' language; they run on OpenMP threads from
+the same libgomp as PyTorch's, so torch.set_num_threads sets theirs too. On CUDA tensors the
+CUDA kernels run, queued on PyTorch's current stream, with no copy to or from the host."""
 from moagen.torch_ops.attention import attention
 from moagen.torch_ops.block import Block
 from moagen.torch_ops.decode import KVCache

@@ -47,6 +47,8 @@ def fitted(name: str, lang: str, dtype: str, n: int, d: int, causal: bool) -> tu
 
 
 def _params(name: str, q: Tensor, causal: bool, lang: str) -> tuple:
+    if not q.is_cpu:  # fitted to a CPU's registers and caches; a GPU's stand
+        return ()
     return fitted(name, lang, DTYPES[q.dtype], q.shape[2], q.shape[3], causal)
 
 
@@ -131,7 +133,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: Optional[float] = None, lang: str = "c") -> Tensor:
     """softmax(scale q k^T) v per (batch, head), as F.scaled_dot_product_attention(q, k, v,
     is_causal=causal, scale=scale, enable_gqa=True) computes it; differentiable in q, k, v.
-    lang: the kernels' language, "c" or "fortran"."""
+    lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA kernels)."""
     _check("moagen.torch.attention", q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     # made contiguous here, not inside the operator: the operator saves its arguments for

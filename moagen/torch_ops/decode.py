@@ -39,18 +39,19 @@ attention_decode_op = Operator("moagen::attention_decode", _attention_decode,
 
 
 class KVCache:
-    """K and V caches with room for `capacity` positions, zero rows valid at first."""
+    """K and V caches with room for `capacity` positions, zero rows valid at first, on
+    `device` (a CUDA device: the CUDA kernels; the CPU: lang's)."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
-                 dtype=torch.float32, lang: str = "c"):
+                 dtype=torch.float32, lang: str = "c", device=None):
         check_lang("moagen.torch.KVCache", lang)
         shape = (batch, kv_heads, capacity, head_dim)
         if min(shape) < 1:
             raise ValueError(f"moagen.torch.KVCache: every size must be at least 1, got "
                              f"(batch, kv_heads, capacity, head_dim) = {shape}")
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
-        check_tensors("moagen.torch.KVCache", cache=self.k)  # the dtype
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        check_tensors("moagen.torch.KVCache", cache=self.k)  # the dtype and device
         self.n, self.lang = 0, lang
 
     @property

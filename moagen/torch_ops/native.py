@@ -1,12 +1,20 @@
 """Calling moagen's kernels on torch tensors: the checks a PyTorch user expects (device,
 dtype, shapes, by the names of the torch-level arguments), then the kernel on the tensors'
 memory (no copy of a contiguous tensor; a tensor the kernel writes in place must be
-contiguous). A C kernel takes the tensors' addresses and writes new tensors, or the ones it
-updates in place (KernelCallable.call_at); a Fortran kernel, whose f2py binding takes numpy
-arrays, takes numpy views of them, its outputs handed back as tensors over the arrays it
-wrote (no copy either). Both check the shapes against the kernel's signature; a model
-makes many small calls, and the first way costs each less Python (docs/PERFORMANCE.md, "A
-call's Python inside the model's step").
+contiguous).
+
+On CPU tensors `lang` picks the kernels' language. A C kernel takes the tensors' addresses
+and writes new tensors, or the ones it updates in place (KernelCallable.call_at); a Fortran
+kernel, whose f2py binding takes numpy arrays, takes numpy views of them, its outputs handed
+back as tensors over the arrays it wrote (no copy either). Both check the shapes against the
+kernel's signature; a model makes many small calls, and the first way costs each less
+Python (docs/PERFORMANCE.md, "A call's Python inside the model's step").
+
+On CUDA tensors the kernel is the CUDA one, whatever `lang` names: it takes the tensors as
+device arrays (moagen.bind.cuda), its outputs are tensors from PyTorch's allocator, and it
+is queued on PyTorch's current stream, as a PyTorch operator is, so that the caching
+allocator's reuse of the memory and the next operation are ordered after it. Nothing is
+copied between host and device.
 
 The checks run in the operators' fake implementations too, so that torch.compile reports
 a bad call while it traces, not later in native code."""
@@ -18,40 +26,40 @@ import torch
 
 import moagen
 
-LANGS = ("c", "fortran")
+LANGS = ("c", "fortran")  # the CPU kernels' languages
 DTYPES = {torch.float64: "float64", torch.float32: "float32"}
-# moagen's CUDA binding takes device arrays (__cuda_array_interface__) but launches on the
-# default stream, and no CUDA kernel has yet run on a GPU: the operators do not offer it
-CUDA_MISSING = ("CUDA tensors are not supported yet: moagen's CUDA kernels take device arrays "
-                "but launch on the default stream, not PyTorch's current one, and have not "
-                "been run on a GPU; move the tensors to the CPU (.cpu())")
 
 
 def check_lang(op, lang):
-    if lang == "cuda":
-        raise ValueError(f"{op}: lang='cuda': {CUDA_MISSING}")
     if lang not in LANGS:
-        raise ValueError(f"{op}: lang must be one of {', '.join(map(repr, LANGS))}, got {lang!r}")
+        cuda = (": CUDA tensors run moagen's CUDA kernels whatever lang names; lang picks the "
+                "CPU kernels' language" if lang == "cuda" else "")
+        raise ValueError(f"{op}: lang must be one of {', '.join(map(repr, LANGS))}, got "
+                         f"{lang!r}{cuda}")
 
 
 def check_tensors(op, **tensors):
-    """Every tensor on the CPU, float32 or float64, all of one dtype; returns that dtype's
-    name."""
-    dtypes = {}
+    """Every tensor float32 or float64, all of one dtype, and on one device, the CPU or a
+    CUDA GPU; returns the dtype's name."""
+    dtypes, devices = {}, {}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if not (t.is_cpu or t.is_meta):  # meta: shape-only tracing
-            if t.is_cuda:
-                raise ValueError(f"{op}: {name} is on {t.device}: {CUDA_MISSING}")
-            raise ValueError(f"{op}: {name} is on {t.device}; moagen's kernels run on CPU tensors")
+        if not (t.is_cpu or t.is_cuda or t.is_meta):  # meta: shape-only tracing
+            raise ValueError(f"{op}: {name} is on {t.device}; moagen's kernels run on CPU "
+                             "and CUDA tensors")
         if t.dtype not in DTYPES:
             raise ValueError(f"{op}: {name} has dtype {t.dtype}; moagen's kernels take "
                              "torch.float32 or torch.float64 (no implicit casting)")
         dtypes[name] = t.dtype
+        if not t.is_meta:
+            devices[name] = t.device
     if len(set(dtypes.values())) > 1:
         listed = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
         raise ValueError(f"{op}: the tensors must share one dtype, got {listed}")
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{n}: {d}" for n, d in devices.items())
+        raise ValueError(f"{op}: the tensors must be on one device, got {listed}")
     return DTYPES[next(iter(dtypes.values()))]
 
 
@@ -121,18 +129,18 @@ def _seen(kernel_name, array):
 
 
 def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
-    """The kernel on the arrays: CPU tensors of one float dtype (the torch-level checks are
-    the caller's), or (tensor, shape) pairs, a tensor's values seen in order under another
-    shape (the kernel's, as a reshape would see them, without making one). Its outputs as
-    tensors (a tuple when it has several), each of its shape in out_shapes where given (None:
-    the kernel's). params: as kernel's."""
+    """The kernel on the arrays: tensors of one float dtype on one device (the torch-level
+    checks are the caller's), or (tensor, shape) pairs, a tensor's values seen in order under
+    another shape (the kernel's, as a reshape would see them, without making one). Its
+    outputs as tensors (a tuple when it has several), each of its shape in out_shapes where
+    given (None: the kernel's). params: as kernel's, for the CPU kernels (a CUDA kernel runs
+    at its target's defaults)."""
     seen = [_seen(name, a) for a in arrays]
     dtype = seen[0][0].dtype
+    if seen[0][0].is_cuda:
+        return _call_cuda(name, variant, seen, out_shapes, scalars)
     fn = kernel(name, variant, lang, DTYPES[dtype], tuple(sorted(params)))
-    for k in fn.inout:  # written in place: a contiguous copy (below) would take the writes
-        if not seen[k][0].is_contiguous():
-            raise ValueError(f"{name}: {fn.signature.inputs[k].name} is written in place and "
-                             f"must be contiguous, got strides {seen[k][0].stride()}")
+    _check_in_place(name, fn, seen)
     # the contiguous tensors are held until the kernel returns: a copy made here would
     # otherwise be freed while the kernel reads it
     held = [(t.contiguous(), shape) for t, shape in seen]
@@ -148,6 +156,31 @@ def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
     tensors = tuple(torch.from_numpy(a if shape is None else a.reshape(shape))
                     for a, shape in zip(outputs, shapes))
     return tensors[0] if len(tensors) == 1 else tensors
+
+
+def _call_cuda(name, variant, seen, out_shapes, scalars):
+    """call's work on CUDA tensors (see the module's docstring)."""
+    first = seen[0][0]
+    fn = kernel(name, variant, "cuda", DTYPES[first.dtype])
+    _check_in_place(name, fn, seen)
+    # detached: a tensor that requires grad does not export __cuda_array_interface__
+    held = [t.detach().contiguous().view(shape) for t, shape in seen]
+    outputs = tuple(torch.empty(shape, dtype=first.dtype, device=first.device)
+                    for shape in fn.output_shapes([t.shape for t in held], **scalars))
+    fn(*held, **scalars, out=outputs[0] if len(outputs) == 1 else outputs or None,
+       stream=torch.cuda.current_stream(first.device).cuda_stream)
+    if not outputs:
+        return None
+    finals = list(out_shapes or ()) + [None] * len(outputs)
+    tensors = tuple(t if shape is None else t.view(shape) for t, shape in zip(outputs, finals))
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def _check_in_place(name, fn, seen):
+    for k in fn.inout:  # written in place: a contiguous copy would take the writes
+        if not seen[k][0].is_contiguous():
+            raise ValueError(f"{name}: {fn.signature.inputs[k].name} is written in place and "
+                             f"must be contiguous, got strides {seen[k][0].stride()}")
 
 
 def causal_name(kernel: str, causal: bool) -> str:

@@ -6,8 +6,8 @@
 
 It is a torch.library custom op (its schema from impl's annotations, `fake` its shapes for
 tracing, the autograd formula registered on it), and that op is what runs wherever PyTorch
-traces: under torch.compile, and on any tensor that is not a plain CPU tensor or parameter
-(fake, functional and meta tensors, subclasses), or a list of tensors (the block's weights,
+traces: under torch.compile, and on any tensor that is not a plain CPU or CUDA tensor or
+parameter (fake, functional and meta tensors, subclasses), or a list of tensors (the block's weights,
 which an autograd.Function would not differentiate). A call in eager mode on plain tensors
 runs the same impl, setup_context and backward through a torch.autograd.Function instead:
 the custom op's Python layers (dispatch, argument defaults, its own autograd wrapper) cost
@@ -76,10 +76,11 @@ def _checked(check, fn):
 
 
 def _plain(args):
-    """Whether every argument is a plain CPU tensor or parameter, or not a tensor at all."""
+    """Whether every argument is a plain CPU or CUDA tensor or parameter, or not a tensor at
+    all."""
     for a in args:
-        if isinstance(a, (list, tuple)) or (isinstance(a, torch.Tensor)
-                                            and (type(a) not in PLAIN or not a.is_cpu)):
+        if isinstance(a, (list, tuple)) or (isinstance(a, torch.Tensor) and (
+                type(a) not in PLAIN or not (a.is_cpu or a.is_cuda))):
             return False
     return True
 
