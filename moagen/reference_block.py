@@ -190,7 +190,8 @@ def _block_torch(x, weights, eps, scale, causal=False):
     scores = q @ k.transpose(-1, -2) * scale
     if causal:
         n = scores.shape[-1]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
+        above = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(above, -torch.inf)
     lse = torch.logsumexp(scores, dim=-1)
     resid = x + attn.transpose(1, 2).flatten(2) @ Wo.flatten(0, 1)
     xn2 = rms(resid, norm2)

@@ -159,7 +159,8 @@ class TinyModel(torch.nn.Module):
         self.heads, self.d_head = heads, d // heads
         self.norm = torch.nn.Parameter(torch.ones(d, dtype=F64))
         self.w_qkv = torch.nn.Parameter(torch.randn(d, 2 * d, dtype=F64) / math.sqrt(d))
-        self.mlp = torch.nn.ParameterList(
+        # three parameters, not a ParameterList: torch 2.11's dynamo cannot unpack one (*)
+        self.w_gate, self.w_up, self.w_down = (
             torch.nn.Parameter(torch.randn(s, dtype=F64) / math.sqrt(s[0]))
             for s in [(d, 12), (d, 12), (12, d)])
         self.block = mt.Block(d, heads, self.d_head, 12, dtype=F64)
@@ -170,7 +171,7 @@ class TinyModel(torch.nn.Module):
         q = q.unflatten(-1, (self.heads, self.d_head)).transpose(1, 2)
         kv = kv.unflatten(-1, (2, 1, self.d_head)).permute(2, 0, 3, 1, 4)  # one KV head
         x = x + mt.attention(q, kv[0], kv[1], causal=True).transpose(1, 2).flatten(2)
-        x = x + mt.swiglu_mlp(x, *self.mlp)
+        x = x + mt.swiglu_mlp(x, self.w_gate, self.w_up, self.w_down)
         return self.block(x)
 
 
