@@ -7,7 +7,7 @@
 #      model (examples/train_tiny_lm.py) trained on the GPU with moagen's operators and PyTorch's;
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
-#      d 64 and 128, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
+#      d 64, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
 #      (flash-decoding's split) against SDPA and the device's copy bandwidth;
 #   4. OpenACC C, C without restrict and Fortran timed next to CUDA, where gcc offloads there;
 # results, summaries and plots under WORK, packed into one archive in OUT
@@ -84,8 +84,13 @@ for k in sys.argv[1:]: print(*(f'{k} {v}' for v in get_kernel(k).variants), sep=
     [ ! -e "$WORK/verify/failed" ]
 }
 
+# each test named as it ends (a step cut off still says which ran), each under a limit of
+# its own where pytest-timeout is there (the GPU machine's image has it)
 device_arrays() {
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_gpu.py tests/test_torch_cuda.py
+    local limit=()
+    "$PY" -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 60)
+    "$PY" -m pytest -v -p no:cacheprovider "${limit[@]}" --durations=0 tests/test_cuda_gpu.py \
+        tests/test_torch_cuda.py
 }
 
 # the tiny model's training on the GPU, moagen's operators and PyTorch's in lockstep: float64
@@ -169,7 +174,7 @@ main() {
     record_machine
     # limits that add up to under 8 minutes
     step verify-cuda 150 verify_cuda
-    [ -n "$DRY_RUN" ] || step device-arrays 90 device_arrays
+    [ -n "$DRY_RUN" ] || step device-arrays 150 device_arrays
     [ -n "$DRY_RUN" ] || step tiny-lm 45 tiny_lm
     step atomics 35 atomics
     local size
