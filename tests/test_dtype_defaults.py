@@ -78,6 +78,8 @@ def test_show_takes_the_dtype(capsys):
 
 def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # this machine's tuning file: none yet, then the one below
+    # a machine without AVX-512 (tests/test_avx512_defaults.py: what it changes)
+    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: False)
     f64, f32 = (FLASH.defaults_for("cpu", d) for d in ("float64", "float32"))
     sizes = dict(batch=1, heads=2, n=37, d=5)  # n cuts both panel widths
     defaults = runtime.load("attention_fwd", "flash", "c", "float32")
