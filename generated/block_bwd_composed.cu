@@ -395,18 +395,18 @@ __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_WdT_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+        const int64_t mlp_WdT_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dH(
     const double *__restrict__ x,
@@ -499,165 +499,38 @@ __global__ void block_bwd_composed_f64_mlp_dH(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-            }
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t dy_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t dy_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 3];
     }
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
@@ -757,7 +630,7 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double dfwd = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             dfwd += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
@@ -1172,12 +1045,12 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_WgT_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+        const int64_t mlp_WgT_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[4*c_tile + dm*e + lane];
         }
     }
 }
@@ -1276,18 +1149,18 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_WuT_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+        const int64_t mlp_WuT_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[4*c_tile + dm*e + lane];
         }
     }
 }
 
 /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
- * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+ * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dX(
     const double *__restrict__ x,
@@ -1380,221 +1253,50 @@ __global__ void block_bwd_composed_f64_mlp_dX(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-            }
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-            }
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    const int64_t mlp_dU_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    const int64_t mlp_dV_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 3];
     }
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 3];
+    }
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
@@ -1694,7 +1396,7 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         double acc = 0.0;
         for (int64_t e = 0; e < dff; ++e) {
             acc += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
@@ -1899,13 +1601,13 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
-            const int64_t mlp_dU_row = dff*(b*n + i) + 8*e_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t mlp_dU_panel_row = 4*i + 4*n*(b + batch*e_tile);
+            const int64_t mlp_dU_row = dff*(b*n + i) + 4*e_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
             }
         }
@@ -1913,7 +1615,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
 }
 
 /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
- * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+ * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dWg(
     const double *__restrict__ x,
@@ -2006,164 +1708,39 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
-    const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-            }
+    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
+    const int64_t c_tile = tid % (((dm + 1) / 2));
+    const int64_t e_tile = (tid / (((dm + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
+        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
+            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
         }
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
@@ -2262,7 +1839,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= dm) return;
     const int64_t c = tid;
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double acc = 0.0;
@@ -2369,13 +1946,13 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
-            const int64_t mlp_dV_row = dff*(b*n + i) + 8*e_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t mlp_dV_panel_row = 4*i + 4*n*(b + batch*e_tile);
+            const int64_t mlp_dV_row = dff*(b*n + i) + 4*e_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
             }
         }
@@ -2383,7 +1960,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
 }
 
 /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
- * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+ * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dWu(
     const double *__restrict__ x,
@@ -2476,164 +2053,39 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
-    const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-            }
+    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
+    const int64_t c_tile = tid % (((dm + 1) / 2));
+    const int64_t e_tile = (tid / (((dm + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
+        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
+            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
         }
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
@@ -2732,7 +2184,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= dm) return;
     const int64_t c = tid;
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double acc = 0.0;
@@ -2941,13 +2393,13 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
-            const int64_t dy_row = 8*c_tile + dm*(b*n + i);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t mlp_dF_panel_row = 4*i + 4*n*(b + batch*c_tile);
+            const int64_t dy_row = 4*c_tile + dm*(b*n + i);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
             }
         }
@@ -2955,7 +2407,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
 }
 
 /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
- * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+ * for c_tile, e_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dWd(
     const double *__restrict__ x,
@@ -3048,164 +2500,39 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
-    const int64_t c_tile = tid;
-    for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
-            const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
-            const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
-            const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
-            const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
-            const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-            }
+    if (tid >= ((dm) / 4)*((dff + 1) / 2)) return;
+    const int64_t e_tile = tid % (((dff + 1) / 2));
+    const int64_t c_tile = (tid / (((dff + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t mlp_HT_row0 = n*(b*dff + (2*e_tile < dff - 1 ? 2*e_tile : dff - 1));
+        const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
+            acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
+            acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
+            acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
+            acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
+            acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
+            acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
+            acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
         }
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
     }
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1)] = acc_0_0;
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 1] = acc_0_1;
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 2] = acc_0_2;
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 3] = acc_0_3;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1)] = acc_1_0;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 1] = acc_1_1;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 2] = acc_1_2;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 3] = acc_1_3;
 }
 
 /* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
@@ -3304,7 +2631,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= dff) return;
     const int64_t e = tid;
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double acc = 0.0;
@@ -3838,11 +3165,11 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t out_WoT_row = 8*c_tile + dh*(dm*h + m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_WoT_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t out_WoT_row = 4*c_tile + dh*(dm*h + m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_WoT_panel[out_WoT_panel_row + lane] = out_WoT[out_WoT_row + lane];
             }
         }
@@ -3850,7 +3177,7 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
 }
 
 /* out.dO: scratch dattn, dresid, out_WoT_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_bwd_composed_f64_out_dO(
     const double *__restrict__ x,
@@ -3943,164 +3270,39 @@ __global__ void block_bwd_composed_f64_out_dO(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t dresid_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* out.dO.edge: scratch dattn, dresid, out_WoT
@@ -4202,7 +3404,7 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t dattn_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double dywo = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             dywo += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
@@ -4305,13 +3507,13 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
-            const int64_t dresid_row = dm*(b*n + i) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_dY_panel_row = 4*i + 4*n*(b + batch*m_tile);
+            const int64_t dresid_row = dm*(b*n + i) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_dY_panel[out_dY_panel_row + lane] = dresid[dresid_row + lane];
             }
         }
@@ -4319,7 +3521,7 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
 }
 
 /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
- * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
+ * for h, m_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_out_dWo(
     const double *__restrict__ x,
@@ -4412,159 +3614,38 @@ __global__ void block_bwd_composed_f64_out_dWo(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t h = (tid / (((dm) / 8)));
-    for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-            }
+    if (tid >= heads*((dm) / 4)*((dh + 1) / 2)) return;
+    const int64_t c_tile = tid % (((dh + 1) / 2));
+    const int64_t m_tile = (tid / (((dh + 1) / 2))) % (((dm) / 4));
+    const int64_t h = (tid / (((dm) / 4)*((dh + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile)];
+            acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 1];
+            acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 2];
+            acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 3];
+            acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile)];
+            acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 1];
+            acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 2];
+            acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 3];
         }
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile] = acc_0_0;
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile + 1] = acc_0_1;
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile + 2] = acc_0_2;
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile + 3] = acc_0_3;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile] = acc_1_0;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* out.dWo.edge: writes dWo; reads attn; scratch dresid
@@ -4664,7 +3745,7 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     if (tid >= dh*heads) return;
     const int64_t c = tid % dh;
     const int64_t h = (tid / dh);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double ody = 0.0;
@@ -6056,13 +5137,13 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t qkv_WqT_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_WqT_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t qkv_WqT_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_WqT_panel[qkv_WqT_panel_row + lane] = qkv_WqT[qkv_WqT_row + lane];
             }
         }
@@ -6163,13 +5244,13 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t qkv_WkT_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_WkT_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t qkv_WkT_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_WkT_panel[qkv_WkT_panel_row + lane] = qkv_WkT[qkv_WkT_row + lane];
             }
         }
@@ -6270,13 +5351,13 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t qkv_WvT_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_WvT_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t qkv_WvT_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_WvT_panel[qkv_WvT_panel_row + lane] = qkv_WvT[qkv_WvT_row + lane];
             }
         }
@@ -6284,7 +5365,7 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
 }
 
 /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
- * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+ * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dX(
     const double *__restrict__ x,
@@ -6377,281 +5458,68 @@ __global__ void block_bwd_composed_f64_qkv_dX(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t m_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t dQ_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
         }
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
-        }
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
-        }
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t dK_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+        }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t dV_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+        }
+    }
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile] = acc_0_0;
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 1] = acc_0_1;
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 2] = acc_0_2;
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 3] = acc_0_3;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile] = acc_1_0;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
@@ -6751,7 +5619,7 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         double over_h = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t dQ_row = dh*(i + n*(b*heads + h));
@@ -6965,12 +5833,12 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                for (int64_t lane = 0; lane < 8; ++lane) {
+                const int64_t qkv_dQ_panel_row = 4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)));
+                const int64_t dQ_row = 4*c_tile + dh*(i + n*(b*heads + h));
+                for (int64_t lane = 0; lane < 4; ++lane) {
                     qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
                 }
             }
@@ -6979,7 +5847,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
 }
 
 /* qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
- * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+ * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dWq(
     const double *__restrict__ x,
@@ -7072,165 +5940,40 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
-            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
-            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
-            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
-            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
-            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-            }
+    if (tid >= heads*((dh) / 4)*((dm + 1) / 2)) return;
+    const int64_t m_tile = tid % (((dm + 1) / 2));
+    const int64_t c_tile = (tid / (((dm + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((dm + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qkv_XT_row0 = n*(b*dm + (2*m_tile < dm - 1 ? 2*m_tile : dm - 1));
+        const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
+            acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
         }
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1))] = acc_0_0;
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 1] = acc_0_1;
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 2] = acc_0_2;
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 3] = acc_0_3;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1))] = acc_1_0;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 1] = acc_1_1;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 2] = acc_1_2;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
@@ -7330,7 +6073,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     if (tid >= dm*heads) return;
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double xdq = 0.0;
@@ -7439,12 +6182,12 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                for (int64_t lane = 0; lane < 8; ++lane) {
+                const int64_t qkv_dK_panel_row = 4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)));
+                const int64_t dK_row = 4*c_tile + dh*(i + n*(b*heads + h));
+                for (int64_t lane = 0; lane < 4; ++lane) {
                     qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
                 }
             }
@@ -7453,7 +6196,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
 }
 
 /* qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
- * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+ * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dWk(
     const double *__restrict__ x,
@@ -7546,165 +6289,40 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
-            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
-            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
-            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
-            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
-            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-            }
+    if (tid >= heads*((dh) / 4)*((dm + 1) / 2)) return;
+    const int64_t m_tile = tid % (((dm + 1) / 2));
+    const int64_t c_tile = (tid / (((dm + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((dm + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qkv_XT_row0 = n*(b*dm + (2*m_tile < dm - 1 ? 2*m_tile : dm - 1));
+        const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
+            acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
         }
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1))] = acc_0_0;
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 1] = acc_0_1;
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 2] = acc_0_2;
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 3] = acc_0_3;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1))] = acc_1_0;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 1] = acc_1_1;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 2] = acc_1_2;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
@@ -7804,7 +6422,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     if (tid >= dm*heads) return;
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double xdk = 0.0;
@@ -7913,12 +6531,12 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                for (int64_t lane = 0; lane < 8; ++lane) {
+                const int64_t qkv_dV_panel_row = 4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)));
+                const int64_t dV_row = 4*c_tile + dh*(i + n*(b*heads + h));
+                for (int64_t lane = 0; lane < 4; ++lane) {
                     qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
@@ -7927,7 +6545,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
 }
 
 /* qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
- * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+ * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dWv(
     const double *__restrict__ x,
@@ -8020,165 +6638,40 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
-            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
-            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
-            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
-            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
-            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-            }
+    if (tid >= heads*((dh) / 4)*((dm + 1) / 2)) return;
+    const int64_t m_tile = tid % (((dm + 1) / 2));
+    const int64_t c_tile = (tid / (((dm + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((dm + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qkv_XT_row0 = n*(b*dm + (2*m_tile < dm - 1 ? 2*m_tile : dm - 1));
+        const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
+            acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
         }
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1))] = acc_0_0;
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 1] = acc_0_1;
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 2] = acc_0_2;
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 3] = acc_0_3;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1))] = acc_1_0;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 1] = acc_1_1;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 2] = acc_1_2;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
@@ -8278,7 +6771,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     if (tid >= dm*heads) return;
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             double xdv = 0.0;
@@ -8727,7 +7220,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8736,7 +7229,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8781,7 +7274,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8790,7 +7283,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8799,7 +7292,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8826,7 +7319,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8835,7 +7328,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8853,7 +7346,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8862,7 +7355,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8889,7 +7382,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8898,7 +7391,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8961,7 +7454,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8979,7 +7472,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8988,7 +7481,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads*((dm) / 8), threads = 128;
+        const int64_t count = heads*((dm) / 4)*((dh + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9087,7 +7580,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9096,7 +7589,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9105,7 +7598,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9114,7 +7607,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((dm) / 8), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9150,7 +7643,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads*((dh) / 8), threads = 128;
+        const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9177,7 +7670,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads*((dh) / 8), threads = 128;
+        const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9204,7 +7697,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads*((dh) / 8), threads = 128;
+        const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -9549,18 +8042,18 @@ __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_WdT_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+        const int64_t mlp_WdT_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dH(
     const float *__restrict__ x,
@@ -9653,165 +8146,38 @@ __global__ void block_bwd_composed_f32_mlp_dH(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-            }
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t dy_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t dy_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[4*c + 4*dm*e_tile + 3];
     }
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    mlp_dH[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    mlp_dH[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
@@ -9911,7 +8277,7 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float dfwd = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             dfwd += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
@@ -10326,12 +8692,12 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_WgT_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+        const int64_t mlp_WgT_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[4*c_tile + dm*e + lane];
         }
     }
 }
@@ -10430,18 +8796,18 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_WuT_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+        const int64_t mlp_WuT_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[4*c_tile + dm*e + lane];
         }
     }
 }
 
 /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
- * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+ * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dX(
     const float *__restrict__ x,
@@ -10534,221 +8900,50 @@ __global__ void block_bwd_composed_f32_mlp_dX(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7];
-            }
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-            }
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    const int64_t mlp_dU_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    const int64_t mlp_dV_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[4*c_tile*dff + 4*e + 3];
     }
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[4*c_tile*dff + 4*e + 3];
+    }
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    dxn2[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    dxn2[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
@@ -10848,7 +9043,7 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         float acc = 0.0f;
         for (int64_t e = 0; e < dff; ++e) {
             acc += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
@@ -11053,13 +9248,13 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
-            const int64_t mlp_dU_row = dff*(b*n + i) + 8*e_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t mlp_dU_panel_row = 4*i + 4*n*(b + batch*e_tile);
+            const int64_t mlp_dU_row = dff*(b*n + i) + 4*e_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
             }
         }
@@ -11067,7 +9262,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
 }
 
 /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
- * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+ * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dWg(
     const float *__restrict__ x,
@@ -11160,164 +9355,39 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
-    const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-            }
+    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
+    const int64_t c_tile = tid % (((dm + 1) / 2));
+    const int64_t e_tile = (tid / (((dm + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
+        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
+            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
         }
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
+    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
+    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
@@ -11416,7 +9486,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= dm) return;
     const int64_t c = tid;
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float acc = 0.0f;
@@ -11523,13 +9593,13 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
-            const int64_t mlp_dV_row = dff*(b*n + i) + 8*e_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t mlp_dV_panel_row = 4*i + 4*n*(b + batch*e_tile);
+            const int64_t mlp_dV_row = dff*(b*n + i) + 4*e_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
             }
         }
@@ -11537,7 +9607,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
 }
 
 /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
- * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+ * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dWu(
     const float *__restrict__ x,
@@ -11630,164 +9700,39 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
-    const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-            }
+    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
+    const int64_t c_tile = tid % (((dm + 1) / 2));
+    const int64_t e_tile = (tid / (((dm + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
+        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
+            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
+            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
+            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
+            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
         }
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
+    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
+    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
@@ -11886,7 +9831,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= dm) return;
     const int64_t c = tid;
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float acc = 0.0f;
@@ -12095,13 +10040,13 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
-            const int64_t dy_row = 8*c_tile + dm*(b*n + i);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t mlp_dF_panel_row = 4*i + 4*n*(b + batch*c_tile);
+            const int64_t dy_row = 4*c_tile + dm*(b*n + i);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
             }
         }
@@ -12109,7 +10054,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
 }
 
 /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
- * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+ * for c_tile, e_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dWd(
     const float *__restrict__ x,
@@ -12202,164 +10147,39 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
-    const int64_t c_tile = tid;
-    for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
-            const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
-            const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
-            const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
-            const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
-            const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-            }
+    if (tid >= ((dm) / 4)*((dff + 1) / 2)) return;
+    const int64_t e_tile = tid % (((dff + 1) / 2));
+    const int64_t c_tile = (tid / (((dff + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t mlp_HT_row0 = n*(b*dff + (2*e_tile < dff - 1 ? 2*e_tile : dff - 1));
+        const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
+            acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
+            acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
+            acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
+            acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
+            acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
+            acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
+            acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
         }
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
-        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
-        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
     }
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1)] = acc_0_0;
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 1] = acc_0_1;
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 2] = acc_0_2;
+    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 3] = acc_0_3;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1)] = acc_1_0;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 1] = acc_1_1;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 2] = acc_1_2;
+    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 3] = acc_1_3;
 }
 
 /* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
@@ -12458,7 +10278,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= dff) return;
     const int64_t e = tid;
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float acc = 0.0f;
@@ -12992,11 +10812,11 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t out_WoT_row = 8*c_tile + dh*(dm*h + m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_WoT_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t out_WoT_row = 4*c_tile + dh*(dm*h + m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_WoT_panel[out_WoT_panel_row + lane] = out_WoT[out_WoT_row + lane];
             }
         }
@@ -13004,7 +10824,7 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
 }
 
 /* out.dO: scratch dattn, dresid, out_WoT_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_bwd_composed_f32_out_dO(
     const float *__restrict__ x,
@@ -13097,164 +10917,39 @@ __global__ void block_bwd_composed_f32_out_dO(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t dresid_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    dattn[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* out.dO.edge: scratch dattn, dresid, out_WoT
@@ -13356,7 +11051,7 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t dattn_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float dywo = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             dywo += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
@@ -13459,13 +11154,13 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
-            const int64_t dresid_row = dm*(b*n + i) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_dY_panel_row = 4*i + 4*n*(b + batch*m_tile);
+            const int64_t dresid_row = dm*(b*n + i) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_dY_panel[out_dY_panel_row + lane] = dresid[dresid_row + lane];
             }
         }
@@ -13473,7 +11168,7 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
 }
 
 /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
- * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
+ * for h, m_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_out_dWo(
     const float *__restrict__ x,
@@ -13566,159 +11261,38 @@ __global__ void block_bwd_composed_f32_out_dWo(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t h = (tid / (((dm) / 8)));
-    for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-            }
+    if (tid >= heads*((dm) / 4)*((dh + 1) / 2)) return;
+    const int64_t c_tile = tid % (((dh + 1) / 2));
+    const int64_t m_tile = (tid / (((dh + 1) / 2))) % (((dm) / 4));
+    const int64_t h = (tid / (((dm) / 4)*((dh + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile)];
+            acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 1];
+            acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 2];
+            acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 3];
+            acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile)];
+            acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 1];
+            acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 2];
+            acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)] * out_dY_panel[4*i + 4*n*(b + batch*m_tile) + 3];
         }
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile] = acc_0_0;
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile + 1] = acc_0_1;
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile + 2] = acc_0_2;
+    dWo[dm*(dh*h + (2*c_tile < dh - 1 ? 2*c_tile : dh - 1)) + 4*m_tile + 3] = acc_0_3;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile] = acc_1_0;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    dWo[dm*(dh*h + (dh - 1 < 2*c_tile + 1 ? dh - 1 : 2*c_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* out.dWo.edge: writes dWo; reads attn; scratch dresid
@@ -13818,7 +11392,7 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     if (tid >= dh*heads) return;
     const int64_t c = tid % dh;
     const int64_t h = (tid / dh);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float ody = 0.0f;
@@ -15210,13 +12784,13 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t qkv_WqT_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_WqT_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t qkv_WqT_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_WqT_panel[qkv_WqT_panel_row + lane] = qkv_WqT[qkv_WqT_row + lane];
             }
         }
@@ -15317,13 +12891,13 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t qkv_WkT_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_WkT_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t qkv_WkT_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_WkT_panel[qkv_WkT_panel_row + lane] = qkv_WkT[qkv_WkT_row + lane];
             }
         }
@@ -15424,13 +12998,13 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t qkv_WvT_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_WvT_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t qkv_WvT_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_WvT_panel[qkv_WvT_panel_row + lane] = qkv_WvT[qkv_WvT_row + lane];
             }
         }
@@ -15438,7 +13012,7 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
 }
 
 /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
- * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+ * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dX(
     const float *__restrict__ x,
@@ -15531,281 +13105,68 @@ __global__ void block_bwd_composed_f32_qkv_dX(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t m_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t dQ_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
         }
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
-        }
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
-        }
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t dK_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += dK[dK_row0 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += dK[dK_row1 + c] * qkv_WkT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+        }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t dV_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += dV[dV_row0 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += dV[dV_row1 + c] * qkv_WvT_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+        }
+    }
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile] = acc_0_0;
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 1] = acc_0_1;
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 2] = acc_0_2;
+    dxn1[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 3] = acc_0_3;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile] = acc_1_0;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    dxn1[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
@@ -15905,7 +13266,7 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         float over_h = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t dQ_row = dh*(i + n*(b*heads + h));
@@ -16119,12 +13480,12 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                for (int64_t lane = 0; lane < 8; ++lane) {
+                const int64_t qkv_dQ_panel_row = 4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)));
+                const int64_t dQ_row = 4*c_tile + dh*(i + n*(b*heads + h));
+                for (int64_t lane = 0; lane < 4; ++lane) {
                     qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
                 }
             }
@@ -16133,7 +13494,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
 }
 
 /* qkv.dWq: writes dWq; scratch qkv_XT, qkv_dQ_panel
- * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+ * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dWq(
     const float *__restrict__ x,
@@ -16226,165 +13587,40 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
-            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
-            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
-            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
-            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
-            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-            }
+    if (tid >= heads*((dh) / 4)*((dm + 1) / 2)) return;
+    const int64_t m_tile = tid % (((dm + 1) / 2));
+    const int64_t c_tile = (tid / (((dm + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((dm + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qkv_XT_row0 = n*(b*dm + (2*m_tile < dm - 1 ? 2*m_tile : dm - 1));
+        const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
+            acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dQ_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
         }
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1))] = acc_0_0;
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 1] = acc_0_1;
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 2] = acc_0_2;
+    dWq[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 3] = acc_0_3;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1))] = acc_1_0;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 1] = acc_1_1;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 2] = acc_1_2;
+    dWq[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.dWq.edge: writes dWq; scratch qkv_XT, dQ
@@ -16484,7 +13720,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     if (tid >= dm*heads) return;
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float xdq = 0.0f;
@@ -16593,12 +13829,12 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                for (int64_t lane = 0; lane < 8; ++lane) {
+                const int64_t qkv_dK_panel_row = 4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)));
+                const int64_t dK_row = 4*c_tile + dh*(i + n*(b*heads + h));
+                for (int64_t lane = 0; lane < 4; ++lane) {
                     qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
                 }
             }
@@ -16607,7 +13843,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
 }
 
 /* qkv.dWk: writes dWk; scratch qkv_XT, qkv_dK_panel
- * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+ * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dWk(
     const float *__restrict__ x,
@@ -16700,165 +13936,40 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
-            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
-            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
-            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
-            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
-            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-            }
+    if (tid >= heads*((dh) / 4)*((dm + 1) / 2)) return;
+    const int64_t m_tile = tid % (((dm + 1) / 2));
+    const int64_t c_tile = (tid / (((dm + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((dm + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qkv_XT_row0 = n*(b*dm + (2*m_tile < dm - 1 ? 2*m_tile : dm - 1));
+        const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
+            acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dK_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
         }
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1))] = acc_0_0;
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 1] = acc_0_1;
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 2] = acc_0_2;
+    dWk[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 3] = acc_0_3;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1))] = acc_1_0;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 1] = acc_1_1;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 2] = acc_1_2;
+    dWk[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.dWk.edge: writes dWk; scratch qkv_XT, dK
@@ -16958,7 +14069,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     if (tid >= dm*heads) return;
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float xdk = 0.0f;
@@ -17067,12 +14178,12 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                for (int64_t lane = 0; lane < 8; ++lane) {
+                const int64_t qkv_dV_panel_row = 4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)));
+                const int64_t dV_row = 4*c_tile + dh*(i + n*(b*heads + h));
+                for (int64_t lane = 0; lane < 4; ++lane) {
                     qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
@@ -17081,7 +14192,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
 }
 
 /* qkv.dWv: writes dWv; scratch qkv_XT, qkv_dV_panel
- * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+ * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dWv(
     const float *__restrict__ x,
@@ -17174,165 +14285,40 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            const int64_t qkv_XT_row0 = n*(b*dm + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1));
-            const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1));
-            const int64_t qkv_XT_row2 = n*(b*dm + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2));
-            const int64_t qkv_XT_row3 = n*(b*dm + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3));
-            const int64_t qkv_XT_row4 = n*(b*dm + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4));
-            const int64_t qkv_XT_row5 = n*(b*dm + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5));
-            for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_0_4 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_0_5 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_0_6 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_0_7 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_1_4 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_1_5 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_1_6 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_1_7 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_2_0 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_2_1 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_2_2 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_2_3 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_2_4 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_2_5 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_2_6 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_2_7 += qkv_XT[qkv_XT_row2 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_3_0 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_3_1 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_3_2 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_3_3 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_3_4 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_3_5 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_3_6 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_3_7 += qkv_XT[qkv_XT_row3 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_4_0 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_4_1 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_4_2 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_4_3 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_4_4 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_4_5 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_4_6 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_4_7 += qkv_XT[qkv_XT_row4 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                acc_5_0 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                acc_5_1 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                acc_5_2 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                acc_5_3 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                acc_5_4 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                acc_5_5 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                acc_5_6 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                acc_5_7 += qkv_XT[qkv_XT_row5 + i] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-            }
+    if (tid >= heads*((dh) / 4)*((dm + 1) / 2)) return;
+    const int64_t m_tile = tid % (((dm + 1) / 2));
+    const int64_t c_tile = (tid / (((dm + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((dm + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qkv_XT_row0 = n*(b*dm + (2*m_tile < dm - 1 ? 2*m_tile : dm - 1));
+        const int64_t qkv_XT_row1 = n*(b*dm + (dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1));
+        for (int64_t i = 0; i < n; ++i) {
+            acc_0_0 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_0_1 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_0_2 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_0_3 += qkv_XT[qkv_XT_row0 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
+            acc_1_0 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4)))];
+            acc_1_1 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 1];
+            acc_1_2 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 2];
+            acc_1_3 += qkv_XT[qkv_XT_row1 + i] * qkv_dV_panel[4*i + 4*n*(b + batch*(c_tile + h*((dh) / 4))) + 3];
         }
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1))] = acc_0_0;
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 1] = acc_0_1;
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 2] = acc_0_2;
+    dWv[4*c_tile + dh*(h + heads*(2*m_tile < dm - 1 ? 2*m_tile : dm - 1)) + 3] = acc_0_3;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1))] = acc_1_0;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 1] = acc_1_1;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 2] = acc_1_2;
+    dWv[4*c_tile + dh*(h + heads*(dm - 1 < 2*m_tile + 1 ? dm - 1 : 2*m_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.dWv.edge: writes dWv; scratch qkv_XT, dV
@@ -17432,7 +14418,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     if (tid >= dm*heads) return;
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             float xdv = 0.0f;
@@ -17881,7 +14867,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -17890,7 +14876,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -17935,7 +14921,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -17944,7 +14930,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -17953,7 +14939,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -17980,7 +14966,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -17989,7 +14975,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18007,7 +14993,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18016,7 +15002,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18043,7 +15029,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18052,7 +15038,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18115,7 +15101,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18133,7 +15119,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18142,7 +15128,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads*((dm) / 8), threads = 128;
+        const int64_t count = heads*((dm) / 4)*((dh + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18241,7 +15227,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18250,7 +15236,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18259,7 +15245,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18268,7 +15254,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((dm) / 8), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18304,7 +15290,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads*((dh) / 8), threads = 128;
+        const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18331,7 +15317,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads*((dh) / 8), threads = 128;
+        const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -18358,7 +15344,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads*((dh) / 8), threads = 128;
+        const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_XT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);

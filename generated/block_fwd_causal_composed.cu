@@ -211,11 +211,11 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_pack_Wq(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wq_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wq_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
@@ -223,7 +223,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_pack_Wq(
 }
 
 /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_Q(
     const double *__restrict__ x,
@@ -272,164 +272,39 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
@@ -487,7 +362,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t Q_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
@@ -548,11 +423,11 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_pack_Wk(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wk_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wk_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
@@ -560,7 +435,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_pack_Wk(
 }
 
 /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_K(
     const double *__restrict__ x,
@@ -609,164 +484,39 @@ __global__ void block_fwd_causal_composed_f64_qkv_K(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.K.edge: writes K; reads Wk; scratch xn1
@@ -824,7 +574,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t K_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
@@ -885,11 +635,11 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_pack_Wv(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wv_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wv_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
@@ -897,7 +647,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_pack_Wv(
 }
 
 /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_V(
     const double *__restrict__ x,
@@ -946,164 +696,39 @@ __global__ void block_fwd_causal_composed_f64_qkv_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.V.edge: writes V; reads Wv; scratch xn1
@@ -1161,7 +786,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t V_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
@@ -2121,13 +1746,13 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pack_Wo(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_Wo_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t Wo_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
             }
         }
@@ -2135,7 +1760,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pack_Wo(
 }
 
 /* out.Y: writes resid; reads attn; scratch out_Wo_panel
- * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+ * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_out_Y(
     const double *__restrict__ x,
@@ -2184,165 +1809,40 @@ __global__ void block_fwd_causal_composed_f64_out_Y(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t m_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t attn_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
         }
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile] = acc_0_0;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 1] = acc_0_1;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 2] = acc_0_2;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 3] = acc_0_3;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile] = acc_1_0;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* out.Y.pointwise: writes resid; reads x
@@ -2399,7 +1899,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pointwise(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t resid_row = dm*(b*n + i);
-    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+    for (int64_t m = 0; m < 4*((dm) / 4); ++m) {
         resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
     }
 }
@@ -2457,7 +1957,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         double heads_sum = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t attn_row = dh*(i + n*(b*heads + h));
@@ -2588,18 +2088,18 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_pack_Wg(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wg_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_U(
     const double *__restrict__ x,
@@ -2648,165 +2148,38 @@ __global__ void block_fwd_causal_composed_f64_mlp_U(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-            }
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
     }
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.U.edge: writes U; reads Wg; scratch xn2
@@ -2862,7 +2235,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double xg = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
@@ -2921,18 +2294,18 @@ __global__ void block_fwd_causal_composed_f64_mlp_V_pack_Wu(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wu_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_V(
     const double *__restrict__ x,
@@ -2981,165 +2354,38 @@ __global__ void block_fwd_causal_composed_f64_mlp_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-            }
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
     }
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.V.edge: writes Vu; reads Wu; scratch xn2
@@ -3195,7 +2441,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_V_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double xu = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
@@ -3313,18 +2559,18 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_pack_Wd(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
+        const int64_t mlp_Wd_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[4*c_tile + dm*e + lane];
         }
     }
 }
 
 /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
- * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+ * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_F(
     const double *__restrict__ x,
@@ -3373,165 +2619,38 @@ __global__ void block_fwd_causal_composed_f64_mlp_F(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-            }
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    const int64_t mlp_H_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
     }
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
@@ -3587,7 +2706,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         double hw = 0.0;
         for (int64_t e = 0; e < dff; ++e) {
             hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
@@ -3724,7 +2843,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3751,7 +2870,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3778,7 +2897,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3832,7 +2951,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3841,7 +2960,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((dm) / 8), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3877,7 +2996,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3886,7 +3005,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3904,7 +3023,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3913,7 +3032,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3940,7 +3059,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3949,7 +3068,7 @@ extern "C" int block_fwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -4097,11 +3216,11 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_pack_Wq(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wq_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wq_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
@@ -4109,7 +3228,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_pack_Wq(
 }
 
 /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_Q(
     const float *__restrict__ x,
@@ -4158,164 +3277,39 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
@@ -4373,7 +3367,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t Q_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
@@ -4434,11 +3428,11 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_pack_Wk(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wk_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wk_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
@@ -4446,7 +3440,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_pack_Wk(
 }
 
 /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_K(
     const float *__restrict__ x,
@@ -4495,164 +3489,39 @@ __global__ void block_fwd_causal_composed_f32_qkv_K(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.K.edge: writes K; reads Wk; scratch xn1
@@ -4710,7 +3579,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t K_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
@@ -4771,11 +3640,11 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_pack_Wv(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wv_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wv_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
@@ -4783,7 +3652,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_pack_Wv(
 }
 
 /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_V(
     const float *__restrict__ x,
@@ -4832,164 +3701,39 @@ __global__ void block_fwd_causal_composed_f32_qkv_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.V.edge: writes V; reads Wv; scratch xn1
@@ -5047,7 +3791,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t V_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
@@ -6007,13 +4751,13 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pack_Wo(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_Wo_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t Wo_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
             }
         }
@@ -6021,7 +4765,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pack_Wo(
 }
 
 /* out.Y: writes resid; reads attn; scratch out_Wo_panel
- * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+ * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_out_Y(
     const float *__restrict__ x,
@@ -6070,165 +4814,40 @@ __global__ void block_fwd_causal_composed_f32_out_Y(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t m_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t attn_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
         }
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile] = acc_0_0;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 1] = acc_0_1;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 2] = acc_0_2;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 3] = acc_0_3;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile] = acc_1_0;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* out.Y.pointwise: writes resid; reads x
@@ -6285,7 +4904,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pointwise(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t resid_row = dm*(b*n + i);
-    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+    for (int64_t m = 0; m < 4*((dm) / 4); ++m) {
         resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
     }
 }
@@ -6343,7 +4962,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         float heads_sum = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t attn_row = dh*(i + n*(b*heads + h));
@@ -6474,18 +5093,18 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_pack_Wg(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wg_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_U(
     const float *__restrict__ x,
@@ -6534,165 +5153,38 @@ __global__ void block_fwd_causal_composed_f32_mlp_U(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-            }
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
     }
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.U.edge: writes U; reads Wg; scratch xn2
@@ -6748,7 +5240,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float xg = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
@@ -6807,18 +5299,18 @@ __global__ void block_fwd_causal_composed_f32_mlp_V_pack_Wu(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wu_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_V(
     const float *__restrict__ x,
@@ -6867,165 +5359,38 @@ __global__ void block_fwd_causal_composed_f32_mlp_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-            }
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
     }
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.V.edge: writes Vu; reads Wu; scratch xn2
@@ -7081,7 +5446,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_V_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float xu = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
@@ -7199,18 +5564,18 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_pack_Wd(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
+        const int64_t mlp_Wd_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[4*c_tile + dm*e + lane];
         }
     }
 }
 
 /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
- * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+ * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_F(
     const float *__restrict__ x,
@@ -7259,165 +5624,38 @@ __global__ void block_fwd_causal_composed_f32_mlp_F(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-            }
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    const int64_t mlp_H_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
     }
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
@@ -7473,7 +5711,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         float hw = 0.0f;
         for (int64_t e = 0; e < dff; ++e) {
             hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
@@ -7610,7 +5848,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7637,7 +5875,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7664,7 +5902,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7718,7 +5956,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7727,7 +5965,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((dm) / 8), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7763,7 +6001,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7772,7 +6010,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7790,7 +6028,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7799,7 +6037,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7826,7 +6064,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7835,7 +6073,7 @@ extern "C" int block_fwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);

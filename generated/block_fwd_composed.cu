@@ -215,11 +215,11 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wq_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wq_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
@@ -227,7 +227,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
 }
 
 /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_Q(
     const double *__restrict__ x,
@@ -276,164 +276,39 @@ __global__ void block_fwd_composed_f64_qkv_Q(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
@@ -491,7 +366,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t Q_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
@@ -552,11 +427,11 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wk_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wk_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
@@ -564,7 +439,7 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
 }
 
 /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_K(
     const double *__restrict__ x,
@@ -613,164 +488,39 @@ __global__ void block_fwd_composed_f64_qkv_K(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.K.edge: writes K; reads Wk; scratch xn1
@@ -828,7 +578,7 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t K_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
@@ -889,11 +639,11 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wv_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wv_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
@@ -901,7 +651,7 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
 }
 
 /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_V(
     const double *__restrict__ x,
@@ -950,164 +700,39 @@ __global__ void block_fwd_composed_f64_qkv_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.V.edge: writes V; reads Wv; scratch xn1
@@ -1165,7 +790,7 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t V_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
@@ -1810,13 +1435,13 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_Wo_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t Wo_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
             }
         }
@@ -1824,7 +1449,7 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
 }
 
 /* out.Y: writes resid; reads attn; scratch out_Wo_panel
- * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+ * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_out_Y(
     const double *__restrict__ x,
@@ -1873,165 +1498,40 @@ __global__ void block_fwd_composed_f64_out_Y(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        double acc_4_0 = 0.0;
-        double acc_4_1 = 0.0;
-        double acc_4_2 = 0.0;
-        double acc_4_3 = 0.0;
-        double acc_4_4 = 0.0;
-        double acc_4_5 = 0.0;
-        double acc_4_6 = 0.0;
-        double acc_4_7 = 0.0;
-        double acc_5_0 = 0.0;
-        double acc_5_1 = 0.0;
-        double acc_5_2 = 0.0;
-        double acc_5_3 = 0.0;
-        double acc_5_4 = 0.0;
-        double acc_5_5 = 0.0;
-        double acc_5_6 = 0.0;
-        double acc_5_7 = 0.0;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t m_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t attn_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
         }
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile] = acc_0_0;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 1] = acc_0_1;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 2] = acc_0_2;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 3] = acc_0_3;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile] = acc_1_0;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* out.Y.pointwise: writes resid; reads x
@@ -2088,7 +1588,7 @@ __global__ void block_fwd_composed_f64_out_Y_pointwise(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t resid_row = dm*(b*n + i);
-    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+    for (int64_t m = 0; m < 4*((dm) / 4); ++m) {
         resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
     }
 }
@@ -2146,7 +1646,7 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         double heads_sum = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t attn_row = dh*(i + n*(b*heads + h));
@@ -2277,18 +1777,18 @@ __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wg_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_U(
     const double *__restrict__ x,
@@ -2337,165 +1837,38 @@ __global__ void block_fwd_composed_f64_mlp_U(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-            }
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
     }
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.U.edge: writes U; reads Wg; scratch xn2
@@ -2551,7 +1924,7 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double xg = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
@@ -2610,18 +1983,18 @@ __global__ void block_fwd_composed_f64_mlp_V_pack_Wu(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wu_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_V(
     const double *__restrict__ x,
@@ -2670,165 +2043,38 @@ __global__ void block_fwd_composed_f64_mlp_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-            }
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
     }
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.V.edge: writes Vu; reads Wu; scratch xn2
@@ -2884,7 +2130,7 @@ __global__ void block_fwd_composed_f64_mlp_V_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         double xu = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
@@ -3002,18 +2248,18 @@ __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
+        const int64_t mlp_Wd_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[4*c_tile + dm*e + lane];
         }
     }
 }
 
 /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
- * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+ * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_F(
     const double *__restrict__ x,
@@ -3062,165 +2308,38 @@ __global__ void block_fwd_composed_f64_mlp_F(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-            }
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    const int64_t mlp_H_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    double acc_0_0 = 0.0;
+    double acc_0_1 = 0.0;
+    double acc_0_2 = 0.0;
+    double acc_0_3 = 0.0;
+    double acc_1_0 = 0.0;
+    double acc_1_1 = 0.0;
+    double acc_1_2 = 0.0;
+    double acc_1_3 = 0.0;
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
     }
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
@@ -3276,7 +2395,7 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         double hw = 0.0;
         for (int64_t e = 0; e < dff; ++e) {
             hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
@@ -3413,7 +2532,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3440,7 +2559,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3467,7 +2586,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3521,7 +2640,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3530,7 +2649,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((dm) / 8), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3566,7 +2685,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3575,7 +2694,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3593,7 +2712,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3602,7 +2721,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3629,7 +2748,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3638,7 +2757,7 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -3786,11 +2905,11 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wq_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wq_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
@@ -3798,7 +2917,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
 }
 
 /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_Q(
     const float *__restrict__ x,
@@ -3847,164 +2966,39 @@ __global__ void block_fwd_composed_f32_qkv_Q(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    Q[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
@@ -4062,7 +3056,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t Q_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
@@ -4123,11 +3117,11 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wk_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wk_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
@@ -4135,7 +3129,7 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
 }
 
 /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_K(
     const float *__restrict__ x,
@@ -4184,164 +3178,39 @@ __global__ void block_fwd_composed_f32_qkv_K(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    K[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.K.edge: writes K; reads Wk; scratch xn1
@@ -4399,7 +3268,7 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t K_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
@@ -4460,11 +3329,11 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= heads) return;
     const int64_t h = tid;
-    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh) / 4); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
-            const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t qkv_Wv_panel_row = 4*dm*(c_tile + h*((dh) / 4)) + 4*m;
+            const int64_t Wv_row = 4*c_tile + dh*(h + heads*m);
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
@@ -4472,7 +3341,7 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
 }
 
 /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
- * for b, h, c_tile (parallel) / i_tile / m (register tile)
+ * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_V(
     const float *__restrict__ x,
@@ -4521,164 +3390,39 @@ __global__ void block_fwd_composed_f32_qkv_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((dh) / 8)) return;
-    const int64_t c_tile = tid % (((dh) / 8));
-    const int64_t h = (tid / (((dh) / 8))) % heads;
-    const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-        }
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+    if (tid >= batch*heads*((dh) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dh) / 4));
+    const int64_t h = (tid / (((dh) / 4)*((n + 1) / 2))) % heads;
+    const int64_t b = (tid / (heads*((dh) / 4)*((n + 1) / 2)));
+    const int64_t xn1_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t m = 0; m < dm; ++m) {
+        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
+        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m];
+        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 1];
+        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 2];
+        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[4*dm*(c_tile + h*((dh) / 4)) + 4*m + 3];
     }
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    V[4*c_tile + dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* qkv.V.edge: writes V; reads Wv; scratch xn1
@@ -4736,7 +3480,7 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
     const int64_t V_row = dh*(i + n*(b*heads + h));
-    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+    for (int64_t c = 4*((dh) / 4); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
@@ -5381,13 +4125,13 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
-            const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-            const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
-            for (int64_t lane = 0; lane < 8; ++lane) {
+            const int64_t out_Wo_panel_row = 4*c + 4*dh*(h + heads*m_tile);
+            const int64_t Wo_row = dm*(c + dh*h) + 4*m_tile;
+            for (int64_t lane = 0; lane < 4; ++lane) {
                 out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
             }
         }
@@ -5395,7 +4139,7 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
 }
 
 /* out.Y: writes resid; reads attn; scratch out_Wo_panel
- * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+ * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_out_Y(
     const float *__restrict__ x,
@@ -5444,165 +4188,40 @@ __global__ void block_fwd_composed_f32_out_Y(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t m_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        float acc_4_0 = 0.0f;
-        float acc_4_1 = 0.0f;
-        float acc_4_2 = 0.0f;
-        float acc_4_3 = 0.0f;
-        float acc_4_4 = 0.0f;
-        float acc_4_5 = 0.0f;
-        float acc_4_6 = 0.0f;
-        float acc_4_7 = 0.0f;
-        float acc_5_0 = 0.0f;
-        float acc_5_1 = 0.0f;
-        float acc_5_2 = 0.0f;
-        float acc_5_3 = 0.0f;
-        float acc_5_4 = 0.0f;
-        float acc_5_5 = 0.0f;
-        float acc_5_6 = 0.0f;
-        float acc_5_7 = 0.0f;
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-            }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t m_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+        const int64_t attn_row0 = dh*(n*(b*heads + h) + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+        const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+        for (int64_t c = 0; c < dh; ++c) {
+            acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
+            acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile)];
+            acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 1];
+            acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 2];
+            acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[4*c + 4*dh*(h + heads*m_tile) + 3];
         }
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile] = acc_0_0;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 1] = acc_0_1;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 2] = acc_0_2;
+    resid[dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*m_tile + 3] = acc_0_3;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile] = acc_1_0;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 1] = acc_1_1;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 2] = acc_1_2;
+    resid[dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*m_tile + 3] = acc_1_3;
 }
 
 /* out.Y.pointwise: writes resid; reads x
@@ -5659,7 +4278,7 @@ __global__ void block_fwd_composed_f32_out_Y_pointwise(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t resid_row = dm*(b*n + i);
-    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+    for (int64_t m = 0; m < 4*((dm) / 4); ++m) {
         resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
     }
 }
@@ -5717,7 +4336,7 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+    for (int64_t m = 4*((dm) / 4); m < dm; ++m) {
         float heads_sum = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t attn_row = dh*(i + n*(b*heads + h));
@@ -5848,18 +4467,18 @@ __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wg_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_U(
     const float *__restrict__ x,
@@ -5908,165 +4527,38 @@ __global__ void block_fwd_composed_f32_mlp_U(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-            }
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[4*c + 4*dm*e_tile + 3];
     }
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    U[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    U[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.U.edge: writes U; reads Wg; scratch xn2
@@ -6122,7 +4614,7 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float xg = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
@@ -6181,18 +4673,18 @@ __global__ void block_fwd_composed_f32_mlp_V_pack_Wu(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
+    if (tid >= ((dff) / 4)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+        const int64_t mlp_Wu_panel_row = 4*c + 4*dm*e_tile;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 4*e_tile + lane];
         }
     }
 }
 
 /* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+ * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_V(
     const float *__restrict__ x,
@@ -6241,165 +4733,38 @@ __global__ void block_fwd_composed_f32_mlp_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-            }
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dff) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t e_tile = (tid / (((n + 1) / 2))) % (((dff) / 4));
+    const int64_t b = (tid / (((dff) / 4)*((n + 1) / 2)));
+    const int64_t xn2_row0 = dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t c = 0; c < dm; ++c) {
+        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
+        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile];
+        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 1];
+        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 2];
+        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[4*c + 4*dm*e_tile + 3];
     }
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile] = acc_0_0;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 1] = acc_0_1;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 2] = acc_0_2;
+    Vu[dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 4*e_tile + 3] = acc_0_3;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile] = acc_1_0;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 1] = acc_1_1;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 2] = acc_1_2;
+    Vu[dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 4*e_tile + 3] = acc_1_3;
 }
 
 /* mlp.V.edge: writes Vu; reads Wu; scratch xn2
@@ -6455,7 +4820,7 @@ __global__ void block_fwd_composed_f32_mlp_V_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
         float xu = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
@@ -6573,18 +4938,18 @@ __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 8)) return;
+    if (tid >= ((dm) / 4)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
+        const int64_t mlp_Wd_panel_row = 4*c_tile*dff + 4*e;
+        for (int64_t lane = 0; lane < 4; ++lane) {
+            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[4*c_tile + dm*e + lane];
         }
     }
 }
 
 /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
- * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+ * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_F(
     const float *__restrict__ x,
@@ -6633,165 +4998,38 @@ __global__ void block_fwd_composed_f32_mlp_F(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-            }
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-        }
+    if (tid >= batch*((dm) / 4)*((n + 1) / 2)) return;
+    const int64_t i_tile = tid % (((n + 1) / 2));
+    const int64_t c_tile = (tid / (((n + 1) / 2))) % (((dm) / 4));
+    const int64_t b = (tid / (((dm) / 4)*((n + 1) / 2)));
+    const int64_t mlp_H_row0 = dff*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1));
+    const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1));
+    float acc_0_0 = 0.0f;
+    float acc_0_1 = 0.0f;
+    float acc_0_2 = 0.0f;
+    float acc_0_3 = 0.0f;
+    float acc_1_0 = 0.0f;
+    float acc_1_1 = 0.0f;
+    float acc_1_2 = 0.0f;
+    float acc_1_3 = 0.0f;
+    for (int64_t e = 0; e < dff; ++e) {
+        acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
+        acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e];
+        acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 1];
+        acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 2];
+        acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[4*c_tile*dff + 4*e + 3];
     }
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1))] = acc_0_0;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 1] = acc_0_1;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 2] = acc_0_2;
+    mlp_out[4*c_tile + dm*(b*n + (2*i_tile < n - 1 ? 2*i_tile : n - 1)) + 3] = acc_0_3;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1))] = acc_1_0;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 1] = acc_1_1;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 2] = acc_1_2;
+    mlp_out[4*c_tile + dm*(b*n + (n - 1 < 2*i_tile + 1 ? n - 1 : 2*i_tile + 1)) + 3] = acc_1_3;
 }
 
 /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
@@ -6847,7 +5085,7 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
         float hw = 0.0f;
         for (int64_t e = 0; e < dff; ++e) {
             hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
@@ -6984,7 +5222,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7011,7 +5249,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7038,7 +5276,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*heads*((dh) / 8), threads = 128;
+        const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7092,7 +5330,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7101,7 +5339,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((dm) / 8), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7137,7 +5375,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7146,7 +5384,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7164,7 +5402,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dff) / 8), threads = 128;
+        const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7173,7 +5411,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7200,7 +5438,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = ((dm) / 8), threads = 128;
+        const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
@@ -7209,7 +5447,7 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
+        const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);

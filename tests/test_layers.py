@@ -165,3 +165,32 @@ def test_the_cuda_launch_takes_the_threads_a_block_its_mapping_gives():
     assert "count = batch*heads*n, threads = 64;" in source
     assert "threads = 128" in emit_cuda([("float64", onf_of("attention_fwd", "dnf", target="cuda"))],
                                         ["test"])
+
+
+
+@pytest.mark.parametrize("kernel, nest, tiles", [("mlp_fwd", "U", ("b", "e_tile", "i_tile")),
+                                                 ("mlp_bwd", "dWg", ("e_tile", "c_tile")),
+                                                 ("qkv_proj", "Q", ("b", "h", "c_tile", "i_tile"))])
+def test_a_gpu_runs_a_thread_per_register_tile(kernel, nest, tiles):
+    """The CPU runs a thread per column (or block of rows) of tiles, a GPU a thread per
+    tile (each tile a thread's own outputs)."""
+    loops = lambda target: [s for s in walk(next(n.body for n in onf_of(kernel, "tiled",
+                                                                           target=target).nests
+                                                     if n.label == nest))
+                            if isinstance(s, Loop)]
+    on_gpu = loops("cuda")
+    assert on_gpu[0].parallel == len(tiles)
+    assert [lp.var.name for lp in on_gpu[:len(tiles)]] == list(tiles)
+    assert loops("cpu")[0].parallel < len(tiles)
+
+
+def test_the_mlp_a_thread_per_tile_keeps_its_value():
+    """Run in order by the interpreter at sizes no tile divides: every tile's outputs are
+    written (the edge nests take the columns past the last tile)."""
+    rng = np.random.default_rng(4)
+    X, Wg, Wu, Wd = (rng.standard_normal(s) for s in ((2, 7, 5), (5, 11), (5, 11), (11, 5)))
+    got = run_onf(onf_of("mlp_fwd", "tiled", target="cuda"),
+                  {"X": X, "Wg": Wg, "Wu": Wu, "Wd": Wd}, {})
+    U = X @ Wg
+    np.testing.assert_allclose(got["U"], U, rtol=1e-13)
+    np.testing.assert_allclose(got["F"], (U / (1 + np.exp(-U)) * (X @ Wu)) @ Wd, rtol=1e-12)

@@ -26,6 +26,17 @@ def gpu_threads(cpu: Tuple) -> Tuple:
 
 # how a target kind's mapping is derived from the CPU's when a variant gives none
 DERIVED_MAPPINGS = {"cuda": gpu_threads, "openacc": gpu_threads}
+
+
+def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> dict:
+    """A mapping for the CPU and the GPU targets: the GPU's derived from the CPU's
+    (gpu_threads), except that each nest named in `tiles` runs a GPU thread per iteration
+    of the loops it names (a register tile's every tile, where the CPU runs a thread per
+    column of tiles: too few threads to fill a GPU; docs/PERFORMANCE.md, "The first run on
+    a GPU")."""
+    gpu = tuple(GpuThreads(tiles[step.nest], nest=step.nest) if step.nest in tiles else step
+                for step in gpu_threads(cpu_steps))
+    return {"cpu": tuple(cpu_steps), **{kind: gpu for kind in DERIVED_MAPPINGS}}
 # a kind whose schedule parameters are another's: an OpenACC vector lane runs what a CUDA
 # thread runs
 DEFAULTS_OF = {"openacc": "cuda"}

@@ -20,7 +20,7 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.layers import Layers, cpu
+from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
 from moagen.moa.grad import grad
@@ -119,8 +119,9 @@ def _transposes(nests):
 
 def _tiled(nests, mr, nr, row_block):
     """Every contraction register tiled, row products parallel over (batch, row block),
-    weight gradients over the weight's column tiles; the rest as in _plain."""
-    schedule, mapping = [], []
+    weight gradients over the weight's column tiles; the rest as in _plain. Without row
+    blocks, a GPU runs a thread per tile (threads_per_tile)."""
+    schedule, mapping, tiles = [], [], {}
     for label, cols in nests["rows"].items():
         tile = RegisterTile(label, "i", cols, mr, nr, row_block=row_block)
         schedule.append(tile)
@@ -129,10 +130,12 @@ def _tiled(nests, mr, nr, row_block):
         else:
             mapping += [Parallel(("b", tile.col_tiles), nest=label),
                         Parallel(ROWS, nest=tile.edge)]
+            tiles[label] = ("b",) + tile.tiles
     for label, (rows, cols) in nests["weights"].items():
         tile = RegisterTile(label, rows, cols, mr, nr)
         schedule.append(tile)
         mapping += [Parallel((tile.col_tiles,), nest=label), Parallel((rows,), nest=tile.edge)]
+        tiles[label] = tile.tiles
     elementwise = nests["elementwise"]
     if len(elementwise) > 1:
         # one pass over the rows for all of them: the operands they share (dH, U, V) read
@@ -140,7 +143,8 @@ def _tiled(nests, mr, nr, row_block):
         schedule.append(FuseNests(elementwise, over=ROWS, name=ELEMENTWISE))
         elementwise = (ELEMENTWISE,)
     mapping += [Parallel(ROWS, nest=n) for n in elementwise]
-    return Layers(schedule=(*schedule, Hoist()), mapping=cpu(*mapping, *_transposes(nests)))
+    return Layers(schedule=(*schedule, Hoist()),
+                  mapping=threads_per_tile((*mapping, *_transposes(nests)), tiles))
 
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64, AVX2); 96 rows of a
@@ -169,9 +173,15 @@ def _whole_tiles(mr, nr, row_block):
     return row_block % mr == 0
 
 
+# a GPU: a thread per 2 x 4 tile and no row blocks (the CPU's cache blocking), so that
+# even the tiny LM's 1024 x 160 products run 20480 threads; not yet timed on a GPU
+TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
+
+
 def _tunable(temps, nests):
     return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE,
-                   dtypes=TILE_DTYPE_DEFAULTS, avx512=TILE_AVX512, accepts=_whole_tiles)
+                   cuda=TILE_CUDA, dtypes=TILE_DTYPE_DEFAULTS, avx512=TILE_AVX512,
+                   accepts=_whole_tiles)
 
 
 FORWARD_VARIANTS = {

@@ -18,8 +18,8 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
-from moagen.kernels.layers import Layers, cpu
-from moagen.kernels.mlp import TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
+from moagen.kernels.layers import Layers, cpu, threads_per_tile
+from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
@@ -55,17 +55,18 @@ def _row_tiles(nest, cols, mr, nr):
 
 
 def _tiles(tile, outer):
-    """(the tile, its mapping): parallel over the outer loops and column tiles, the tail
-    over the outer loops and rows."""
+    """(the tile, its mapping, the outer loops): parallel over the outer loops and column
+    tiles, the tail over the outer loops and rows."""
     return tile, (Parallel(outer + (tile.col_tiles,), nest=tile.nest),
-                  Parallel(outer + (tile.rows,), nest=tile.edge))
+                  Parallel(outer + (tile.rows,), nest=tile.edge)), outer
 
 
 def _layers(*tiled, reorder=(), mapping=()):
-    """The layers of a variant made of register tiles (pairs from _tiles), after the loop
-    reorderings they need."""
-    return Layers(schedule=tuple(reorder) + tuple(t for t, _ in tiled),
-                  mapping=cpu(*(m for _, ms in tiled for m in ms), *mapping))
+    """The layers of a variant made of register tiles (triples from _tiles), after the loop
+    reorderings they need; a GPU runs a thread per tile (threads_per_tile)."""
+    return Layers(schedule=tuple(reorder) + tuple(t for t, _, _ in tiled),
+                  mapping=threads_per_tile((*(m for _, ms, _ in tiled for m in ms), *mapping),
+                                           {t.nest: outer + t.tiles for t, _, outer in tiled}))
 
 
 # the MLP's tile parameters except its row blocks (these products' rows are a head's or a
@@ -77,7 +78,7 @@ TILE_PARAMS = ("mr", "nr")
 def _tunable(temps, layers):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
-    return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
+    return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE), cuda=pick(TILE_CUDA),
                    dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()})
 
 

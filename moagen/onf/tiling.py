@@ -60,6 +60,15 @@ class RegisterTile(Step):
         return loop_role(self.cols, "tile")
 
     @property
+    def tiles(self) -> tuple:
+        """The loops over column tiles and row tiles, outermost first: without row blocks,
+        a perfect nest with a tile in each iteration."""
+        if self.row_block:
+            raise ScheduleError(f"{self}: with row blocks, the row tiles' loop is inside a "
+                                "block's and cannot be numbered with the column tiles'")
+        return (self.col_tiles, self.row_tiles)
+
+    @property
     def row_blocks(self) -> str:
         """The loop over blocks of rows (with row_block)."""
         return loop_role(self.rows, "blk")
