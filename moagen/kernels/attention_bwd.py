@@ -196,18 +196,16 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
 # the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes
 # from the key rows' pass, in one part (the heads already feed the threads), and every
 # product is a register tile of `rows` rows by `lanes` lanes: float64 6 x 8 (a row in two
-# AVX2 vector registers; 8 x 16 on AVX-512), float32 6 x 16 on AVX2 (8 x 16 on AVX-512: 32
-# lanes ran 10% faster at n 1024, d 64 there, and took twice as long to build, C 20 s
-# against 11) (docs/PERFORMANCE.md, "The flash forward's tiles on AVX2"). The key rows' pass
-# adds one query row at a time on AVX2 (keys 1): with two, gcc 12 computed each pair of
-# terms the dK and dV tiles add as a multiply, a multiply-add and an add (docs/PERFORMANCE.md,
-# "The owner's dK and dV tiles a query row at a time"); AVX-512 keeps the two it was
-# measured with. On a GPU dQ keeps its pass (parts 0): that pass runs a thread per query
-# row, the parts only one per part of a head's keys; a thread walks the other side a row at
-# a time (lanes 0)
+# AVX2 vector registers; 8 x 16 on AVX-512), float32 6 x 16 on AVX2 (8 x 32 on AVX-512)
+# (docs/PERFORMANCE.md, "The flash forward's tiles on AVX2", and "The owner's keys and
+# lanes on AVX-512"). The key rows' pass adds one query row at a time (keys 1): with two,
+# gcc 12 computed each pair of terms the dK and dV tiles add as a multiply, a multiply-add
+# and an add (docs/PERFORMANCE.md, "The owner's dK and dV tiles a query row at a time"). On
+# a GPU dQ keeps its pass (parts 0): that pass runs a thread per query row, the parts only
+# one per part of a head's keys; a thread walks the other side a row at a time (lanes 0)
 OWNER_DEFAULTS = {"rows": 6, "keys": 1, "parts": 1, "lanes": 8}
 OWNER_DTYPES = {"float32": {"lanes": 16}}
-OWNER_AVX512 = {"float64": {"rows": 8, "keys": 2, "lanes": 16}, "float32": {"rows": 8, "keys": 2}}
+OWNER_AVX512 = {"float64": {"rows": 8, "lanes": 16}, "float32": {"rows": 8, "lanes": 32}}
 OWNER_SPACE = {"rows": (4, 6, 8), "keys": (1, 2, 4), "parts": (0, 1), "lanes": (0, 8, 16, 32)}
 OWNER_CUDA = {"rows": 4, "keys": 4, "parts": 0, "lanes": 0}
 
