@@ -12,7 +12,7 @@ import moagen.torch as mt
 from moagen.bind import cuda
 from moagen.bind.abi import KernelCallable
 from moagen.reference_block import _block_torch
-from test_torch_ops import TinyModel
+from test_torch_ops import TinyModel, assert_compiled_is_eager
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and cuda.available()),
                                 reason="no GPU (or no cuda-python) here")
@@ -140,16 +140,7 @@ def test_calls_are_queued_on_the_current_stream(launches):
 
 def test_torch_compile_fullgraph_on_the_gpu_matches_eager():
     torch.manual_seed(0)
-    model, x = TinyModel().cuda(), torch.randn(2, 5, 8, dtype=F64, device="cuda")
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    y = compiled(x)
-    grads = torch.autograd.grad(y.square().sum(), list(model.parameters()))
-    eager = model(x)
-    eager_grads = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
-    assert torch.equal(y, eager)
-    for g, e in zip(grads, eager_grads):
-        assert torch.equal(g, e)
+    assert_compiled_is_eager(TinyModel().cuda(), torch.randn(2, 5, 8, dtype=F64, device="cuda"))
 
 
 def test_tensors_on_two_devices_are_refused():

@@ -180,7 +180,12 @@ def test_torch_compile_fullgraph_traces_through_every_operator():
     aot_eager backend traces forward and backward through the fake implementations and the
     autograd formulas as Inductor would, without generating C++ (tens of seconds more)."""
     torch.manual_seed(0)
-    model, x = TinyModel(), torch.randn(2, 5, 8, dtype=F64)
+    assert_compiled_is_eager(TinyModel(), torch.randn(2, 5, 8, dtype=F64))
+
+
+def assert_compiled_is_eager(model, x):
+    """The model under torch.compile(fullgraph=True) gives eager's output and gradients,
+    the same bits."""
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     y = compiled(x)
