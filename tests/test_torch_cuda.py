@@ -11,8 +11,8 @@ import torch.nn.functional as F
 import moagen.torch as mt
 from moagen.bind import cuda
 from moagen.bind.abi import KernelCallable
-from moagen.reference_block import _block_torch
-from test_torch_ops import TinyModel, assert_compiled_is_eager
+from test_torch_ops import (TinyModel, assert_block_is_pytorchs, assert_compiled_is_eager,
+                            assert_decode_is_sdpa)
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and cuda.available()),
                                 reason="no GPU (or no cuda-python) here")
@@ -93,31 +93,12 @@ def test_the_block_on_the_gpu_is_the_pytorch_block_and_passes_gradcheck(causal):
     PyTorch block on the same GPU (no CPU kernel is needed)."""
     torch.manual_seed(3)
     block = mt.Block(d_model=7, heads=3, d_head=5, d_ff=11, dtype=F64, causal=causal).cuda()
-    x = _randn(2, 5, 7)
-    y = block(x)
-    want, _ = _block_torch(x, block.weights(), block.eps, block.scale, causal)
-    _close(y, want)
-    dy = torch.randn_like(y)
-    got = torch.autograd.grad(y, [x, *block.weights()], dy)
-    for g, e in zip(got, torch.autograd.grad(want, [x, *block.weights()], dy)):
-        _close(g, e)
-    params = [x] + [w.detach().clone().requires_grad_() for w in block.weights()]
-    op = lambda x, *w: torch.ops.moagen.block(x, list(w), 0.1, 0.4, causal, "c")[0]
-    assert torch.autograd.gradcheck(op, params, fast_mode=True)
+    assert_block_is_pytorchs(block, _randn(2, 5, 7))
 
 
 def test_decode_through_a_kv_cache_on_the_gpu_is_sdpa_over_the_cache():
     cache = mt.KVCache(batch=2, kv_heads=2, capacity=9, head_dim=5, dtype=F64, device="cuda")
-    keys, values = [], []
-    with torch.no_grad():
-        for _ in range(9):
-            k, v, q = _randn(2, 2, 1, 5), _randn(2, 2, 1, 5), _randn(2, 6, 1, 5)
-            cache.append(k, v)
-            keys.append(k), values.append(v)
-            want = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
-                                                  enable_gqa=True)
-            _close(cache.attend(q), want)
-    assert torch.equal(cache.k, torch.cat(keys, 2))
+    assert_decode_is_sdpa(cache, _randn)
 
 
 def test_calls_are_queued_on_the_current_stream(launches):

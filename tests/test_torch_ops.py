@@ -91,9 +91,14 @@ def test_swiglu_mlp_is_pytorchs_and_passes_gradcheck(lang="c"):
 def test_block_is_the_pytorch_block_and_passes_gradcheck(causal, lang="c"):
     torch.manual_seed(3)
     block = mt.Block(d_model=7, heads=3, d_head=5, d_ff=11, dtype=F64, lang=lang, causal=causal)
-    x = _randn(2, 5, 7)
+    assert_block_is_pytorchs(block, _randn(2, 5, 7))
+
+
+def assert_block_is_pytorchs(block, x):
+    """The block's output and every gradient against autograd through the PyTorch block on
+    the same device, and gradcheck over the block's operator."""
     y = block(x)
-    want, _ = _block_torch(x, block.weights(), block.eps, block.scale, causal)
+    want, _ = _block_torch(x, block.weights(), block.eps, block.scale, block.causal)
     _close(y, want)
     dy = torch.randn_like(y)
     got = torch.autograd.grad(y, [x, *block.weights()], dy)
@@ -102,24 +107,31 @@ def test_block_is_the_pytorch_block_and_passes_gradcheck(causal, lang="c"):
         _close(g, e)
     # every weight perturbed, not only the ones above: gradcheck on the whole module
     params = [x] + [w.detach().clone().requires_grad_() for w in block.weights()]
-    op = lambda x, *w: torch.ops.moagen.block(x, list(w), 0.1, 0.4, causal, lang)[0]
+    op = lambda x, *w: torch.ops.moagen.block(x, list(w), 0.1, 0.4, block.causal, block.lang)[0]
     assert torch.autograd.gradcheck(op, params, fast_mode=True)
 
 
 def test_decode_through_the_kv_cache_is_sdpa_over_the_cache(lang="c"):
     cache = mt.KVCache(batch=2, kv_heads=2, capacity=9, head_dim=5, dtype=F64, lang=lang)
+    k, v = assert_decode_is_sdpa(cache, _randn)
+    with torch.no_grad(), pytest.raises(ValueError, match="the cache is full"):
+        cache.append(k, v)
+
+
+def assert_decode_is_sdpa(cache, randn):
+    """A cache of 2 KV heads of 5 filled a position at a time, 6 query heads attending after
+    each: SDPA over the rows so far each time. Returns the last position's k and v."""
     keys, values = [], []
     with torch.no_grad():
-        for _ in range(9):
-            k, v, q = _randn(2, 2, 1, 5), _randn(2, 2, 1, 5), _randn(2, 6, 1, 5)
+        for _ in range(cache.capacity):
+            k, v, q = randn(2, 2, 1, 5), randn(2, 2, 1, 5), randn(2, 6, 1, 5)
             cache.append(k, v)
             keys.append(k), values.append(v)
             want = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
                                                   enable_gqa=True)
             _close(cache.attend(q), want)
-        with pytest.raises(ValueError, match="the cache is full"):
-            cache.append(k, v)
     assert torch.equal(cache.k, torch.cat(keys, 2))
+    return k, v
 
 
 def _ops_and_args():
