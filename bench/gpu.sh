@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU checks of moagen, on a machine with an NVIDIA GPU and no network (an H200: python3
-# 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 8 minutes:
+# 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 8.5 minutes:
 #   1. every CUDA kernel, variant and dtype verified on the device against numpy and PyTorch,
 #      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
 #      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py), and the tiny language
@@ -8,7 +8,8 @@
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
 #      d 64, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
-#      (flash-decoding's split) against SDPA and the device's copy bandwidth;
+#      (flash-decoding's split) against SDPA and the device's copy bandwidth; and the tiled
+#      MLP's forward and backward against PyTorch's;
 #   4. OpenACC C, C without restrict and Fortran timed next to CUDA, where gcc offloads there;
 # results, summaries and plots under WORK, packed into one archive in OUT
 # (gpu-results.tar.gz) next to the machine, verification, atomics and bench summaries: a
@@ -119,6 +120,13 @@ bench_decode() {
         --out "$WORK/bench-decode.jsonl"
 }
 
+# the register-tiled products, a GPU thread per tile, against PyTorch's matmuls and silu
+bench_mlp() {
+    "$PY" -m moagen.cli bench --lang "$CUDA" --kernels mlp_fwd:tiled mlp_bwd:tiled --dtype float32 \
+        --n $MLP_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
+        --out "$WORK/bench-mlp.jsonl"
+}
+
 # result 3 on the GPU (docs/OPENACC.md): OpenACC C, C without restrict and Fortran, built with
 # gcc's nvptx offloading there (gcc-12-offload-nvptx, or gcc-N-offload-nvptx; libgomp's nvptx
 # plugin runs them), timed next to the CUDA kernel of the same variant; and their device code
@@ -156,13 +164,13 @@ main() {
     if [ "${1:-}" = --dry-run ]; then
         # the CUDA emulation in the GPU's place; the same commands, sizes a 2-core machine runs
         export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64" DECODE_N="40"
-        export LM_STEPS=0
+        export LM_STEPS=0 MLP_N="16"
         LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
         local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
         local sizes="float32:16 float64:16"
     else
         export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 4096 16384"
-        export DECODE_N="8192 32768" LM_STEPS=60
+        export DECODE_N="8192 32768" LM_STEPS=60 MLP_N="1024 4096"
         LIMIT_SCALE=1
         local kernels=all
         local sizes="float32:64 float64:64"
@@ -172,7 +180,7 @@ main() {
     [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
     export VERIFY_KERNELS=$kernels
     record_machine
-    # limits that add up to under 8 minutes
+    # limits that add up to under 8.5 minutes
     step verify-cuda 150 verify_cuda
     [ -n "$DRY_RUN" ] || step device-arrays 150 device_arrays
     [ -n "$DRY_RUN" ] || step tiny-lm 45 tiny_lm
@@ -182,6 +190,7 @@ main() {
         step "bench-${size/:/-d}" 30 bench_vs_sdpa "${size%:*}" "${size#*:}"
     done
     step bench-decode 25 bench_decode
+    step bench-mlp 30 bench_mlp
     step openacc 10 openacc_c_vs_fortran
     pack
     if [ ${#FAILED[@]} -gt 0 ]; then
