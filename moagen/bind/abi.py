@@ -109,7 +109,8 @@ class KernelCallable:
         # that running out of memory is a MemoryError, not a crash in native code; where
         # the kernel runs, whatever side its arguments are on
         launch = self._launch_stream(stream, on_device)
-        scratch = self._scratch(scratch_shapes, on_device, launch)[0] if scratch_shapes else ()
+        scratch = (self._scratch(scratch_shapes, on_device, launch.get("stream", 0))[0]
+                   if scratch_shapes else ())
         self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars, **launch)
         if not outputs:  # the kernel only updates its inout arguments
             return None
@@ -142,7 +143,7 @@ class KernelCallable:
         outputs = [allocate(shapes[p.name]) for p in self._outputs]
         # the scratch arrays are held here until the kernel returns: scratch over
         # KEEP_HOST_SCRATCH is not kept, and its addresses alone would not hold it
-        held, scratch = self._scratch(scratch_shapes, False, {}) if scratch_shapes else ((), ())
+        held, scratch = self._scratch(scratch_shapes, False) if scratch_shapes else ((), ())
         self._address_call(*(address for address, _ in inputs),
                            *(address for _, address in outputs), *scratch,
                            *sizes.values(), *scalars)
@@ -245,15 +246,12 @@ class KernelCallable:
                              "numpy arrays are copied and run on the default stream")
         return {"stream": stream}
 
-    def _scratch(self, shapes, on_device, launch):
+    def _scratch(self, shapes, on_device, stream=0):
         """The call's scratch arrays (shapes: theirs, a tuple) and, on the host, their
         addresses, kept from the last call on the same stream (a device's) or thread (the
-        host's) while their shapes stay the same (see KEEP_HOST_SCRATCH and __init__).
-        launch: native_call's stream keyword, as _launch_stream gives it."""
-        if on_device:
-            kept = self._device_scratch.setdefault(launch["stream"], {})
-        else:
-            kept = self._host_scratch.__dict__
+        host's) while their shapes stay the same (see KEEP_HOST_SCRATCH and __init__)."""
+        kept = (self._device_scratch.setdefault(stream, {}) if on_device
+                else self._host_scratch.__dict__)
         last = kept.pop("scratch", None)
         if last is None or last[0] != shapes:
             last = None  # the old memory is freed before the new is allocated

@@ -26,6 +26,9 @@ def gpu_threads(cpu: Tuple) -> Tuple:
 
 # how a target kind's mapping is derived from the CPU's when a variant gives none
 DERIVED_MAPPINGS = {"cuda": gpu_threads, "openacc": gpu_threads}
+# a kind whose schedule parameters are another's: an OpenACC vector lane runs what a CUDA
+# thread runs
+DEFAULTS_OF = {"openacc": "cuda"}
 
 
 def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> dict:
@@ -37,9 +40,7 @@ def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> 
     gpu = tuple(GpuThreads(tiles[step.nest], nest=step.nest) if step.nest in tiles else step
                 for step in gpu_threads(cpu_steps))
     return {"cpu": tuple(cpu_steps), **{kind: gpu for kind in DERIVED_MAPPINGS}}
-# a kind whose schedule parameters are another's: an OpenACC vector lane runs what a CUDA
-# thread runs
-DEFAULTS_OF = {"openacc": "cuda"}
+
 
 _ALLOWED = {"algorithm": ("algorithm", "schedule"), "schedule": ("schedule",),
             "mapping": ("mapping",)}
