@@ -7,10 +7,10 @@ import platform
 import numpy as np
 import pytest
 
-from moagen import build, runtime, verify
+from moagen import build, pipeline, runtime, verify
 from moagen.bench import cases, tune
 from moagen.cli import main
-from moagen.errors import SpecError
+from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
 from moagen.kernels.attention import FLASH_AVX512, flash_params
 from moagen.kernels.mlp import TILE_AVX512
@@ -60,6 +60,34 @@ def test_a_tuned_choice_wins_over_the_avx512_defaults(tmp_path, monkeypatch):
     assert runtime.chosen_params("mlp_fwd", "tiled", "c", "float64") == choice
     assert runtime.chosen_params("mlp_fwd", "tiled", "c", "float64", tuned=False) == \
         TILE_AVX512["float64"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype, monkeypatch):
+    """The block's parameters are its stages' (attn.rows, mlp.nr): where the compiler
+    targets AVX-512 each stage runs its AVX-512 defaults, as its own kernel would there."""
+    params = cases.schedule("block_fwd", "composed", "c", dtype)["params"]
+    stage = lambda label: {k.split(".")[1]: v for k, v in params.items()
+                           if k.startswith(label + ".")}
+    flash = get_kernel("attention_fwd").variant("flash").defaults_for("cpu", dtype)
+    assert stage("attn") == {**flash, **(FLASH_AVX512[dtype] if avx512 else {})}
+    assert stage("mlp") == {**TILED.defaults_for("cpu", dtype),
+                            **(TILE_AVX512[dtype] if avx512 else {})}
+    # and the composite composes each stage's ONF at its own
+    asked, original = {}, pipeline.onf_of
+
+    def stage_onf(kernel, variant, **kw):
+        asked.setdefault(kernel, kw["params"])
+        return original(kernel, variant, **kw)
+
+    monkeypatch.setattr(pipeline, "onf_of", stage_onf)
+    get_kernel("block_fwd").onf(params=params, dtype=dtype)
+    assert asked["attention_fwd"] == stage("attn") and asked["mlp_fwd"] == stage("mlp")
+
+
+def test_a_composite_refuses_a_parameter_no_stage_has():
+    with pytest.raises(UnknownNameError, match="no schedule parameter attn.width"):
+        get_kernel("block_fwd").onf(params={"attn.width": 8})
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 target options")

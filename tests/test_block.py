@@ -311,7 +311,7 @@ def _broken(**changes):
 ])
 def test_a_composition_that_does_not_fit_together_is_refused(composite, words):
     with pytest.raises(SpecError, match=words):
-        compose(composite, onf_of)
+        compose(composite, lambda st: onf_of(st.kernel, st.variant))
 
 
 def _block_arrays(dtype="float64", **shapes):

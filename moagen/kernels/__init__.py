@@ -10,7 +10,7 @@ Fortran the CPU's, CUDA the GPU's; float32 may have its own) and whose space is 
 Each module also declares what its kernels are verified and measured on (CHECKS and BENCH,
 moagen.kernels.cases): every registered kernel has both."""
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from moagen.errors import SpecError, UnknownNameError
@@ -21,7 +21,7 @@ from moagen.kernels.compose import Composite, compose
 from moagen.kernels.layers import DEFAULTS_OF, Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
-from moagen.onf.signature import check_dtype
+from moagen.onf.signature import DTYPES, check_dtype
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,10 @@ class Kernel(_Variants):
 
 @dataclass(frozen=True)
 class CompositeKernel(_Variants):
-    """One variant, `composed`: the stages as the composite lists them."""
+    """One variant, `composed`: the stages as the composite lists them. Its schedule
+    parameters are its stages', each named `<stage label>.<parameter>` (attn.rows), with
+    the stages' defaults per target kind and dtype and their AVX-512 ones: a block built for
+    a machine runs each stage as that stage's kernel would run there."""
     composite: Composite
     check: Check
     bench: Bench
@@ -118,21 +121,41 @@ class CompositeKernel(_Variants):
     def name(self):
         return self.composite.name
 
-    @property
+    @cached_property
     def variants(self):
-        return {"composed": Variant("composed", frozenset(), lambda: Layers(mapping=cpu()))}
+        stages = [(st.label, get_kernel(st.kernel).variant(st.variant))
+                  for st in self.composite.stages]
+        named = lambda params_of: {f"{label}.{k}": value for label, v in stages
+                                   for k, value in params_of(v).items()}
+        defaults = {target: {dtype: named(lambda v: v.defaults_for(target, dtype))
+                             for dtype in DTYPES}
+                    for target in ("cpu", "cuda")}
+        avx512 = {dtype: named(lambda v: v.avx512.get(dtype, {})) for dtype in DTYPES}
+        return {"composed": Variant("composed", frozenset(), _stage_layers, defaults,
+                                    avx512={d: p for d, p in avx512.items() if p})}
 
     def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None,
             dtype="float64"):
-        """The stages' ONFs composed, each with its own defaults for the dtype."""
+        """The stages' ONFs composed, each at its parameters among `params` over its
+        defaults for the target and dtype."""
         from moagen.pipeline import onf_of
-        self.variant(variant).params(params)  # a composite has none
+        chosen = self.variant(variant).params(params, target, dtype)
         if upto is not None:
             raise UnknownNameError(f"{self.name}: a composite's steps are its stages'; show "
                                    "a stage kernel's steps instead")
         if layout != "row":
             raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
-        return compose(self.composite, partial(onf_of, target=target, dtype=dtype))
+        by_stage = {st.label: {} for st in self.composite.stages}
+        for name, value in chosen.items():
+            label, param = name.split(".", 1)
+            by_stage[label][param] = value
+        return compose(self.composite, lambda st: onf_of(st.kernel, st.variant,
+                                                         params=by_stage[st.label],
+                                                         target=target, dtype=dtype))
+
+
+def _stage_layers(**params):
+    raise UnknownNameError("a composite's steps are its stages': show a stage kernel's")
 
 
 def _kernel(module, spec, variants, validate=None):

@@ -68,12 +68,12 @@ class Composite:
 
 
 def compose(composite: Composite, stage_onf) -> ONF:
-    """The composite's ONF; stage_onf(kernel, variant) gives a stage kernel's ONF."""
+    """The composite's ONF; stage_onf(stage) gives a stage kernel's ONF."""
     shapes = {a.name: a.shape for a in composite.inputs}
     known_sizes = set(composite.sizes)
     nests, temps, schedule = [], [], []
     for st in composite.stages:
-        onf = stage_onf(st.kernel, st.variant)
+        onf = stage_onf(st)
         where = f"{composite.name}, stage {st.label} ({st.kernel})"
         sizes = st.size_map(onf.sizes)
         for s, value in sizes.items():
