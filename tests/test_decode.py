@@ -75,6 +75,23 @@ def test_kv_append_writes_row_n_only_and_never_past_the_cache(lang):
     np.testing.assert_array_equal(V, full[1])
 
 
+def test_a_cache_filled_a_row_a_call_is_written_and_checked_at_each_calls_n():
+    """n changes every call of a decode loop, the shapes do not: each call writes its own
+    row and is checked at its own n, the shapes' fit worked out once."""
+    append = runtime.load("kv_append", "dnf", "c")
+    K, V = np.zeros((1, 2, 4, 3)), np.zeros((1, 2, 4, 3))
+    rows = RNG.standard_normal((4, 1, 2, 3))
+    for n, row in enumerate(rows):
+        append(K, V, row, 2 * row, n=n)
+    np.testing.assert_array_equal(K.transpose(2, 0, 1, 3), rows)
+    np.testing.assert_array_equal(V.transpose(2, 0, 1, 3), 2 * rows)
+    assert len(append._fits) == 1
+    with pytest.raises(ValueError, match="row n = 4 is beyond its capacity of 4"):
+        append(K, V, rows[0], rows[0], n=4)
+    with pytest.raises(ValueError, match="size n must be >= 0, got -1"):
+        append(K, V, rows[0], rows[0], n=-1)
+
+
 def test_kv_append_refuses_a_read_only_or_aliased_cache():
     append = runtime.load("kv_append", "dnf", "c")
     K, k_new = np.zeros((1, 1, 3, 2)), np.ones((1, 1, 2))

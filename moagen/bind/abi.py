@@ -68,6 +68,11 @@ class KernelCallable:
                     source.setdefault(dim, (index, axis))
         self._size_sources = tuple((s.name, source.get(s)) for s in signature.sizes)
         self._given = tuple(name for name, at in self._size_sources if at is None)
+        # The given sizes that no array's shape holds (a KV cache's valid length): a model
+        # passes a new one every call, so they stay out of the remembered fits (_fit)
+        in_shapes = {s.name for a in signature.arrays for d in a.shape
+                     for s in sympy.sympify(d).free_symbols}
+        self._free = frozenset(name for name in self._given if name not in in_shapes)
         self._params = (tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
                         + self._given)
         # What every call walks, computed once: a call's checks cost more than a small
@@ -80,7 +85,7 @@ class KernelCallable:
         self._order = "C" if signature.layout == "row" else "F"
         # the indices of the inputs the kernel writes in place (its inout arguments)
         self.inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
-        self._fits = {}  # (input shapes, given sizes) -> (sizes, shapes, scratch shapes): _fit
+        self._fits = {}  # (input shapes, given sizes shapes hold) -> (sizes, shapes, scratch shapes)
         # whether call_at runs this kernel: a host kernel of row layout bound by addresses
         # (C's cffi binding)
         self.takes_addresses = (address_call is not None and device is None
@@ -285,13 +290,14 @@ class KernelCallable:
     def _fit(self, input_shapes, given):
         """The call's sizes by name, each array's shape by name and the scratch arrays' shapes
         (a tuple), after checking that the inputs' shapes fit the signature. A function of
-        the inputs' shapes and the given sizes only, so remembered for the last few of them:
-        a model calls a kernel again and again at the same shapes."""
+        the inputs' shapes and the given sizes the shapes hold only, so remembered for the
+        last few of them: a model calls a kernel again and again at the same shapes."""
         for name, value in zip(self._given, given):
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{self.signature.name}: size {name} must be an integer, "
                                  f"got {type(value).__name__}")
-        key = (input_shapes, given)
+        key = (input_shapes, tuple(v for name, v in zip(self._given, given)
+                                   if name not in self._free))
         fit = self._fits.get(key)
         if fit is None:
             sizes = self._sizes(input_shapes, given)
@@ -303,6 +309,12 @@ class KernelCallable:
                 self._fits.clear()
             scratch = tuple(shapes[p.name] for p in self._scratch_params)
             fit = self._fits[key] = (sizes, shapes, scratch)
+        elif self._free:  # this call's own values of the sizes no shape holds
+            sizes = dict(fit[0])  # in signature order, as native code takes them
+            for name, value in zip(self._given, given):
+                if name in self._free:
+                    sizes[name] = self._given_size(name, value)
+            fit = (sizes, *fit[1:])
         return fit
 
     def _sizes(self, input_shapes, given):
@@ -312,17 +324,22 @@ class KernelCallable:
         sizes = {}
         for name, source in self._size_sources:
             if source is None:
-                # a given count may be 0 (an empty cache); an array dimension may not
-                value, least = int(given[name]), 0
-            else:
-                value, least = input_shapes[source[0]][source[1]], 1
-            if value < least:
-                given_as = ("as given" if source is None else
-                            f"axis {source[1]} of argument {self._inputs[source[0]].name!r}")
-                raise ValueError(f"{self.signature.name}: size {name} must be >= {least}, got "
-                                 f"{value} ({given_as})")
+                sizes[name] = self._given_size(name, given[name])
+                continue
+            value = input_shapes[source[0]][source[1]]
+            if value < 1:
+                raise ValueError(f"{self.signature.name}: size {name} must be >= 1, got {value} "
+                                 f"(axis {source[1]} of argument {self._inputs[source[0]].name!r})")
             sizes[name] = value
         return sizes
+
+    def _given_size(self, name, value):
+        """A size passed as an argument: a count, which may be 0 (an empty cache)."""
+        value = int(value)
+        if value < 0:
+            raise ValueError(f"{self.signature.name}: size {name} must be >= 0, got {value} "
+                             "(as given)")
+        return value
 
     def _shapes_at(self, sizes):
         """Each array's shape by name at these sizes (a dict by name)."""
