@@ -43,6 +43,7 @@ def test_quick_sweep_records_kernels_baselines_roof_and_machine(quick_run):
     assert roof["triad_gbs"] > 0 and roof["gemm_gflops"] > 0
     assert roof["gemm_gflops_by_dtype"]["float64"] == roof["gemm_gflops"]
     assert roof["gemm_gflops_by_dtype"]["float32"] > 0
+    assert all(roof["peak_gflops_by_dtype"][dtype] > 0 for dtype in ("float64", "float32"))
     # a triad in the same rounds as our kernels, recorded with each of them, not the baselines
     alongside = [r.get("triad_gbs_alongside") for r in results]
     assert [bool(a) for a in alongside] == [r["variant"] is not None for r in results]
@@ -66,6 +67,8 @@ def test_summary_has_ratios_and_plots(quick_run):
                 if '"record": "roof"' in line)
     gemm_share = 100 * record["gflops"] / roof["gemm_gflops_by_dtype"]["float64"]
     assert dnf[header.index("% GEMM")] == f"{gemm_share:.0f}"
+    peak_share = 100 * record["gflops"] / roof["peak_gflops_by_dtype"]["float64"]
+    assert dnf[header.index("% peak")] == f"{peak_share:.0f}"
     assert (folder / "rmsnorm_fwd.png").stat().st_size > 0 and (folder / "roofline.png").exists()
 
 
@@ -89,6 +92,15 @@ def test_gemm_share_takes_the_roof_of_the_results_dtype_and_threads():
     assert report.gemm_share(result, roofs) == 75.0
     assert report.gemm_share(dict(result, threads=4), roofs) is None  # no roof at 4 threads
     assert report.gemm_share(dict(result, gflops=None), roofs) is None  # no flop count
+
+
+def test_peak_share_is_over_the_multiply_add_peak_of_the_results_dtype():
+    roofs = [dict(threads=2, gemm_gflops_by_dtype={"float32": 80.0},
+                  peak_gflops_by_dtype={"float64": 100.0, "float32": 200.0})]
+    result = dict(dtype="float32", threads=2, gflops=150.0)
+    assert report.peak_share(result, roofs) == 75.0
+    assert report.gemm_share(result, roofs) == 187.5  # a register-tiled kernel may pass a GEMM
+    assert report.peak_share(result, [dict(threads=2, gemm_gflops_by_dtype={})]) is None
 
 
 def test_time_calls_round_robin_after_warmup():

@@ -81,5 +81,5 @@ def test_the_report_relates_device_results_to_the_copy_bandwidth(tmp_path, name,
     text = summary.read_text()
     assert "- GPU: copy 100.0 GB/s" in text and "% copy" in text
     row = next(line for line in text.splitlines() if "| split cuda |" in line).split(" | ")
-    assert row[9] == "70" and row[11] == "2.00"  # 70 of 100 GB/s; torch took twice as long
-    assert row[7] == "-"  # % GEMM: a host roof's, not a GPU's
+    assert row[10] == "70" and row[12] == "2.00"  # 70 of 100 GB/s; torch took twice as long
+    assert row[7] == row[8] == "-"  # % GEMM, % peak: a host roof's, not a GPU's

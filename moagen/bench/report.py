@@ -57,9 +57,19 @@ def gemm_share(result, roofs):
     """The result's GFLOP/s as a percentage of the GEMM in its dtype measured by the run's
     roof at its thread count, or None (no roof, no flop count, a result run on a device, or a
     roof of an older run that measured float64 only)."""
-    gemm = next((r.get("gemm_gflops_by_dtype", {}).get(result["dtype"]) for r in roofs
+    return _share(result, roofs, "gemm_gflops_by_dtype")
+
+
+def peak_share(result, roofs):
+    """The same over the cores' multiply-add peak in its dtype (None where the roof has
+    none: runs before it was measured)."""
+    return _share(result, roofs, "peak_gflops_by_dtype")
+
+
+def _share(result, roofs, measured):
+    rate = next((r.get(measured, {}).get(result["dtype"]) for r in roofs
                  if r["threads"] == result["threads"]), None)
-    return 100 * result["gflops"] / gemm if gemm and result.get("gflops") is not None else None
+    return 100 * result["gflops"] / rate if rate and result.get("gflops") is not None else None
 
 
 def table(results, device_gbs=None, roofs=()) -> str:
@@ -68,8 +78,8 @@ def table(results, device_gbs=None, roofs=()) -> str:
     ratios = [f"{b}/this" for b in cases.BASELINES]
     roof = "% copy" if device_gbs else "% triad"
     lines = ["| " + " | ".join(["kernel", "impl", "n", "threads", "median ms", "IQR %", "GFLOP/s",
-                                "% GEMM", "GB/s", roof] + ratios) + " |",
-             "| --- " * (10 + len(ratios)) + "|"]
+                                "% GEMM", "% peak", "GB/s", roof] + ratios) + " |",
+             "| --- " * (11 + len(ratios)) + "|"]
     fmt = lambda x, f: "-" if x is None else format(x, f)
     for r in with_ratios(results):
         spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
@@ -79,7 +89,7 @@ def table(results, device_gbs=None, roofs=()) -> str:
         share = 100 * moved / bandwidth if bandwidth and moved is not None else None
         lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
-                     f"{fmt(gemm_share(r, roofs), '.0f')} | "
+                     f"{fmt(gemm_share(r, roofs), '.0f')} | {fmt(peak_share(r, roofs), '.0f')} | "
                      f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | " +
                      " | ".join(fmt(r["ratios"].get(b), ".2f") for b in cases.BASELINES) + " |")
     return "\n".join(lines)
@@ -124,16 +134,17 @@ def write(path, run=None, out_dir=None) -> Path:
     text = [f"# Benchmark run {head['run']}", "", f"Machine: {machine_summary(head['machine'])}",
             "", f"Command: `{' '.join(head['command'])}`", "", "## Measured roofs", ""]
     text += [f"- {r['threads']} thread(s): STREAM triad {r['triad_gbs']:.1f} GB/s, GEMM "
-             + ", ".join(f"{dtype} {gflops:.1f}" for dtype, gflops in
-                         r.get("gemm_gflops_by_dtype", {"float64": r["gemm_gflops"]}).items())
-             + " GFLOP/s" for r in roofs]
+             + _by_dtype(r.get("gemm_gflops_by_dtype", {"float64": r["gemm_gflops"]}))
+             + (f", multiply-add peak {_by_dtype(r['peak_gflops_by_dtype'])}"
+                if "peak_gflops_by_dtype" in r else "") + " GFLOP/s" for r in roofs]
     text += [f"- {r['device']}: copy {r['copy_gbs']:.1f} GB/s (bytes read and written, "
              f"{r['copy_bytes'] >> 20} MiB copied within the device)" for r in device_roofs]
     text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
              "over the median; % triad: GB/s over the bandwidth of a STREAM triad timed in the same "
              "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); % GEMM: "
-             "GFLOP/s over the roof's GEMM in the kernel's dtype (a compute-bound kernel's share "
-             "of the flop roof; host kernels); % copy, "
+             "GFLOP/s over the roof's GEMM in the kernel's dtype (host kernels; a register-tiled "
+             "kernel may pass a library's GEMM); % peak: the same over the cores' multiply-add "
+             "peak (a compute-bound kernel's share of the flop roof); % copy, "
              "for kernels run on a GPU (timed by CUDA events, their arrays on the GPU): the "
              "bytes the call must move (each element read or written once) per second, over "
              "the device's copy bandwidth; "
@@ -147,6 +158,10 @@ def write(path, run=None, out_dir=None) -> Path:
     summary = out_dir / "summary.md"
     summary.write_text("\n".join(text) + "\n")
     return summary
+
+
+def _by_dtype(gflops):
+    return ", ".join(f"{dtype} {rate:.1f}" for dtype, rate in gflops.items())
 
 
 def pyplot():
@@ -201,24 +216,32 @@ def _plots(results, roofs, out_dir):
 
 
 def _roofline(results, roofs, out_dir, plt):
-    """Roofs min(peak, bandwidth x intensity) per thread count; a point per result (at the
-    most threads) whose F and M the cost model predicts, coloured by kernel."""
+    """Roofs min(flops, bandwidth x intensity) per thread count, the flops a GEMM's and the
+    cores' multiply-add peak in the results' dtype (a run has one); a point per result (at
+    the most threads) whose F and M the cost model predicts, coloured by kernel."""
     import numpy as np
 
     top = max(r["threads"] for r in results) if results else 1
+    dtype = results[0]["dtype"] if results else "float64"
     points = [r for r in results if r.get("flops") and r.get("bytes") and r["threads"] == top]
     spots = [r["flops"] / r["bytes"] for r in points] or [1.0]
     intensity = np.logspace(np.log10(min(spots)) - 1, np.log10(max(spots)) + 1, 200)
     fig, ax = plt.subplots(figsize=(8, 5))
     for roof in roofs:
-        ax.plot(intensity, np.minimum(roof["gemm_gflops"], roof["triad_gbs"] * intensity),
-                label=f"roof, {roof['threads']} thread(s)")
+        gemm = roof.get("gemm_gflops_by_dtype", {}).get(dtype, roof["gemm_gflops"])
+        ax.plot(intensity, np.minimum(gemm, roof["triad_gbs"] * intensity),
+                label=f"roof (GEMM), {roof['threads']} thread(s)")
+        peak = roof.get("peak_gflops_by_dtype", {}).get(dtype)
+        if peak:
+            ax.plot(intensity, np.minimum(peak, roof["triad_gbs"] * intensity), "--",
+                    label=f"roof (multiply-add peak), {roof['threads']} thread(s)")
     by_kernel = defaultdict(list)
     for r in points:
         by_kernel[r["kernel"]].append((r["flops"] / r["bytes"], r["gflops"]))
     for kernel, xy in sorted(by_kernel.items()):
         ax.scatter(*zip(*xy), s=14, label=kernel)
     ax.set(xscale="log", yscale="log", xlabel="flops per byte (F / M)", ylabel="GFLOP/s",
-           title=f"roofline, {top} thread(s)" + ("" if points else " (no F and M: roofs only)"))
+           title=f"roofline, {dtype}, {top} thread(s)"
+           + ("" if points else " (no F and M: roofs only)"))
     ax.legend(fontsize=7)
     return save(fig, out_dir / "roofline.png")

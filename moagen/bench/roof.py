@@ -1,8 +1,11 @@
 """The machine's own roofs, measured: memory bandwidth by a STREAM triad (a = b + s*c,
-24 bytes an element, arrays far larger than the caches) and peak flops by a BLAS GEMM
-(numpy's matmul) in each dtype a kernel runs in (float32 about twice float64 where vectors
-hold twice the numbers), all at the process's thread count. The best of a few runs counts,
-as in STREAM. The GEMMs run first: OpenMP threads left spinning after the triad slow them.
+24 bytes an element, arrays far larger than the caches); the flops a library reaches by a
+BLAS GEMM (numpy's matmul) in each dtype a kernel runs in (float32 about twice float64
+where vectors hold twice the numbers); and the cores' multiply-add peak in each dtype,
+which no kernel passes (numpy's BLAS may reach half of it: a register-tiled kernel can run
+above the GEMM, never above the peak). All at the process's thread count. The best of a
+few runs counts, as in STREAM. The GEMMs and the peak run first: OpenMP threads left
+spinning after the triad slow them.
 On a device (a GPU), its copy bandwidth: a device-to-device copy, by the device's clock."""
 import time
 
@@ -42,14 +45,18 @@ def gemm_gflops(m, dtype, repeats) -> float:
 
 
 def measure(quick=False) -> dict:
-    """gemm_gflops: float64's (the roofline's); gemm_gflops_by_dtype: each dtype's."""
+    """gemm_gflops: float64's (the roofline's); gemm_gflops_by_dtype: each dtype's;
+    peak_gflops_by_dtype: the multiply-add peak of each."""
     m = 1024 if quick else 2048
     gemm = {dtype: gemm_gflops(m, dtype, 2 if quick else 4) for dtype in DTYPES}
+    peak = {dtype: native.multiply_add_peak(dtype, 2_000_000 if quick else 20_000_000, 3)
+            for dtype in DTYPES}
     n = triad_elements(quick)
     triad, triad_bytes = triad_call(n)
     triad_s = _best(triad, 5 if quick else 10)
     return dict(triad_gbs=triad_bytes / triad_s / 1e9, gemm_gflops=gemm["float64"],
-                gemm_gflops_by_dtype=gemm, triad_elements=n, gemm_n=m)
+                gemm_gflops_by_dtype=gemm, peak_gflops_by_dtype=peak, triad_elements=n,
+                gemm_n=m)
 
 
 def device_copy(device, quick=False) -> dict:

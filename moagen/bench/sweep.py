@@ -123,7 +123,8 @@ def run(jobs, results: Results):
 
 def _describe(record):
     if record["record"] == "roof":
-        return f"roof: triad {record['triad_gbs']:.1f} GB/s, GEMM {record['gemm_gflops']:.1f} GFLOP/s"
+        return (f"roof: triad {record['triad_gbs']:.1f} GB/s, GEMM {record['gemm_gflops']:.1f} "
+                f"GFLOP/s, multiply-add peak {record['peak_gflops_by_dtype']['float64']:.1f}")
     if record["record"] == "device_roof":
         return f"{record['device']}: copy {record['copy_gbs']:.1f} GB/s"
     what = " ".join(filter(None, (record["kernel"], record["variant"], record["lang"])))
