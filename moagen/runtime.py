@@ -10,7 +10,7 @@ from moagen.bind.abi import KernelCallable
 from moagen.codegen.emit import check_dtype, emit, stem
 from moagen.codegen.printer import signature
 from moagen.onf.signature import DTYPES
-from moagen.kernels import get_kernel
+from moagen.kernels import CompositeKernel, get_kernel
 from moagen.pipeline import onf_of, param_pairs
 from moagen.targets import get_target
 
@@ -45,9 +45,14 @@ def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float6
 def chosen_params(kernel: str, variant: str, lang: str, dtype: str, params=None,
                   tuned: bool = True):
     """The parameters load takes over the variant's defaults (load's docstring says which);
-    None where it takes the defaults."""
+    None where it takes the defaults. A composite's: each stage's, as its own kernel would
+    load on this machine."""
     if params is None and get_target(lang).kind == "cpu":
-        return ((tuned and _tuned(kernel, get_kernel(kernel).variant(variant).name, lang, dtype))
+        k = get_kernel(kernel)
+        if isinstance(k, CompositeKernel):
+            return k.stage_params(lambda st: chosen_params(st.kernel, st.variant, lang, dtype,
+                                                           tuned=tuned)) or None
+        return ((tuned and _tuned(kernel, k.variant(variant).name, lang, dtype))
                 or host_defaults(kernel, variant, lang, dtype))
     return params
 

@@ -85,6 +85,18 @@ def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype, monke
     assert asked["attention_fwd"] == stage("attn") and asked["mlp_fwd"] == stage("mlp")
 
 
+def test_a_composite_runs_a_stages_tuned_choice(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    choice = {"rows": 4, "lanes": 8, "block": 64}
+    tune.save([dict(kernel="attention_fwd", variant="flash", lang="c", dtype="float64",
+                    params=choice)], tmp_path / tune.DEFAULT_FILE)
+    attn = lambda params: {k: v for k, v in (params or {}).items() if k.startswith("attn.")}
+    assert attn(runtime.chosen_params("block_fwd", "composed", "c", "float64")) == \
+        {"attn.rows": 4, "attn.lanes": 8, "attn.block": 64}
+    assert attn(runtime.chosen_params("block_fwd", "composed", "c", "float64",
+                                      tuned=False)).get("attn.rows") != 4
+
+
 def test_a_composite_refuses_a_parameter_no_stage_has():
     with pytest.raises(UnknownNameError, match="no schedule parameter attn.width"):
         get_kernel("block_fwd").onf(params={"attn.width": 8})

@@ -46,6 +46,12 @@ def test_bad_parameters_on_the_command_line(capsys):
     assert "no schedule parameter cols" in capsys.readouterr().err
 
 
+def test_a_composite_is_not_searched_its_stages_are_named(capsys):
+    assert main(["tune", "block_fwd"]) != 0
+    err = capsys.readouterr().err
+    assert "block_fwd is a composite" in err and "attention_fwd flash" in err
+
+
 def test_search_verifies_times_and_records_the_choice(tmp_path, capsys):
     out = tmp_path / "tuning.json"
     code = main(["tune", "attention_decode", "--variant", "split", "--n", "64", "--repeats", "1",

@@ -133,8 +133,14 @@ def save(records, path=DEFAULT_FILE):
 
 
 def main(args):
-    from moagen.kernels import get_kernel
+    from moagen.kernels import CompositeKernel, get_kernel
 
+    for kernel in map(get_kernel, args.kernels):
+        if isinstance(kernel, CompositeKernel):
+            stages = ", ".join(f"{st.kernel} {st.variant}" for st in kernel.composite.stages)
+            raise MoagenError(f"{kernel.name} is a composite: its parameters are its stages'; "
+                              f"tune its stage kernels ({stages}), and it runs each one's "
+                              "choice")
     if args.threads:  # read by OpenMP when the first kernel loads, below
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     targets = [(k.name, name) for k in map(get_kernel, args.kernels)

@@ -108,9 +108,9 @@ class Kernel(_Variants):
 @dataclass(frozen=True)
 class CompositeKernel(_Variants):
     """One variant, `composed`: the stages as the composite lists them. Its schedule
-    parameters are its stages', each named `<stage label>.<parameter>` (attn.rows), with
-    the stages' defaults per target kind and dtype and their AVX-512 ones: a block built for
-    a machine runs each stage as that stage's kernel would run there."""
+    parameters are its stages', each named `<stage label>.<parameter>` (attn.rows), with the
+    stages' defaults per target kind and dtype; moagen.load runs each stage at what that
+    stage's own kernel would load on the machine (runtime.chosen_params)."""
     composite: Composite
     check: Check
     bench: Bench
@@ -123,16 +123,17 @@ class CompositeKernel(_Variants):
 
     @cached_property
     def variants(self):
-        stages = [(st.label, get_kernel(st.kernel).variant(st.variant))
-                  for st in self.composite.stages]
-        named = lambda params_of: {f"{label}.{k}": value for label, v in stages
-                                   for k, value in params_of(v).items()}
-        defaults = {target: {dtype: named(lambda v: v.defaults_for(target, dtype))
+        stage = lambda st: get_kernel(st.kernel).variant(st.variant)
+        defaults = {target: {dtype: self.stage_params(lambda st: stage(st).defaults_for(target, dtype))
                              for dtype in DTYPES}
                     for target in ("cpu", "cuda")}
-        avx512 = {dtype: named(lambda v: v.avx512.get(dtype, {})) for dtype in DTYPES}
-        return {"composed": Variant("composed", frozenset(), _stage_layers, defaults,
-                                    avx512={d: p for d, p in avx512.items() if p})}
+        return {"composed": Variant("composed", frozenset(), _stage_layers, defaults)}
+
+    def stage_params(self, choose) -> Dict[str, int]:
+        """The composite's parameters that choose(stage) gives each stage (a mapping of the
+        stage kernel's parameters, or None for none), named under the stage's label."""
+        return {f"{st.label}.{name}": value for st in self.composite.stages
+                for name, value in (choose(st) or {}).items()}
 
     def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None,
             dtype="float64"):
@@ -154,8 +155,10 @@ class CompositeKernel(_Variants):
                                                          target=target, dtype=dtype))
 
 
-def _stage_layers(**params):
-    raise UnknownNameError("a composite's steps are its stages': show a stage kernel's")
+def _stage_layers(**stage_params):
+    """A composite's own layers: an empty CPU mapping; its steps are its stages'
+    (CompositeKernel.onf composes them)."""
+    return Layers(mapping=cpu())
 
 
 def _kernel(module, spec, variants, validate=None):
