@@ -81,10 +81,16 @@ class KernelCallable:
         self._outputs = signature.outputs
         self._scratch_params = signature.scratch
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
+        self._out_argument = {a.name: f"out {a.name!r}" for a in self._outputs}
         self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
         self._order = "C" if signature.layout == "row" else "F"
         # the indices of the inputs the kernel writes in place (its inout arguments)
         self.inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
+        # each inout argument's index and the others its memory must not meet, each pair
+        # once (two inout arguments: the first is tested against the second)
+        self._written_against = tuple(
+            (k, tuple(j for j in range(len(self._inputs)) if j != k and not (j in self.inout and j < k)))
+            for k in self.inout)
         self._fits = {}  # (input shapes, given sizes shapes hold) -> (sizes, shapes, scratch shapes)
         # whether call_at runs this kernel: a host kernel of row layout bound by addresses
         # (C's cffi binding)
@@ -97,12 +103,13 @@ class KernelCallable:
         n_inputs, n_scalars = len(self._inputs), len(self.signature.scalars)
         argument = self._argument
         inputs = [self._array(argument[p.name], p, a) for p, a in zip(self._inputs, args[:n_inputs])]
-        on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
+        on_device = self.device is not None and self._same_side(
+            [(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
         for param, array in zip(self._inputs, inputs):
             self._check_array(argument[param.name], param, array)
-        for k in self.inout:
+        for k, others in self._written_against:
             self._check_writable(argument[self._inputs[k].name], inputs[k],
-                                 [*inputs[:k], *inputs[k + 1:]])
+                                 [inputs[j] for j in others])
         sizes, shapes, scratch_shapes = self._fit(tuple(a.shape for a in inputs),
                                                   args[n_inputs + n_scalars:])
         if on_device:
@@ -384,11 +391,13 @@ class KernelCallable:
             names = ", ".join(p.name for p in params)
             raise ValueError(f"{self.signature.name}: out must be a tuple of {len(params)} arrays "
                              f"({names}), got {type(out).__name__}")
-        out = [self._array(f"out {p.name!r}", p, a) for p, a in zip(params, out)]
-        self._same_side([(f"out {p.name!r}", a) for p, a in zip(params, out)]
-                        + [(self._argument[p.name], a) for p, a in zip(self._inputs, inputs)])
+        named = self._out_argument
+        out = [self._array(named[p.name], p, a) for p, a in zip(params, out)]
+        if self.device is not None:
+            self._same_side([(named[p.name], a) for p, a in zip(params, out)]
+                            + [(self._argument[p.name], a) for p, a in zip(self._inputs, inputs)])
         for i, (param, array) in enumerate(zip(params, out)):
-            what = f"out {param.name!r}"
+            what = named[param.name]
             self._check_array(what, param, array)
             if array.shape != shapes[param.name]:
                 self._shape_error(what, param, array.shape, sizes)
