@@ -262,45 +262,56 @@ def _with_scratch():
                      (n,), (), "float64")
 
 
-def test_host_scratch_is_kept_per_thread_while_its_shape_holds(monkeypatch):
-    """Fresh memory costs page faults on every call; a thread's next call of the same
-    shapes gets the same scratch, another thread its own, another shape new memory."""
+def test_host_scratch_comes_from_the_threads_arena(monkeypatch):
+    """Fresh memory costs page faults on every call: a thread's calls carve their scratch
+    from one block every host kernel on the thread shares (the same arrays again for the
+    same shapes), grown for a larger call; another thread has its own block; a call over
+    the limit gets memory of its own and leaves the block as it was."""
     import threading
     import moagen.bind.abi as abi
+    monkeypatch.setattr(abi, "_ARENA", threading.local())
     stub = Stub()
     kernel = KernelCallable(_with_scratch(), stub)
     kernel(np.ones(4))
     kernel(np.ones(4))
     first, second = (args[2] for args in stub.calls)
-    assert first is second and first.shape == (4, 4)
+    assert first is second and first.shape == (4, 4) and first.flags.c_contiguous
+    assert first.ctypes.data % abi.SCRATCH_ALIGNMENT == 0
     other = threading.Thread(target=kernel, args=(np.ones(4),))
     other.start()
     other.join()
-    assert stub.calls[2][2] is not first and stub.calls[2][2].shape == (4, 4)
+    assert not np.shares_memory(stub.calls[2][2], first)
+    another = Stub()
+    KernelCallable(_with_scratch(), another)(np.ones(3))  # another kernel, the same block
+    assert another.calls[0][2].shape == (3, 3) and np.shares_memory(another.calls[0][2], first)
     kernel(np.ones(5))
-    assert stub.calls[3][2].shape == (5, 5) and stub.calls[3][2] is not first
-    # beyond the limit nothing is held: each call its own
-    monkeypatch.setattr(abi, "KEEP_HOST_SCRATCH", 8 * 24)
+    grown = stub.calls[3][2]
+    assert grown.shape == (5, 5) and not np.shares_memory(grown, first)
+    monkeypatch.setattr(abi, "KEEP_HOST_SCRATCH", 8 * 25 + abi.SCRATCH_ALIGNMENT)
+    kernel(np.ones(9))
+    kernel(np.ones(9))
+    assert not np.shares_memory(stub.calls[4][2], stub.calls[5][2])  # each call its own
     kernel(np.ones(5))
-    kernel(np.ones(5))
-    assert stub.calls[4][2] is not stub.calls[5][2]
+    assert stub.calls[6][2] is grown  # the block as it was
 
 
 def test_a_call_by_address_holds_the_scratch_it_does_not_keep(monkeypatch):
     """Scratch over KEEP_HOST_SCRATCH is not kept between calls: a call by address, which
-    hands the kernel addresses only, must hold the arrays until the kernel returns."""
+    hands the kernel addresses only, must hold the memory until the kernel returns."""
+    import threading
     import moagen.bind.abi as abi
+    monkeypatch.setattr(abi, "_ARENA", threading.local())
     monkeypatch.setattr(abi, "KEEP_HOST_SCRATCH", 0)
     made, seen = [], []
     kernel = KernelCallable(_with_scratch(), Stub(),
                             address_call=lambda *args: seen.append([r() for r in made]))
-    empty = kernel._empty
-    monkeypatch.setattr(kernel, "_empty", lambda *args: _remember(made, empty(*args)))
+    new_buffer = abi._new_buffer
+    monkeypatch.setattr(abi, "_new_buffer", lambda n: _remember(made, new_buffer(n)))
     a = np.ones(4)
     b = kernel.call_at([(a.ctypes.data, a.shape)], lambda shape: (np.empty(shape), 0))
     (alive,) = seen
     assert b.shape == (4,) and len(alive) == 1 and alive[0] is not None
-    assert alive[0].shape == (4, 4)
+    assert alive[0].nbytes >= 4 * 4 * 8
 
 
 def _remember(made, array):
