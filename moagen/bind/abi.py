@@ -92,7 +92,8 @@ class KernelCallable:
         # each inout argument's index and the others its memory must not meet, each pair
         # once (two inout arguments: the first is tested against the second)
         self._written_against = tuple(
-            (k, tuple(j for j in range(len(self._inputs)) if j != k and not (j in self.inout and j < k)))
+            (k, tuple(j for j in range(len(self._inputs))
+                      if j != k and not (j in self.inout and j < k)))
             for k in self.inout)
         self._fits = {}  # (input shapes, given sizes shapes hold) -> (sizes, shapes, scratch shapes)
         # whether call_at runs this kernel: a host kernel of row layout bound by addresses

@@ -123,9 +123,11 @@ class CompositeKernel(_Variants):
 
     @cached_property
     def variants(self):
-        stage = lambda st: get_kernel(st.kernel).variant(st.variant)
-        defaults = {target: {dtype: self.stage_params(lambda st: stage(st).defaults_for(target, dtype))
-                             for dtype in DTYPES}
+        def defaults_for(target, dtype):
+            return self.stage_params(lambda st: get_kernel(st.kernel).variant(st.variant)
+                                     .defaults_for(target, dtype))
+
+        defaults = {target: {dtype: defaults_for(target, dtype) for dtype in DTYPES}
                     for target in ("cpu", "cuda")}
         return {"composed": Variant("composed", frozenset(), _stage_layers, defaults)}
 
