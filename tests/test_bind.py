@@ -295,6 +295,21 @@ def test_host_scratch_comes_from_the_threads_arena(monkeypatch):
     assert stub.calls[6][2] is grown  # the block as it was
 
 
+def test_a_column_major_kernels_scratch_is_column_major(monkeypatch):
+    """Fortran's kernels index their scratch in column order: the arena's arrays for them
+    are F-contiguous, and a row-major kernel's of the same shapes are not the same arrays."""
+    import dataclasses
+    import threading
+    import moagen.bind.abi as abi
+    monkeypatch.setattr(abi, "_ARENA", threading.local())
+    col, row = Stub(), Stub()
+    KernelCallable(dataclasses.replace(_with_scratch(), layout="col"), col)(np.ones(4))
+    KernelCallable(_with_scratch(), row)(np.ones(4))
+    (f_scratch, c_scratch) = col.calls[0][2], row.calls[0][2]
+    assert f_scratch.flags.f_contiguous and not f_scratch.flags.c_contiguous
+    assert c_scratch.flags.c_contiguous and c_scratch is not f_scratch
+
+
 def test_a_call_by_address_holds_the_scratch_it_does_not_keep(monkeypatch):
     """Scratch over KEEP_HOST_SCRATCH is not kept between calls: a call by address, which
     hands the kernel addresses only, must hold the memory until the kernel returns."""
