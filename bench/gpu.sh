@@ -1,10 +1,11 @@
 #!/bin/bash
 # The GPU checks of moagen, on a machine with an NVIDIA GPU and no network (an H200: python3
-# 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 8.5 minutes:
+# 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 9 minutes:
 #   1. every CUDA kernel, variant and dtype verified on the device against numpy and PyTorch,
 #      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
-#      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py), and the tiny language
-#      model (examples/train_tiny_lm.py) trained on the GPU with moagen's operators and PyTorch's;
+#      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py), the tiny language
+#      model (examples/train_tiny_lm.py) trained on the GPU with moagen's operators and PyTorch's,
+#      and each operator's forward + backward timed against PyTorch's (examples/operator_times.py);
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
 #      d 64, n 1024 to 16384, by CUDA events on device-resident arrays (the online variant, and
@@ -102,6 +103,15 @@ tiny_lm() {
         --out "$WORK/tiny-lm"
 }
 
+# each moagen.torch operator's forward + backward against PyTorch's, at the tiny LM's sizes
+operator_times() {
+    local dtype
+    for dtype in float64 float32; do
+        "$PY" examples/operator_times.py --device cuda --dtype "$dtype" --repeats 30 \
+            --out "$WORK/operators-$dtype.json"
+    done
+}
+
 atomics() {
     "$PY" -m moagen.cli bench atomics --lang "$CUDA" --n $ATOMICS_N $DRY_RUN \
         --out "$WORK/atomics.jsonl"
@@ -151,7 +161,7 @@ pack() {
     done
     tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
     cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/device-arrays.txt "$WORK"/tiny-lm.txt \
-        "$WORK"/atomics.txt "$OUT"/ 2>/dev/null
+        "$WORK"/operators.txt "$WORK"/atomics.txt "$OUT"/ 2>/dev/null
     cat "$WORK"/bench-*/summary.md > "$OUT/bench-summary.md" 2>/dev/null
     echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 }
@@ -181,10 +191,11 @@ main() {
     [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
     export VERIFY_KERNELS=$kernels
     record_machine
-    # limits that add up to under 8.5 minutes (verify-cuda took 74 s on the H200)
-    step verify-cuda 120 verify_cuda
+    # limits that add up to 8.6 minutes (verify-cuda took 74 s on the H200)
+    step verify-cuda 110 verify_cuda
     [ -n "$DRY_RUN" ] || step device-arrays 150 device_arrays
     [ -n "$DRY_RUN" ] || step tiny-lm 45 tiny_lm
+    [ -n "$DRY_RUN" ] || step operators 20 operator_times
     step atomics 35 atomics
     local size
     for size in $sizes; do
