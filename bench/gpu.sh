@@ -5,7 +5,7 @@
 #      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
 #      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py), the tiny language
 #      model (examples/train_tiny_lm.py) trained on the GPU with moagen's operators and PyTorch's,
-#      and each operator's forward + backward timed against PyTorch's (examples/operator_times.py);
+#      and each operator's forward + backward timed against PyTorch's (its --operators);
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
 #      d 64, n 1024 to 16384, by CUDA events on device-resident arrays (the online variant, and
@@ -105,11 +105,8 @@ tiny_lm() {
 
 # each moagen.torch operator's forward + backward against PyTorch's, at the tiny LM's sizes
 operator_times() {
-    local dtype
-    for dtype in float64 float32; do
-        "$PY" examples/operator_times.py --device cuda --dtype "$dtype" --repeats 30 \
-            --out "$WORK/operators-$dtype.json"
-    done
+    "$PY" examples/train_tiny_lm.py --device cuda --operators 30 --dtype float64 float32 \
+        --out "$WORK/tiny-lm"
 }
 
 atomics() {

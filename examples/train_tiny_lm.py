@@ -5,6 +5,7 @@ machine); then text generated through each one's KV-cache decode path with the s
 
     python examples/train_tiny_lm.py [--steps 300] [--dtype float64 float32] [--out DIR]
     python examples/train_tiny_lm.py --memory 2048 4096   # attention's peak memory at these n
+    python examples/train_tiny_lm.py --operators 30     # each operator timed at the model's sizes
     python examples/train_tiny_lm.py --compile          # moagen's model under torch.compile
     python examples/train_tiny_lm.py --device cuda      # on a GPU: moagen's CUDA kernels
 
@@ -18,6 +19,12 @@ It checks, and exits non-zero otherwise: float64 losses equal to 1e-9 relative a
 step; the generated tokens equal. It reports float32's difference next to PyTorch's own
 float32-vs-float64 difference (the noise of float32 training), the median step times, and
 writes the loss curves (loss.png) and the numbers (results.json) into --out.
+
+--operators N times, instead of training, each operator's forward + backward at the
+model's sizes, moagen's against PyTorch's on the same inputs, alternating: medians of N
+calls' wall time (on a GPU each call waits for the device, as a step's loss read does) and,
+on a GPU, of the device time between two CUDA events; the two sides' outputs and gradients
+are compared once (operators.json in --out).
 """
 import argparse
 import json
@@ -300,6 +307,97 @@ def plot(results, path):
     figure.savefig(path, dpi=120)
 
 
+# -- each operator's forward + backward, both sides at the model's sizes --------------
+
+def operator_cases(args, dtype):
+    """name -> (how an operator set runs it, the inputs it differentiates), at the model's
+    sizes: its attention's (causal, grouped-query), its norms', its MLP's."""
+    new = lambda *shape: torch.randn(*shape, dtype=dtype, device=args.device).requires_grad_()
+    d_head, rows = args.d_model // args.heads, (args.batch, args.context)
+    q, k, v = (new(args.batch, heads, args.context, d_head)
+               for heads in (args.heads, args.kv_heads, args.kv_heads))
+    x, w = new(*rows, args.d_model), new(args.d_model)
+    weights = (new(args.d_model, args.d_ff), new(args.d_model, args.d_ff),
+               new(args.d_ff, args.d_model))
+    return {"attention (causal, GQA)": (lambda ops, *t: ops.attention(*t, causal=True), (q, k, v)),
+            "rms_norm": (lambda ops, *t: ops.rms_norm(*t, 1e-5), (x, w)),
+            "swiglu_mlp": (lambda ops, *t: ops.swiglu_mlp(*t), (x, *weights))}
+
+
+def _forward_backward(run, ops, inputs, grad):
+    out = run(ops, *inputs)
+    return (out, *torch.autograd.grad(out, inputs, grad))
+
+
+def _timed(call, device):
+    """(wall seconds, device seconds or None) of one call."""
+    if device == "cpu":
+        start = time.perf_counter()
+        call()
+        return time.perf_counter() - start, None
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start = time.perf_counter()
+    begin.record()
+    call()
+    end.record()
+    end.synchronize()
+    return time.perf_counter() - start, begin.elapsed_time(end) / 1e3
+
+
+def _median(samples, which):
+    """The median of the samples' wall (0) or device (1) seconds; None where not measured."""
+    values = [sample[which] for sample in samples]
+    return None if values[0] is None else statistics.median(values)
+
+
+def time_operators(args, warmup=3):
+    """Rows per dtype: each operator's median times on both sides and the largest relative
+    gap between their outputs and gradients."""
+    torch.set_num_threads(args.threads)
+    results = {}
+    for dtype in args.dtype:
+        torch.manual_seed(args.seed)
+        rows = results[dtype] = []
+        for name, (run, inputs) in operator_cases(args, DTYPES[dtype]).items():
+            sides = {side: operators(args.lang) for side, operators in OPERATORS.items()}
+            grad = torch.randn_like(run(sides["pytorch"], *inputs))
+            got, want = (_forward_backward(run, sides[side], inputs, grad)
+                         for side in ("moagen", "pytorch"))
+            gap = max(((a - b).abs().max() / b.abs().max().clamp(min=1)).item()
+                      for a, b in zip(got, want))
+            samples = {side: [] for side in sides}
+            for repeat in range(warmup + args.operators):
+                for side, ops in sides.items():
+                    sample = _timed(lambda: _forward_backward(run, ops, inputs, grad), args.device)
+                    if repeat >= warmup:
+                        samples[side].append(sample)
+            rows.append(dict(operator=name, max_relative_gap=gap,
+                             wall_s={side: _median(s, 0) for side, s in samples.items()},
+                             device_s={side: _median(s, 1) for side, s in samples.items()}))
+    return results
+
+
+def report_operators(results, args):
+    where = (f"the CPU, {args.threads} threads" if args.device == "cpu"
+             else torch.cuda.get_device_name(args.device))
+    on_gpu = args.device != "cpu"
+    for dtype, rows in results.items():
+        print(f"forward + backward, {dtype}, {args.batch} x {args.context} tokens, d_model "
+              f"{args.d_model}, {args.heads}/{args.kv_heads} heads, d_ff {args.d_ff}, on "
+              f"{where}; medians of {args.operators} calls")
+        header = "| operator | moagen ms | PyTorch ms | PyTorch / moagen |"
+        header += " moagen device ms | PyTorch device ms |" if on_gpu else ""
+        print(header + "\n|" + " --- |" * (header.count("|") - 1))
+        for r in rows:
+            wall, dev = r["wall_s"], r["device_s"]
+            line = (f"| {r['operator']} | {wall['moagen'] * 1e3:.3f} | "
+                    f"{wall['pytorch'] * 1e3:.3f} | {wall['pytorch'] / wall['moagen']:.2f} |")
+            line += f" {dev['moagen'] * 1e3:.3f} | {dev['pytorch'] * 1e3:.3f} |" if on_gpu else ""
+            print(line)
+        print("largest relative gap between the two sides' outputs and gradients: "
+              + ", ".join(f"{r['operator']} {r['max_relative_gap']:.1e}" for r in rows))
+
+
 # -- attention's peak memory, each side in a fresh process ------------------------------
 
 def _resident_kib(field):
@@ -378,6 +476,9 @@ def parse(argv=None):
     p.add_argument("--out", type=Path, default=Path("bench-results/tiny-lm"))
     p.add_argument("--memory", type=int, nargs="+", metavar="N",
                    help="measure attention's peak memory at lengths N instead of training")
+    p.add_argument("--operators", type=int, metavar="N",
+                   help="time each operator's forward + backward, both sides, medians of N "
+                        "calls, instead of training")
     p.add_argument("--peak-of", choices=OPERATORS, help=argparse.SUPPRESS)  # one side, in a child
     return p.parse_args(argv)
 
@@ -395,6 +496,12 @@ def main(argv=None):
         results = {"peak_mib": measure_memory(args)}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "memory.json").write_text(json.dumps(results, indent=1))
+        return 0
+    if args.operators:
+        results = time_operators(args)
+        report_operators(results, args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "operators.json").write_text(json.dumps(results, indent=1))
         return 0
     results = run(args)
     failures = check_and_report(results)

@@ -334,39 +334,41 @@ def test_cuda_tensors_pass_the_checks_and_mixed_devices_do_not():
         assert "x: cuda:0, weight: cpu" in _errors_of(lambda: mt.rms_norm(x, torch.ones(4)))
 
 
-def test_the_operator_timing_example_times_both_sides_on_the_same_values(tmp_path, capsys):
-    """examples/operator_times.py at a tiny size: a row per operator, each side timed, the
-    two sides' outputs and gradients equal to float64 rounding."""
+def test_the_tiny_lm_example_times_each_operator_on_both_sides(tmp_path, capsys):
+    """examples/train_tiny_lm.py --operators at a tiny size: a row per operator and dtype,
+    each side timed, the two sides' outputs and gradients equal to the dtype's rounding."""
+    example = _tiny_lm_example()
+    assert example.main(["--operators", "2", "--batch", "2", "--context", "7", "--d-model",
+                         "12", "--heads", "3", "--kv-heads", "1", "--d-ff", "10",
+                         "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "operators.json").read_text())
+    for dtype, bound in (("float64", 1e-12), ("float32", 1e-5)):
+        rows = results[dtype]
+        assert [r["operator"] for r in rows] == ["attention (causal, GQA)", "rms_norm",
+                                                 "swiglu_mlp"]
+        for r in rows:
+            assert r["max_relative_gap"] < bound and min(r["wall_s"].values()) > 0
+            assert r["device_s"] == {"moagen": None, "pytorch": None}  # no GPU clock here
+    assert "| swiglu_mlp |" in capsys.readouterr().out
+
+
+def _tiny_lm_example():
     import importlib.util
-    path = Path(__file__).parents[1] / "examples" / "operator_times.py"
-    spec = importlib.util.spec_from_file_location("operator_times", path)
+    path = Path(__file__).parents[1] / "examples" / "train_tiny_lm.py"
+    spec = importlib.util.spec_from_file_location("train_tiny_lm", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    out = tmp_path / "operators.json"
-    assert example.main(["--batch", "2", "--context", "7", "--d-model", "12", "--heads", "3",
-                         "--kv-heads", "1", "--d-ff", "10", "--warmup", "0", "--repeats", "2",
-                         "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["operator"] for r in rows] == ["attention (causal, GQA)", "rms_norm", "swiglu_mlp"]
-    for r in rows:
-        assert r["max_relative_gap"] < 1e-12 and min(r["wall_s"].values()) > 0
-        assert r["device_s"] == {"moagen": None, "pytorch": None}  # no GPU clock on the CPU
-    assert "| swiglu_mlp |" in capsys.readouterr().out
+    return example
 
 
 def test_the_tiny_lm_example_trains_and_decodes_the_same_both_ways(tmp_path):
     """examples/train_tiny_lm.py at a tiny size, a few steps: its own checks (float64 losses
     to 1e-9 relative at every step, the same generated tokens through both decode paths)
     hold, and it writes the figure."""
-    import importlib.util
-    path = Path(__file__).parents[1] / "examples" / "train_tiny_lm.py"
-    spec = importlib.util.spec_from_file_location("train_tiny_lm", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    code = example.main(["--steps", "4", "--dtype", "float64", "--batch", "2", "--context", "12",
-                         "--d-model", "12", "--heads", "3", "--kv-heads", "1", "--d-ff", "20",
-                         "--chars", "3000", "--generate", "6", "--threads", "1",
-                         "--out", str(tmp_path)])
+    code = _tiny_lm_example().main([
+        "--steps", "4", "--dtype", "float64", "--batch", "2", "--context", "12", "--d-model",
+        "12", "--heads", "3", "--kv-heads", "1", "--d-ff", "20", "--chars", "3000",
+        "--generate", "6", "--threads", "1", "--out", str(tmp_path)])
     assert code == 0
     results = json.loads((tmp_path / "results.json").read_text())
     ours, theirs = results["runs"]["moagen float64"], results["runs"]["pytorch float64"]
