@@ -358,8 +358,8 @@ def time_operators(args, warmup=3):
     for dtype in args.dtype:
         torch.manual_seed(args.seed)
         rows = results[dtype] = []
+        sides = {side: operators(args.lang) for side, operators in OPERATORS.items()}
         for name, (run, inputs) in operator_cases(args, DTYPES[dtype]).items():
-            sides = {side: operators(args.lang) for side, operators in OPERATORS.items()}
             grad = torch.randn_like(run(sides["pytorch"], *inputs))
             got, want = (_forward_backward(run, sides[side], inputs, grad)
                          for side in ("moagen", "pytorch"))

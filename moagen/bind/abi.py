@@ -76,6 +76,7 @@ class KernelCallable:
         in_shapes = {s.name for a in signature.arrays for d in a.shape
                      for s in sympy.sympify(d).free_symbols}
         self._free = frozenset(name for name in self._given if name not in in_shapes)
+        self._shaping = tuple(k for k, name in enumerate(self._given) if name not in self._free)
         self._params = (tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
                         + self._given)
         # What every call walks, computed once: a call's checks cost more than a small
@@ -305,8 +306,7 @@ class KernelCallable:
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{self.signature.name}: size {name} must be an integer, "
                                  f"got {type(value).__name__}")
-        key = (input_shapes, tuple(v for name, v in zip(self._given, given)
-                                   if name not in self._free))
+        key = (input_shapes, tuple(given[k] for k in self._shaping) if self._free else given)
         fit = self._fits.get(key)
         if fit is None:
             sizes = self._sizes(input_shapes, given)
@@ -412,9 +412,9 @@ class KernelCallable:
         checked shapes: an inout argument's bytes overlap no other argument's."""
         itemsize = self._dtype.itemsize
         spans = [(address, address + math.prod(shape) * itemsize) for address, shape in inputs]
-        for k in self.inout:
+        for k, others in self._written_against:
             start, stop = spans[k]
-            if any(j != k and start < end and begin < stop for j, (begin, end) in enumerate(spans)):
+            if any(start < spans[j][1] and spans[j][0] < stop for j in others):
                 raise ValueError(f"{self.signature.name}: {self._argument[self._inputs[k].name]} "
                                  "shares memory with another argument")
 

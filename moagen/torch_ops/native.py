@@ -151,11 +151,8 @@ def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
     result = fn(*(t.detach().numpy().reshape(shape) for t, shape in held), **scalars)
     if result is None:
         return None
-    outputs = result if isinstance(result, tuple) else (result,)
-    shapes = list(out_shapes or ()) + [None] * len(outputs)
-    tensors = tuple(torch.from_numpy(a if shape is None else a.reshape(shape))
-                    for a, shape in zip(outputs, shapes))
-    return tensors[0] if len(tensors) == 1 else tensors
+    return _results(result if isinstance(result, tuple) else (result,), out_shapes,
+                    lambda a, shape: torch.from_numpy(a if shape is None else a.reshape(shape)))
 
 
 def _call_cuda(name, variant, seen, out_shapes, scalars):
@@ -171,8 +168,14 @@ def _call_cuda(name, variant, seen, out_shapes, scalars):
        stream=torch.cuda.current_stream(first.device).cuda_stream)
     if not outputs:
         return None
-    finals = list(out_shapes or ()) + [None] * len(outputs)
-    tensors = tuple(t if shape is None else t.view(shape) for t, shape in zip(outputs, finals))
+    return _results(outputs, out_shapes, lambda t, shape: t if shape is None else t.view(shape))
+
+
+def _results(outputs, out_shapes, as_tensor):
+    """The kernel's outputs as call returns them: as_tensor(output, shape) each, shape its
+    entry in out_shapes (None where out_shapes gives none); one, or a tuple."""
+    shapes = list(out_shapes or ()) + [None] * len(outputs)
+    tensors = tuple(as_tensor(a, shape) for a, shape in zip(outputs, shapes))
     return tensors[0] if len(tensors) == 1 else tensors
 
 
