@@ -1,15 +1,18 @@
-"""The pipeline driver: a kernel's name to its final ONF for one target kind, cached.
+"""The pipeline driver: a kernel's name to its final ONF for one target kind, cached; a
+composite's ONF is its stages' ONFs composed (moagen.kernels.compose).
 
-kernels/ (the specs and their variants) and codegen/ (the printers) both depend on this
+kernels/ (the specs and their variants) and the targets (the printers) both depend on this
 module, never on each other."""
 from functools import lru_cache
 
+from moagen.errors import UnknownNameError
 from moagen.kernels import CompositeKernel, get_kernel
+from moagen.kernels.compose import compose
 from moagen.onf.loops import ONF
+from moagen.targets.kinds import KINDS
 
-# what a variant's mapping layer is written for: a CPU (OpenMP), a CUDA GPU, or a GPU
-# through OpenACC
-TARGET_KINDS = ("cpu", "cuda", "openacc")
+# what a variant's mapping layer is written for (moagen.targets.kinds)
+TARGET_KINDS = tuple(KINDS)
 
 
 def param_pairs(params) -> tuple:
@@ -18,18 +21,42 @@ def param_pairs(params) -> tuple:
 
 
 def onf_of(kernel: str, variant: str = None, layout: str = "row", params=None,
-           target: str = "cpu", dtype: str = "float64") -> ONF:
+           target: str = "cpu", dtype: str = "float64", upto: int = None) -> ONF:
     """The kernel's final ONF for a target kind; params: schedule parameters over the
-    variant's defaults for that kind and dtype."""
+    variant's defaults for that kind and dtype; upto = K: the ONF after its first K steps."""
     k = get_kernel(kernel)
     chosen = k.variant(variant).params(params, target, dtype)
+    if isinstance(k, CompositeKernel):
+        return _composed(k, chosen, layout, target, dtype, upto)
+    if upto is not None:
+        return k.onf(variant, layout, chosen, target, upto, dtype)
     # A kernel's ONF depends on the dtype through its parameters only (the dtypes share one
-    # ONF where their defaults agree); a composite's through its stages' parameters.
-    return _onf(kernel, variant, layout, param_pairs(chosen), target,
-                dtype if isinstance(k, CompositeKernel) else None)
+    # ONF where their defaults agree)
+    return _onf(kernel, variant, layout, param_pairs(chosen), target)
 
 
 @lru_cache(maxsize=None)
-def _onf(kernel, variant, layout, params, target, dtype):
-    return get_kernel(kernel).onf(variant, layout, dict(params), target=target,
-                                  dtype=dtype or "float64")
+def _onf(kernel, variant, layout, params, target):
+    return get_kernel(kernel).onf(variant, layout, dict(params), target=target)
+
+
+def _composed(kernel: CompositeKernel, params: dict, layout, target, dtype, upto) -> ONF:
+    if upto is not None:
+        raise UnknownNameError(f"{kernel.name}: a composite's steps are its stages'; show "
+                               "a stage kernel's steps instead")
+    if layout != "row":
+        raise UnknownNameError(f"{kernel.name}: composites are emitted row-major only")
+    return _compose(kernel.name, param_pairs(params), target, dtype)
+
+
+@lru_cache(maxsize=None)
+def _compose(name, params, target, dtype):
+    """The stages' ONFs composed, each at its parameters among `params` (named
+    `<stage label>.<parameter>`) for the target and dtype."""
+    composite = get_kernel(name).composite
+    by_stage = {st.label: {} for st in composite.stages}
+    for param, value in params:
+        label, stage_param = param.split(".", 1)
+        by_stage[label][stage_param] = value
+    return compose(composite, lambda st: onf_of(st.kernel, st.variant, params=by_stage[st.label],
+                                                target=target, dtype=dtype))

@@ -17,11 +17,10 @@ from typing import Dict
 import numpy as np
 
 from moagen import runtime
-from moagen.codegen.printer import signature
 from moagen.errors import DeviceUnavailable
 from moagen.kernels import KERNELS, get_kernel
 from moagen.onf.signature import DTYPES
-from moagen.pipeline import onf_of
+from moagen.request import resolve
 from moagen.targets import LANGS, emulated, get_target
 
 TOLERANCE = {"float64": 1e-12, "float32": 2e-5}
@@ -75,7 +74,7 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     """Run one kernel variant on one set of sizes and compare with every reference."""
     label = " ".join(f"{k}={v}" for k, v in sizes.items())
     check = get_kernel(kernel).check
-    sig = signature(onf_of(kernel, variant, target=get_target(lang).kind, dtype=dtype), dtype)
+    sig = resolve(kernel, variant, lang, dtype, here=False).signature()  # its inputs
     try:
         fn = load(kernel, variant, lang, dtype)
     except DeviceUnavailable as why:

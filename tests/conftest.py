@@ -5,7 +5,7 @@ import pytest
 import sympy
 
 from moagen.onf.signature import ArrayParam, Signature
-from moagen.targets.fortran import MODULE
+from moagen.targets.fortran.target import MODULE
 
 # A tiny kernel written by the generator's conventions, Y[i, j] = alpha * s[i] * X[i, j],
 # in both dtypes per source; REAL and SFX are filled in per dtype.
@@ -60,7 +60,7 @@ def _both(template, f64, f32):
 
 SOURCES = {
     "c": "#include <stdint.h>\n" + _both(_C, "double", "float"),
-    # the module every Fortran kernel defines (moagen.targets.fortran)
+    # the module every Fortran kernel defines (moagen.targets.fortran.target)
     "fortran": (f"module {MODULE}\n  use iso_c_binding\n  implicit none\ncontains"
                 + _both(_FORTRAN, "c_double", "c_float") + f"end module {MODULE}\n"),
     "cuda": "#include <stdint.h>\n" + _CUDA_KERNEL + _both(_CUDA_LAUNCHER, "double", "float"),

@@ -7,8 +7,11 @@ import platform
 import numpy as np
 import pytest
 
-from moagen import build, pipeline, runtime, verify
-from moagen.bench import cases, tune
+from moagen.targets import toolchain
+from moagen.targets.toolchain import Toolchain
+from moagen import pipeline, runtime, verify
+from moagen import tuning
+from moagen.bench import cases
 from moagen.cli import main
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
@@ -16,6 +19,7 @@ from moagen.kernels.attention import FLASH_AVX512, flash_params
 from moagen.kernels.mlp import TILE_AVX512
 from moagen.kernels.tunable import Tunable
 from moagen.onf.signature import DTYPES
+from moagen.request import resolve
 from moagen.torch_ops.attention import fitted
 
 TILED = get_kernel("mlp_fwd").variant("tiled")
@@ -23,7 +27,7 @@ TILED = get_kernel("mlp_fwd").variant("tiled")
 
 @pytest.fixture(params=[True, False], ids=["avx512", "no-avx512"])
 def avx512(request, monkeypatch):
-    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: request.param)
+    monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: request.param)
     return request.param
 
 
@@ -44,8 +48,8 @@ def test_the_host_defaults_follow_the_compiler(avx512, dtype):
         assert cases.schedule("mlp_fwd", "tiled", lang, dtype) == dict(params=expected,
                                                                      tuned=False)
     # a GPU, a kernel without such overrides: their own defaults on any machine
-    assert runtime.host_defaults("mlp_fwd", "tiled", "cuda", dtype) is None
-    assert runtime.host_defaults("attention_fwd", "online", "c", dtype) is None
+    assert resolve("mlp_fwd", "tiled", "cuda", dtype).chosen == ()
+    assert resolve("attention_fwd", "online", "c", dtype).chosen == ()
     # an explicit parameter is taken over generated/'s defaults, as everywhere
     assert cases.schedule("mlp_fwd", "tiled", "c", dtype, {"mr": 4})["params"] == \
         {**portable, "mr": 4}
@@ -53,12 +57,12 @@ def test_the_host_defaults_follow_the_compiler(avx512, dtype):
 
 def test_a_tuned_choice_wins_over_the_avx512_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: True)
+    monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: True)
     choice = {"mr": 4, "nr": 8, "row_block": 0}
-    tune.save([dict(kernel="mlp_fwd", variant="tiled", lang="c", dtype="float64",
-                    params=choice)], tmp_path / tune.DEFAULT_FILE)
-    assert runtime.chosen_params("mlp_fwd", "tiled", "c", "float64") == choice
-    assert runtime.chosen_params("mlp_fwd", "tiled", "c", "float64", tuned=False) == \
+    tuning.save([dict(kernel="mlp_fwd", variant="tiled", lang="c", dtype="float64",
+                    params=choice)], tmp_path / tuning.DEFAULT_FILE)
+    assert dict(resolve("mlp_fwd", "tiled", "c", "float64").chosen) == choice
+    assert dict(resolve("mlp_fwd", "tiled", "c", "float64", tuned=False).chosen) == \
         TILE_AVX512["float64"]
 
 
@@ -81,33 +85,33 @@ def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype, monke
         return original(kernel, variant, **kw)
 
     monkeypatch.setattr(pipeline, "onf_of", stage_onf)
-    get_kernel("block_fwd").onf(params=params, dtype=dtype)
+    pipeline.onf_of("block_fwd", params=params, dtype=dtype)
     assert asked["attention_fwd"] == stage("attn") and asked["mlp_fwd"] == stage("mlp")
 
 
 def test_a_composite_runs_a_stages_tuned_choice(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     choice = {"rows": 4, "lanes": 8, "block": 64}
-    tune.save([dict(kernel="attention_fwd", variant="flash", lang="c", dtype="float64",
-                    params=choice)], tmp_path / tune.DEFAULT_FILE)
-    attn = lambda params: {k: v for k, v in (params or {}).items() if k.startswith("attn.")}
-    assert attn(runtime.chosen_params("block_fwd", "composed", "c", "float64")) == \
+    tuning.save([dict(kernel="attention_fwd", variant="flash", lang="c", dtype="float64",
+                    params=choice)], tmp_path / tuning.DEFAULT_FILE)
+    attn = lambda params: {k: v for k, v in params if k.startswith("attn.")}
+    assert attn(resolve("block_fwd", "composed", "c", "float64").chosen) == \
         {"attn.rows": 4, "attn.lanes": 8, "attn.block": 64}
-    assert attn(runtime.chosen_params("block_fwd", "composed", "c", "float64",
-                                      tuned=False)).get("attn.rows") != 4
+    assert attn(resolve("block_fwd", "composed", "c", "float64",
+                        tuned=False).chosen).get("attn.rows") != 4
 
 
 def test_a_composite_refuses_a_parameter_no_stage_has():
     with pytest.raises(UnknownNameError, match="no schedule parameter attn.width"):
-        get_kernel("block_fwd").onf(params={"attn.width": 8})
+        pipeline.onf_of("block_fwd", params={"attn.width": 8})
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 target options")
 def test_the_compiler_is_asked_with_its_flags():
-    cc = build.Toolchain().cc
-    assert build._enables(cc, ("-march=skylake-avx512",), "-mavx512f")
-    assert not build._enables(cc, ("-march=x86-64-v3",), "-mavx512f")  # AVX2
-    assert not build._enables("no-such-compiler-here", (), "-mavx512f")
+    cc = Toolchain().cc
+    assert toolchain._enables(cc, ("-march=skylake-avx512",), "-mavx512f")
+    assert not toolchain._enables(cc, ("-march=x86-64-v3",), "-mavx512f")  # AVX2
+    assert not toolchain._enables("no-such-compiler-here", (), "-mavx512f")
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])
@@ -122,7 +126,7 @@ def test_the_portable_tiles_keep_the_value_where_the_machine_loads_others(kernel
     """tests/test_verify.py checks the tiles this machine loads: here also generated/'s
     where those are the AVX-512 ones (the AVX-512 tiles run by default only where
     test_verify checks them)."""
-    if runtime.host_defaults(kernel, variant, lang, dtype) is None:
+    if resolve(kernel, variant, lang, dtype, tuned=False).chosen == ():
         pytest.skip("this machine loads the portable tiles: tests/test_verify.py checks them")
     portable = get_kernel(kernel).variant(variant).defaults_for("cpu", dtype)
     load = lambda k, v, l, d: runtime.load(k, v, l, d, params=portable)
@@ -179,7 +183,7 @@ def test_moagen_torch_fits_the_flash_tiles_over_this_machines_defaults(avx512, f
         ({**machine, "lanes": 16} if avx512 else {})
     # the backward has no key blocks of its own: its tiles of 8 rows, no wider than 16 lanes
     backward = "attention_gqa_bwd_causal"
-    owner = runtime.schedule_params(backward, "flash", "c", "float64")
+    owner = dict(resolve(backward, "flash", "c", "float64").params)
     assert dict(fitted(backward, "c", "float64", 64, 64, True)) == \
         ({} if owner["rows"] == 8 else {**owner, "rows": 8})
     assert fitted(backward, "c", "float64", 1024, 64, True) == ()

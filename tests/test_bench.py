@@ -9,7 +9,7 @@ from moagen.bench import atomics, cases, languages, machine, report, slurm, suit
 from moagen.bench.timing import time_calls
 from moagen.bench.worker import _call
 from moagen.cli import main
-from moagen.codegen.emit import emit
+from moagen.emit import emit
 from moagen.errors import DeviceUnavailable, MoagenError
 
 QUICK = ["bench", "--quick", "--kernels", "rmsnorm_fwd", "--lang", "c", "--n", "64", "--threads", "1",
@@ -150,7 +150,7 @@ def test_an_emulation_is_not_measured(capsys):
 
 
 def test_gpu_requested_where_none_exists(capsys):
-    from moagen.bind import cuda
+    from moagen.targets.cuda import loader as cuda
     if cuda.available():
         pytest.skip("a GPU is here")
     with pytest.raises(DeviceUnavailable):
@@ -290,11 +290,11 @@ def test_report_of_a_file_without_runs(tmp_path):
 
 
 def test_restrict_ablation_compares_machine_code():
-    from moagen import build
-    from moagen.codegen.emit import emit
+    from moagen.targets.c.build import build_c
+    from moagen.emit import emit
     assert languages.restrict_changes_code("rmsnorm_fwd", "dnf") in (False, True)
     # the comparison sees a difference where there is one
-    naive, dnf = (languages._disassembly(build.build_c(emit("rmsnorm_fwd", v, "c"), f"rmsnorm_fwd_{v}"))
+    naive, dnf = (languages._disassembly(build_c(emit("rmsnorm_fwd", v, "c"), f"rmsnorm_fwd_{v}"))
                   for v in ("naive", "dnf"))
     assert naive != dnf
 

@@ -10,8 +10,8 @@ import pytest
 
 from moagen.bench import cases, report, suite, sweep
 from moagen.bench.worker import run as run_worker
-from moagen.bind.cuda_arrays import DeviceArray
-from moagen.bind.cuda_emulated import DEVICE
+from moagen.targets.cuda.arrays import DeviceArray
+from moagen.targets.cuda.emulated import DEVICE
 from moagen.errors import MoagenError
 
 

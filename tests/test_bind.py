@@ -5,7 +5,7 @@ import pytest
 import sympy
 
 from moagen import runtime
-from moagen.bind.abi import KernelCallable
+from moagen.targets.abi import KernelCallable
 from moagen.errors import DeviceUnavailable
 from moagen.onf.signature import ArrayParam, Signature
 from moagen.targets import get_target
@@ -268,7 +268,7 @@ def test_host_scratch_comes_from_the_threads_arena(monkeypatch):
     same shapes), grown for a larger call; another thread has its own block; a call over
     the limit gets memory of its own and leaves the block as it was."""
     import threading
-    import moagen.bind.abi as abi
+    import moagen.targets.abi as abi
     monkeypatch.setattr(abi, "_ARENA", threading.local())
     stub = Stub()
     kernel = KernelCallable(_with_scratch(), stub)
@@ -300,7 +300,7 @@ def test_a_column_major_kernels_scratch_is_column_major(monkeypatch):
     are F-contiguous, and a row-major kernel's of the same shapes are not the same arrays."""
     import dataclasses
     import threading
-    import moagen.bind.abi as abi
+    import moagen.targets.abi as abi
     monkeypatch.setattr(abi, "_ARENA", threading.local())
     col, row = Stub(), Stub()
     KernelCallable(dataclasses.replace(_with_scratch(), layout="col"), col)(np.ones(4))
@@ -314,7 +314,7 @@ def test_a_call_by_address_holds_the_scratch_it_does_not_keep(monkeypatch):
     """Scratch over KEEP_HOST_SCRATCH is not kept between calls: a call by address, which
     hands the kernel addresses only, must hold the memory until the kernel returns."""
     import threading
-    import moagen.bind.abi as abi
+    import moagen.targets.abi as abi
     monkeypatch.setattr(abi, "_ARENA", threading.local())
     monkeypatch.setattr(abi, "KEEP_HOST_SCRATCH", 0)
     made, seen = [], []

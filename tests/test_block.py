@@ -11,7 +11,7 @@ import pytest
 import sympy
 
 from moagen import reference_block, runtime
-from moagen.codegen.emit import emit
+from moagen.emit import emit
 from moagen.pipeline import onf_of
 from moagen.errors import ScheduleError, SpecError
 from moagen.kernels import get_kernel

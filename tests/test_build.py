@@ -5,10 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from moagen import build
-from moagen.build import Toolchain, build_c, build_cuda, build_fortran, compile_cuda
+from moagen.targets import toolchain
+from moagen.targets.c.build import build_c
+from moagen.targets.cuda.build import build_cuda, compile_cuda
+from moagen.targets.fortran.build import build_fortran
+from moagen.targets.toolchain import Toolchain
 from moagen.errors import CompileError, CompilerNotFound
-from moagen.targets.fortran import MODULE
+from moagen.targets.fortran.target import MODULE
 
 
 @pytest.fixture
@@ -43,10 +46,10 @@ def test_cache_key_covers_source_and_flags(build_dir, scale_rows):
 
 def test_concurrent_builds_share_one_artifact(build_dir, scale_rows):
     script = textwrap.dedent(f"""
-        from moagen.build import build_c
+        from moagen.targets.c.build import build_c
         print(build_c({scale_rows.sources["c"]!r}, "scale_rows"))
     """)
-    processes = [subprocess.Popen([sys.executable, "-c", script], cwd=build.PROJECT_ROOT,
+    processes = [subprocess.Popen([sys.executable, "-c", script], cwd=toolchain.PROJECT_ROOT,
                                   stdout=subprocess.PIPE, text=True) for _ in range(4)]
     paths = {Path(p.communicate()[0].strip()) for p in processes}
     assert all(p.returncode == 0 for p in processes)
@@ -140,4 +143,4 @@ def test_describe_gives_versions_and_flags():
 
 def test_default_build_dir_is_under_the_project(monkeypatch):
     monkeypatch.delenv("MOAGEN_BUILD_DIR", raising=False)
-    assert build.build_dir() == build.PROJECT_ROOT / "build"
+    assert toolchain.build_dir() == toolchain.PROJECT_ROOT / "build"

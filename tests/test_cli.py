@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from moagen import kernels
-from moagen.bind import cuda
-from moagen.cli import GENERATED, main
-from moagen.codegen.emit import filename
+from moagen.targets.cuda import loader as cuda
+from moagen.cli import main
+from moagen.commands.common import GENERATED
+from moagen.emit import filename
 from moagen.kernels import KERNELS
 from moagen.targets import LANGS
 

@@ -4,13 +4,12 @@ import re
 
 import pytest
 
-from moagen import build
-from moagen.build import CUDA_ARCHS
-from moagen.cli import GENERATED
-from moagen.codegen.emit import emit, filename, stem
-from moagen.codegen.c import CPrinter
-from moagen.codegen.cuda import CudaPrinter
-from moagen.codegen.fortran import FortranPrinter
+from moagen.targets.cuda.build import CUDA_ARCHS, compile_cuda
+from moagen.commands.common import GENERATED
+from moagen.emit import emit, filename, stem
+from moagen.targets.c.printer import CPrinter
+from moagen.targets.cuda.printer import CudaPrinter
+from moagen.targets.fortran.printer import FortranPrinter
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import KERNELS, CompositeKernel
 from moagen.moa.dnf import psi_reduce
@@ -43,7 +42,7 @@ CUDA_BUILDS = [(kernel, variant, arch) for kernel, variant in VARIANTS for arch 
 def test_cuda_compiles(kernel, variant, arch, tmp_path, monkeypatch):
     monkeypatch.setenv("MOAGEN_BUILD_DIR", str(tmp_path))
     source = emit(kernel, variant, "cuda")
-    result = build.compile_cuda(source, stem(kernel, variant), arch)
+    result = compile_cuda(source, stem(kernel, variant), arch)
     assert result.cubin.stat().st_size > 0
     # ptxas compiled every __global__ kernel (one per nest and dtype), without spills
     compiled = re.findall(r"Compiling entry function '(\w+)'", result.ptxas_report)
@@ -186,7 +185,7 @@ def test_unknown_language_and_dtype():
 
 def test_long_fortran_lines_wrap_at_one_indent():
     """A declaration of a thousand characters (eight rows unrolled declare many locals)."""
-    from moagen.codegen.fortran import LINE, wrap_statement
+    from moagen.targets.fortran.printer import LINE, wrap_statement
     line = "    real(c_double) :: " + ", ".join(f"row_max_{k}" for k in range(100))
     out = wrap_statement(line)
     assert len(out) > 10 and all(len(piece) <= LINE for piece in out)

@@ -1,5 +1,5 @@
 """Device-resident calls of CUDA kernels, through the emulation (whose device memory is host
-memory a HostDevice allocated): the real binding's code (moagen.bind.cuda.bind_on) with
+memory a HostDevice allocated): the real binding's code (moagen.targets.cuda.loader.bind_on) with
 the emulation's device. A kernel takes device arrays (anything with
 `__cuda_array_interface__`) and runs on them with no copy; numpy arrays are copied in and
 out; shapes, dtypes, layouts and pointers are checked before the launch. On a GPU the same
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from moagen import runtime, verify
-from moagen.bind.cuda import bind_on
-from moagen.bind.cuda_arrays import DeviceArray, device_view, to_device
-from moagen.bind.cuda_emulated import HostDevice
+from moagen.request import resolve
+from moagen.targets.cuda.loader import bind_on
+from moagen.targets.cuda.arrays import DeviceArray, device_view, to_device
+from moagen.targets.cuda.emulated import HostDevice
 from moagen.kernels import get_kernel
 
 
@@ -55,7 +56,7 @@ def gpu():
 def _kernel(gpu, kernel, variant, dtype="float64"):
     """The kernel's emulated library bound on `gpu`."""
     loaded = runtime.load(kernel, variant, "cuda-emulated", dtype)
-    return bind_on(gpu, runtime.library(kernel, variant, "cuda-emulated"), loaded.signature,
+    return bind_on(gpu, runtime.library(resolve(kernel, variant, "cuda-emulated")), loaded.signature,
                    get_kernel(kernel).validate)
 
 

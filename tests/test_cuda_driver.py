@@ -1,4 +1,4 @@
-"""The GPU binding's use of cuda-python (moagen.bind.cuda_driver.Driver) without a GPU: a
+"""The GPU binding's use of cuda-python (moagen.targets.cuda.driver.Driver) without a GPU: a
 stand-in for `cuda.bindings.driver` with its calling convention (every call returns a
 tuple, CUresult first; pointers wrapped in CUdeviceptr) whose "device memory" is host
 memory, and the emulated kernels as the GPU. This checks our side of the API (context,
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from moagen import runtime, verify
-from moagen.bind.cuda import bind_on
-from moagen.bind.cuda_arrays import DeviceArray, device_view, to_device
-from moagen.bind.cuda_driver import Driver
+from moagen.request import resolve
+from moagen.targets.cuda.loader import bind_on
+from moagen.targets.cuda.arrays import DeviceArray, device_view, to_device
+from moagen.targets.cuda.driver import Driver
 from moagen.errors import DeviceUnavailable
 from moagen.kernels import get_kernel
 
@@ -106,7 +107,7 @@ def test_a_kernel_runs_on_driver_memory_with_numpy_and_device_arrays(driver):
     gpu, memory, calls = driver
     assert gpu.name == "Stand-in"
     loaded = runtime.load("attention_decode", "split", "cuda-emulated")
-    fn = bind_on(gpu, runtime.library("attention_decode", "split", "cuda-emulated"),
+    fn = bind_on(gpu, runtime.library(resolve("attention_decode", "split", "cuda-emulated")),
                  loaded.signature, get_kernel("attention_decode").validate)
     check = get_kernel("attention_decode").check
     scalars = verify.call_scalars("attention_decode", check.sizes[1])

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from moagen import runtime, verify
-from moagen.bind.c import dlopen
-from moagen.bind.cuda import check_launch
-from moagen.build import Toolchain, build_cuda_emulated
+from moagen.targets.c.loader import dlopen
+from moagen.targets.cuda.loader import check_launch
+from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.toolchain import Toolchain
 from moagen.cli import main
-from moagen.codegen.emit import emit
+from moagen.emit import emit
 from moagen.errors import CompilerNotFound
 from moagen.kernels import get_kernel
 from moagen.onf.signature import DTYPES

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from moagen import runtime, verify
-from moagen.bind import cuda
+from moagen.targets.cuda import loader as cuda
 from moagen.kernels import get_kernel
 
 pytestmark = pytest.mark.skipif(not cuda.available(), reason="no GPU (or no cuda-python) here")

@@ -4,10 +4,12 @@ record; an explicit or tuned parameter wins over them."""
 import numpy as np
 import pytest
 
-from moagen import build, reference, reference_block, runtime
-from moagen.bench import cases, tune
+from moagen.targets.toolchain import Toolchain
+from moagen import reference, reference_block, runtime
+from moagen import tuning
+from moagen.bench import cases
 from moagen.cli import main
-from moagen.codegen.emit import emit
+from moagen.emit import emit
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
 from moagen.kernels.tunable import Tunable
@@ -79,7 +81,7 @@ def test_show_takes_the_dtype(capsys):
 def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # this machine's tuning file: none yet, then the one below
     # a machine without AVX-512 (tests/test_avx512_defaults.py: what it changes)
-    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: False)
+    monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: False)
     f64, f32 = (FLASH.defaults_for("cpu", d) for d in ("float64", "float32"))
     sizes = dict(batch=1, heads=2, n=37, d=5)  # n cuts both panel widths
     defaults = runtime.load("attention_fwd", "flash", "c", "float32")
@@ -87,8 +89,8 @@ def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, 
     row = check_case("attention_fwd", "flash", "c", "float32", sizes, lambda *a: defaults)
     assert row.status == "pass", row
 
-    tune.save([dict(kernel="attention_fwd", variant="flash", lang="c", dtype="float32",
-                    params=f64)], tmp_path / tune.DEFAULT_FILE)
+    tuning.save([dict(kernel="attention_fwd", variant="flash", lang="c", dtype="float32",
+                    params=f64)], tmp_path / tuning.DEFAULT_FILE)
     tuned = runtime.load("attention_fwd", "flash", "c", "float32")
     assert _lanes(tuned.signature) == f64["lanes"]
     row = check_case("attention_fwd", "flash", "c", "float32", sizes, lambda *a: tuned)
@@ -97,7 +99,7 @@ def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, 
 
 def test_the_bench_records_the_parameters_of_the_dtype(monkeypatch):
     # a machine without AVX-512: what it adds over these is tests/test_avx512_defaults.py's
-    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: False)
+    monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: False)
     assert cases.schedule("attention_fwd", "flash", "c", "float32") == \
         dict(params=FLASH.defaults_for("cpu", "float32"), tuned=False)
     chosen = cases.schedule("attention_fwd", "flash", "c", "float32", {"lanes": 8})

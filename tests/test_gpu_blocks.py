@@ -7,7 +7,7 @@ import pytest
 import sympy
 
 from moagen import reference, reference_block
-from moagen.codegen.cuda import emit_cuda
+from moagen.targets.cuda.printer import emit_cuda
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.gpu_blocks import GpuBlocks

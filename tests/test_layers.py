@@ -156,7 +156,7 @@ def test_realize_records_the_closing_reduction_lowering():
 
 
 def test_the_cuda_launch_takes_the_threads_a_block_its_mapping_gives():
-    from moagen.codegen.cuda import emit_cuda
+    from moagen.targets.cuda.printer import emit_cuda
     kernel = get_kernel("attention_fwd")
     steps = kernel.variant("dnf").layers().algorithm + (GpuThreads(("b", "h", "i"), nest="rows",
                                                                    block=64),)

@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from moagen import build, verify
+from moagen import verify
+from moagen.targets.openacc.build import embedded_ptx
 from moagen.bench import languages, offload, sweep
 from moagen.cli import main
-from moagen.codegen.emit import emit
-from moagen.codegen.openacc import OpenAccC, OpenAccFortran
+from moagen.emit import emit
+from moagen.targets.openacc.printer import OpenAccC, OpenAccFortran
 from moagen.errors import DeviceUnavailable, ScheduleError
 from moagen.kernels import get_kernel
 from moagen.kernels.layers import format_layers
@@ -21,7 +22,7 @@ from moagen.onf.loops import Let
 from moagen.onf.schedule import GpuThreads
 from moagen.pipeline import onf_of
 from moagen.targets import LANGS, get_target
-from moagen.targets.openacc import devices
+from moagen.targets.openacc.target import devices
 
 
 def _offload_compiler():
@@ -108,7 +109,7 @@ def test_ptx_memory_counts_by_state_space_and_type():
 def test_the_embedded_ptx_is_the_modules_with_entry_points():
     text = ('static const char ptx_code_0[] =\n\t"// BEGIN PREAMBLE\\n"\n\t".entry k (.param .u64 %in_ar0);\\n"\n;\n'
             'static const char ptx_code_1[] =\n\t".func exp;\\n"\n;\n')
-    assert build.embedded_ptx(text) == "// BEGIN PREAMBLE\n.entry k (.param .u64 %in_ar0);\n"
+    assert embedded_ptx(text) == "// BEGIN PREAMBLE\n.entry k (.param .u64 %in_ar0);\n"
 
 
 @needs_offload

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moagen.codegen.c import emit_c
-from moagen.codegen.printer import signature
+from moagen.targets.c.printer import emit_c
+from moagen.onf.signature import signature
 from moagen.ranks.merge import merge_onf
 from moagen.targets import get_target
 

@@ -2,7 +2,7 @@
 reductions, and which it is not (lanes that would interfere)."""
 import sympy
 
-from moagen.codegen.emit import emit
+from moagen.emit import emit
 from moagen.pipeline import onf_of
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym

@@ -3,9 +3,9 @@ stage; an unknown language named with the known ones."""
 import pytest
 
 from moagen import verify
-from moagen.build import Toolchain
+from moagen.targets.toolchain import Toolchain
 from moagen.cli import main
-from moagen.codegen.emit import emit, filename
+from moagen.emit import emit, filename
 from moagen.errors import SpecError, UnknownNameError
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, inner, transpose
@@ -13,7 +13,7 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.realize import realize
 from moagen.pipeline import TARGET_KINDS
 from moagen.targets import LANGS, TARGETS, emulated, get_target, of_kind
-from moagen.targets.fortran import NAME_LIMIT
+from moagen.targets.fortran.target import NAME_LIMIT
 
 
 @pytest.mark.parametrize("name", TARGETS)

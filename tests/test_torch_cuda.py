@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import moagen.torch as mt
-from moagen.bind import cuda
-from moagen.bind.abi import KernelCallable
+from moagen.targets.cuda import loader as cuda
+from moagen.targets.abi import KernelCallable
 from test_torch_ops import (TinyModel, assert_block_is_pytorchs, assert_compiled_is_eager,
                             assert_decode_is_sdpa)
 

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
+from moagen import tuning
 from moagen.bench import cases, suite, tune
 from moagen.cli import main
-from moagen.codegen.emit import emit
+from moagen.emit import emit
 from moagen.errors import UnknownNameError
 from moagen.kernels import get_kernel
 
@@ -57,14 +58,14 @@ def test_search_verifies_times_and_records_the_choice(tmp_path, capsys):
     code = main(["tune", "attention_decode", "--variant", "split", "--n", "64", "--repeats", "1",
                  "--out", str(out)])
     assert code == 0
-    record = json.loads(out.read_text())[tune.machine_key()]["attention_decode:split:c:float64"]
+    record = json.loads(out.read_text())[tuning.machine_key()]["attention_decode:split:c:float64"]
     assert [c["params"] for c in record["candidates"]] == [{"heads": h} for h in (1, 2, 4, 8)]
     assert record["params"] == min(record["candidates"], key=lambda c: c["median_s"])["params"]
     assert "<- chosen" in capsys.readouterr().out
     untuned = cases.schedule("attention_decode", "split", "c", "float64")
     assert record["defaults"] == untuned["params"]
 
-    choices = tune.load_choices(out)
+    choices = tuning.load_choices(out)
     jobs = suite.plan(["attention_decode"], ["c"], [1], lengths=[64], choices=choices)
     impls = [impl for job in jobs for group in job.groups for impl in group["impls"]]
     assert ["c", "split", record["params"]] in impls
@@ -75,10 +76,10 @@ def test_a_choice_for_parameters_the_variant_no_longer_has_is_left_out(capsys):
     """A schedule changed since the machine was tuned: its defaults run, with a warning."""
     stale = {"rmsnorm_bwd:dnf:c:float64": {"params": {"rows": 2}},
              "mlp_fwd:tiled:c:float64": {"params": {"mr": 4, "nr": 8, "row_block": 0}}}
-    assert tune.chosen(stale, "rmsnorm_bwd", "dnf", "c", "float64") is None
+    assert tuning.chosen(stale, "rmsnorm_bwd", "dnf", "c", "float64") is None
     assert "rmsnorm_bwd dnf c float64 (rows=2) are not the variant's parameters" in \
         capsys.readouterr().err
-    assert tune.chosen(stale, "mlp_fwd", "tiled", "c", "float64") == \
+    assert tuning.chosen(stale, "mlp_fwd", "tiled", "c", "float64") == \
         {"mr": 4, "nr": 8, "row_block": 0}
 
 
@@ -89,9 +90,9 @@ def test_a_choice_is_kept_per_sizes_set_and_found_for_the_nearest():
     wide = {"params": {"rows": 8, "keys": 2}}
     key = "attention_fwd:online:c:float64"
     choices = {key: plain, key + "@d=128,heads=8": wide}
-    pick = lambda sizes: tune.chosen(choices, "attention_fwd", "online", "c", "float64", sizes)
+    pick = lambda sizes: tuning.chosen(choices, "attention_fwd", "online", "c", "float64", sizes)
     assert pick({"heads": 8, "d": 128}) == wide["params"]
     assert pick({"heads": 8, "d": 128, "dff": 1408}) == wide["params"]  # no dff in attention
     assert pick({"heads": 8, "d": 64}) == pick({}) == pick(None) == plain["params"]
-    assert tune._key("attention_fwd", "online", "c", "float64", {"heads": 8, "d": 128}) == \
+    assert tuning.choice_key("attention_fwd", "online", "c", "float64", {"heads": 8, "d": 128}) == \
         key + "@d=128,heads=8"

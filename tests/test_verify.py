@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moagen import runtime, verify
-from moagen.bind import cuda
+from moagen.targets.cuda import loader as cuda
 from moagen.errors import SpecError
 from moagen.kernels import KERNELS, MODULES, _kernel
 from moagen.onf.signature import DTYPES

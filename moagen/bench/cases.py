@@ -8,6 +8,7 @@ device's arrays, next to PyTorch on the same device (moagen.bench.worker)."""
 import numpy as np
 
 from moagen.errors import DeviceUnavailable, MoagenError, UnknownNameError
+from moagen.request import resolve
 
 BASELINES = ("numpy", "torch", "compiled")
 # compiled is asked for by name: Inductor takes tens of seconds per kernel and shape
@@ -96,11 +97,9 @@ def scalars(kernel: str, sizes: dict) -> dict:
 def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     """The kernel's inputs, consistent where they depend on each other (a backward's O, lse),
     copied into arrays from `empty` (which decides where their pages are first touched)."""
-    from moagen.pipeline import onf_of
-    from moagen.codegen.printer import signature
     from moagen.kernels import get_kernel
     from moagen.verify import make_inputs
-    sig = signature(onf_of(kernel, dtype=dtype), dtype)
+    sig = resolve(kernel, dtype=dtype, here=False).signature()
     arrays = make_inputs(sig, sizes, scalars(kernel, sizes), get_kernel(kernel).check,
                          np.random.default_rng(seed))
     placed = [empty(a.shape, a.dtype) for a in arrays]
@@ -112,7 +111,7 @@ def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
 def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=None, device=None):
     """A callable(*inputs, out=None, **scalars) for a generated kernel (params: schedule
     parameters over the variant's defaults) or a baseline; device: where the inputs are
-    (a device of moagen.bind, None for numpy arrays), for the baselines."""
+    (a device of moagen.targets, None for numpy arrays), for the baselines."""
     from moagen import runtime
     from moagen.kernels import get_kernel
     if lang == "numpy":
@@ -127,8 +126,7 @@ def schedule(kernel: str, variant: str, lang: str, dtype: str, params=None) -> d
     """The schedule parameters one of our calls runs with (its target's defaults for the
     dtype, a GPU's for CUDA, this machine's where they differ, under params), and whether
     `moagen tune` chose them."""
-    from moagen import runtime
-    return dict(params=runtime.schedule_params(kernel, variant, lang, dtype, params, tuned=False),
+    return dict(params=dict(resolve(kernel, variant, lang, dtype, params, tuned=False).params),
                 tuned=bool(params))
 
 
@@ -164,7 +162,7 @@ def _on_tensors(fn, device=None):
 def outputs(fn, sizes, on_device=False):
     """Preallocated outputs of a generated kernel (None for baselines and in-place kernels),
     so that timed calls allocate nothing; on its device where the inputs are."""
-    from moagen.bind.cuda_arrays import DeviceArray
+    from moagen.targets.cuda.arrays import DeviceArray
     sig = getattr(fn, "signature", None)
     if sig is None or not sig.outputs:
         return None

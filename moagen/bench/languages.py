@@ -41,15 +41,15 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
 
     import sympy
 
-    from moagen import build
-    from moagen.codegen.emit import emit, stem
-    from moagen.codegen.printer import signature
+    from moagen.targets.toolchain import Toolchain
+    from moagen.emit import emit, stem
+    from moagen.onf.signature import signature
     from moagen.pipeline import onf_of
     from moagen.targets import get_target
 
     if shutil.which("valgrind") is None:
         raise CompilerNotFound("valgrind not found; install it with: apt-get install valgrind")
-    toolchain = build.Toolchain(cflags=tuple(VALGRIND_FLAGS.split()) + ("-std=c99",),
+    toolchain = Toolchain(cflags=tuple(VALGRIND_FLAGS.split()) + ("-std=c99",),
                                 fflags=tuple(VALGRIND_FLAGS.split()))
     # Fortran's bind(C) routine is exported under the same name as C's function
     library = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant), toolchain)
@@ -74,7 +74,7 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
 def restrict_changes_code(kernel, variant) -> bool:
     """Whether gcc, with the kernels' flags, emits other instructions for the C printed
     without restrict: if not, restrict cannot explain any gap."""
-    from moagen.codegen.emit import emit, stem
+    from moagen.emit import emit, stem
     from moagen.targets import get_target
 
     def code(lang):

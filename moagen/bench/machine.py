@@ -1,10 +1,12 @@
 """What machine a benchmark ran on, read from /proc and /sys (Linux): CPU model, cores,
-NUMA nodes and caches, plus compilers and flags (moagen.build.Toolchain) and library
+NUMA nodes and caches, plus compilers and flags (moagen.targets.toolchain.Toolchain) and library
 versions. Stored with every run, so results from two machines are never mixed up."""
 import os
 import platform
 import re
 from pathlib import Path
+
+from moagen.tuning import cpu_model
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_NODE = Path("/sys/devices/system/node")
@@ -15,11 +17,6 @@ def _read(path, default=""):
         return Path(path).read_text().strip()
     except OSError:
         return default
-
-
-def cpu_model() -> str:
-    found = re.search(r"^model name\s*:\s*(.*)$", _read("/proc/cpuinfo"), re.MULTILINE)
-    return found.group(1) if found else platform.processor() or "unknown"
 
 
 def cpus_of(listing: str):
@@ -50,7 +47,7 @@ def describe() -> dict:
     import numpy
     import torch
 
-    from moagen.build import Toolchain
+    from moagen.targets.toolchain import Toolchain
     return dict(host=platform.node(), cpu=cpu_model(), **topology(), os=platform.platform(),
                 python=platform.python_version(), numpy=numpy.__version__,
                 torch=torch.__version__, toolchain=Toolchain().describe())

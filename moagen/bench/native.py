@@ -1,15 +1,16 @@
-"""The benchmarks' own native helpers (templates/bench/stream.c), built and cached like a
+"""The benchmarks' own native helpers (templates/stream.c), built and cached like a
 kernel, with the same compiler and flags."""
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import cffi
 import numpy as np
 
-from moagen import build
-from moagen.bind.c import dlopen
+from moagen.targets.c.build import build_c
+from moagen.targets.c.loader import dlopen
 
-SOURCE = build.PROJECT_ROOT / "templates" / "bench" / "stream.c"
+SOURCE = Path(__file__).resolve().parent / "templates" / "stream.c"
 
 
 @lru_cache(maxsize=None)
@@ -19,7 +20,7 @@ def _library():
              "void first_touch(unsigned char *a, int64_t nbytes);"
              "double multiply_add_peak_f64(int64_t iterations, double a, double b, double *sink);"
              "double multiply_add_peak_f32(int64_t iterations, float a, float b, double *sink);")
-    return ffi, dlopen(ffi, build.build_c(SOURCE.read_text(), "bench_stream"))
+    return ffi, dlopen(ffi, build_c(SOURCE.read_text(), "bench_stream"))
 
 
 def triad(a, b, c, s):

@@ -18,14 +18,15 @@ import os
 import re
 import sys
 
-from moagen import build
+from moagen.targets.openacc.build import offload_ptx
+from moagen.targets.toolchain import PTX_ARCH
 from moagen.bench import cases, languages, sweep
 from moagen.bench.machine import summary as machine_summary
-from moagen.codegen.emit import emit, stem
+from moagen.emit import emit, stem
 from moagen.cost import sass
 from moagen.kernels import KERNELS
 from moagen.targets import get_target
-from moagen.targets.openacc import devices
+from moagen.targets.openacc.target import devices
 
 LANGS = ("openacc-c", "openacc-c-norestrict", "openacc-fortran")
 LABELS = {"openacc-c": "C", "openacc-c-norestrict": "C norestrict",
@@ -69,7 +70,7 @@ def sass_memory(code: str) -> dict:
 
 def inspect(kernel, variant, lang, dtype="float64") -> dict:
     """The device code of one kernel variant in one OpenACC language: a bench record."""
-    result = build.offload_ptx(emit(kernel, variant, lang, (dtype,)), stem(kernel, variant),
+    result = offload_ptx(emit(kernel, variant, lang, (dtype,)), stem(kernel, variant),
                                get_target(lang).extension)
     ptx = result.ptx.read_text()
     regions = sass.ptxas_resources(result.ptxas_report)
@@ -89,7 +90,7 @@ def format_ptx_table(records) -> str:
     head = (f"{'kernel:variant':<30} {'lang':<13} {'ld':>5} {'ld.nc':>5} {'st':>5} {'ld int':>6} "
             f"{'st int':>6} {'local':>5} | {'regs':>4} {'spill B':>7} | {'SASS ld':>7} "
             f"{'LDG.CONST':>9} {'SASS st':>7}")
-    lines = [f"device code of the OpenACC regions: gcc 12 nvptx, {build.PTX_ARCH}, "
+    lines = [f"device code of the OpenACC regions: gcc 12 nvptx, {PTX_ARCH}, "
              f"{records[0]['dtype'] if records else ''}; static instruction counts per kernel "
              "variant (regs: the most of any region)", head, "-" * len(head)]
     changed = []

@@ -62,7 +62,7 @@ def measure(quick=False) -> dict:
 def device_copy(device, quick=False) -> dict:
     """A device's memory bandwidth, as a copy within it moves bytes (each byte read and
     written: twice the array), far larger than its caches; the best of a few copies."""
-    from moagen.bind.cuda_arrays import DeviceArray
+    from moagen.targets.cuda.arrays import DeviceArray
     nbytes = 1 << (26 if quick else 31)  # 64 MiB (2 GiB) an array; an H200's L2: 60 MB
     source, destination = (DeviceArray(device, (nbytes,), np.uint8) for _ in range(2))
     device.copy(destination, source)  # first touch, outside the timing

@@ -7,7 +7,7 @@ from moagen.errors import MoagenError
 
 
 def script(cores, numa_nodes=1, time="01:00:00", partition=None) -> str:
-    from moagen.codegen.printer import render
+    from moagen.templates import render
     if cores < 1 or numa_nodes < 1:
         raise MoagenError("--cores and --numa-nodes must be at least 1")
     return render("bench/slurm.sh.j2", cores=cores, numa_nodes=numa_nodes, time=time,
@@ -19,7 +19,7 @@ def ring_script(nodes, cores, numa_nodes=1, time="01:00:00", partition=None,
                 verify=None) -> str:
     """verify: the distributed kernels the job verifies before it measures; None: every
     one (moagen.ranks.mapping.RANK_KERNELS)."""
-    from moagen.codegen.printer import render
+    from moagen.templates import render
     from moagen.ranks.mapping import RANK_KERNELS
     unknown = sorted(set(verify or ()) - set(RANK_KERNELS))
     if unknown:

@@ -30,7 +30,7 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
     takes minutes a call; torch.compile tens of seconds per kernel and shape); None: numpy
     and torch on the host, torch on a device. dry_run: every call once, emulated targets
     allowed, to check a sweep end to end (its times mean nothing)."""
-    from moagen.bench.tune import chosen
+    from moagen.tuning import chosen
     from moagen.kernels import KERNELS
 
     variants = {}  # kernel -> its variants to run, in the order given
@@ -73,7 +73,7 @@ def main(args):
 
     cores = os.cpu_count()
     threads = args.threads or ([cores] if args.quick else thread_counts(cores))
-    from moagen.bench.tune import load_choices
+    from moagen.tuning import load_choices
     from moagen.targets import of_kind
     jobs = plan(args.kernels, args.lang or of_kind("cpu"), threads, args.dtype, args.quick, args.n,
                 baselines=args.baselines, choices={} if args.untuned else load_choices(args.tuning),

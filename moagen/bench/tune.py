@@ -7,22 +7,12 @@ the sizes, threads and machine go to a tuning file, under the sizes set with --s
 `moagen bench` runs each variant with this machine's choice for the sizes it runs (or for
 as many of them as were tuned) and records the parameters it ran with in every result."""
 import itertools
-import json
 import os
-import sys
-from pathlib import Path
 
 from moagen.bench import cases
-from moagen.bench.machine import cpu_model
 from moagen.errors import MoagenError
+from moagen.tuning import DEFAULT_FILE, format_params, machine_key, save
 
-DEFAULT_FILE = Path("bench-results/tuning.json")
-
-
-def machine_key() -> str:
-    """Choices hold for one machine: its host name and CPU."""
-    import platform
-    return f"{platform.node()} / {cpu_model()}"
 
 
 def candidates(variant) -> list:
@@ -76,60 +66,16 @@ def verify(kernel, variant, lang, dtype, params):
     for sizes in get_kernel(kernel).check.sizes:
         row = check_case(kernel, variant, lang, dtype, sizes, load)
         if row.failed:
-            raise MoagenError(f"{kernel} {variant} with {_format(params)} does not match its "
+            raise MoagenError(f"{kernel} {variant} with {format_params(params)} does not match its "
                               f"references:\n{format_row(row)}")
 
 
-def _key(kernel, variant, lang, dtype, overrides=None):
-    """A choice's key: the variant, language and dtype, and the sizes set with --size when
-    it was tuned (heads=8, d=128: a tile good at d 64 need not be at d 128)."""
-    shape = ",".join(f"{k}={v}" for k, v in sorted((overrides or {}).items()))
-    return f"{kernel}:{variant}:{lang}:{dtype}" + (f"@{shape}" if shape else "")
 
 
-def load_choices(path=DEFAULT_FILE) -> dict:
-    """This machine's choices in a tuning file ({} when there is none)."""
-    path = Path(path)
-    if not path.exists():
-        return {}
-    try:
-        machines = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise MoagenError(f"cannot read the tuning file {path}: {error}") from error
-    return machines.get(machine_key(), {})
 
 
-def chosen(choices: dict, kernel, variant, lang, dtype, overrides=None):
-    """The parameters tuned for this kernel variant at the sizes set with --size, or at as
-    many of them as a choice was tuned for (d=128, heads=8; else heads=8 or d=128; else
-    none), or None (the defaults). A choice made for other parameters than the variant has
-    now (its schedule changed since) is stale: it is left out, with a warning."""
-    from moagen.kernels import get_kernel
-
-    given = sorted(cases.overridden(kernel, overrides).items())
-    subsets = (dict(s) for k in range(len(given), -1, -1)
-               for s in itertools.combinations(given, k))
-    record = next((choices[key] for key in (_key(kernel, variant, lang, dtype, s)
-                                            for s in subsets) if key in choices), None)
-    if not record:
-        return None
-    if set(record["params"]) != set(get_kernel(kernel).variant(variant).defaults_for("cpu", dtype)):
-        print(f"moagen: the tuned parameters of {kernel} {variant} {lang} {dtype} "
-              f"({_format(record['params'])}) are not the variant's parameters now: "
-              "running its defaults; run `moagen tune` again", file=sys.stderr)
-        return None
-    return record["params"]
 
 
-def save(records, path=DEFAULT_FILE):
-    """Add the records to this machine's choices (other machines' are kept)."""
-    path = Path(path)
-    machines = json.loads(path.read_text()) if path.exists() else {}
-    mine = machines.setdefault(machine_key(), {})
-    for r in records:
-        mine[_key(r["kernel"], r["variant"], r["lang"], r["dtype"], r.get("overrides"))] = r
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
 
 
 def main(args):
@@ -158,11 +104,7 @@ def main(args):
             for t in sorted(r["candidates"], key=lambda t: t["median_s"]):
                 mark = " <- chosen" if t["params"] == r["params"] else ""
                 default = " (default)" if t["params"] == r["defaults"] else ""
-                print(f"  {_format(t['params']):<32} {t['median_s'] * 1e3:9.3f} ms{default}{mark}")
+                print(f"  {format_params(t['params']):<32} {t['median_s'] * 1e3:9.3f} ms{default}{mark}")
     save(records, args.out)
     print(f"choices for {machine_key()} written to {args.out}")
     return 0
-
-
-def _format(params):
-    return " ".join(f"{k}={v}" for k, v in params.items())

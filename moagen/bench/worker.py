@@ -20,7 +20,7 @@ import sys
 
 from moagen.bench import cases, roof
 from moagen.bench.timing import wall_clock, time_calls
-from moagen.bind.cuda_arrays import to_device
+from moagen.targets.cuda.arrays import to_device
 
 
 def run(job):

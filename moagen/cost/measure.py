@@ -19,11 +19,12 @@ from pathlib import Path
 
 import sympy
 
-from moagen import build
-from moagen.codegen.c import CPrinter
-from moagen.codegen.emit import emit, stem
+from moagen.targets.c.build import build_c
+from moagen.targets.toolchain import Toolchain, build_program
+from moagen.targets.c.printer import CPrinter
+from moagen.emit import emit, stem
 from moagen.pipeline import onf_of
-from moagen.codegen.printer import render
+from moagen.templates import render
 from moagen.cost.model import predict
 from moagen.errors import CompilerNotFound, MoagenError
 
@@ -76,8 +77,8 @@ def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
     printer = CPrinter(onf, dtype)
     sig = printer.sig
     scalars = get_kernel(kernel).check.scalars(sizes)
-    library = build.build_c(emit(kernel, onf.variant, "c"), stem(kernel, onf.variant),
-                            build.Toolchain(cflags=CFLAGS))
+    library = build_c(emit(kernel, onf.variant, "c"), stem(kernel, onf.variant),
+                            Toolchain(cflags=CFLAGS))
     argv = [str(sizes[s.name]) for s in sig.sizes] + [repr(float(scalars[s])) for s in sig.scalars]
     with tempfile.TemporaryDirectory(prefix="moagen-cost-") as tmp:
         driver = _build_driver(printer, library, Path(tmp), cache)
@@ -97,7 +98,7 @@ def _build_driver(printer, library: Path, folder: Path, cache: CacheConfig) -> P
                     flush_bytes=2 * cache.ll_bytes)
     src = folder / "driver.c"
     src.write_text(source)
-    return build.build_program(src, library, folder / "driver")
+    return build_program(src, library, folder / "driver")
 
 
 def _cachegrind(valgrind, driver: Path, argv, cache: CacheConfig, folder: Path) -> Counts:

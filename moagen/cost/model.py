@@ -7,7 +7,6 @@ from typing import Dict, Tuple
 import numpy as np
 import sympy
 
-from moagen.codegen.emit import check_dtype
 from moagen.pipeline import onf_of, param_pairs
 from moagen.cost.flops import FLOP, count_ops
 from moagen.cost.traffic import Moved, at_least, minimum_traffic, nest_traffic, working_set
@@ -15,6 +14,7 @@ from moagen.cost.view import counting_view
 from moagen.errors import MoagenError
 from moagen.kernels import get_kernel
 from moagen.onf.count import atomic_updates
+from moagen.onf.signature import check_dtype
 
 CACHE_ASSUMPTION = ("each nest is one pass over main memory, and what a nest reuses stays in "
                     "cache while it runs (the cache holds the working set)")

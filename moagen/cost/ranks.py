@@ -160,7 +160,7 @@ def measured_rate(name, sizes, dtype="float64", lang="c", repeats=3) -> Tuple[fl
     from moagen import runtime
     from moagen.kernels import get_kernel
     from moagen.verify import call_scalars, make_inputs
-    from moagen.codegen.printer import signature
+    from moagen.onf.signature import signature
     from moagen.pipeline import onf_of
 
     mapping = get_rank_kernel(name)

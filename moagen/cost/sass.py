@@ -14,10 +14,9 @@ from typing import Dict, Tuple
 
 import sympy
 
-from moagen import build
-from moagen.build import CUDA_ARCHS
-from moagen.codegen.cuda import CudaPrinter
-from moagen.codegen.emit import emit, stem
+from moagen.targets.cuda.build import CUDA_ARCHS, compile_cuda
+from moagen.targets.cuda.printer import CudaPrinter
+from moagen.emit import emit, stem
 from moagen.pipeline import onf_of
 from moagen.errors import CompilerNotFound, MoagenError
 from moagen.onf.count import atomic_updates
@@ -51,7 +50,7 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
     source = emit(kernel, onf.variant, "cuda")
     reports = []
     for arch in archs:
-        result = build.compile_cuda(source, stem(kernel, onf.variant), arch)
+        result = compile_cuda(source, stem(kernel, onf.variant), arch)
         ptxas = ptxas_resources(result.ptxas_report)
         atomics = _sass_atomics(result.cubin)
         for name, nest in zip(names, onf.nests):

@@ -17,11 +17,12 @@ from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd,
                             attention_gqa, block, kv_append, mlp, projections, rmsnorm)
 from moagen.kernels.cases import Bench, Check
-from moagen.kernels.compose import Composite, compose
-from moagen.kernels.layers import DEFAULTS_OF, Layers, cpu
+from moagen.kernels.compose import Composite
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 from moagen.onf.signature import DTYPES, check_dtype
+from moagen.targets.kinds import DEFAULT_KINDS, get_kind
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Variant:
     accepts: Optional[Callable[..., bool]] = None  # Tunable's
 
     def defaults_for(self, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
-        target, dtype = DEFAULTS_OF.get(target, target), check_dtype(dtype)
+        target, dtype = get_kind(target).defaults, check_dtype(dtype)
         if target not in self.defaults and self.defaults:
             raise UnknownNameError(f"variant {self.name} has no defaults for target {target!r}; "
                                    f"it has {', '.join(self.defaults)}")
@@ -110,7 +111,8 @@ class CompositeKernel(_Variants):
     """One variant, `composed`: the stages as the composite lists them. Its schedule
     parameters are its stages', each named `<stage label>.<parameter>` (attn.rows), with the
     stages' defaults per target kind and dtype; moagen.load runs each stage at what that
-    stage's own kernel would load on the machine (runtime.chosen_params)."""
+    stage's own kernel would load on the machine (moagen.request); moagen.pipeline
+    composes its ONF from theirs."""
     composite: Composite
     check: Check
     bench: Bench
@@ -128,7 +130,7 @@ class CompositeKernel(_Variants):
                                      .defaults_for(target, dtype))
 
         defaults = {target: {dtype: defaults_for(target, dtype) for dtype in DTYPES}
-                    for target in ("cpu", "cuda")}
+                    for target in DEFAULT_KINDS}
         return {"composed": Variant("composed", frozenset(), _stage_layers, defaults)}
 
     def stage_params(self, choose) -> Dict[str, int]:
@@ -137,29 +139,10 @@ class CompositeKernel(_Variants):
         return {f"{st.label}.{name}": value for st in self.composite.stages
                 for name, value in (choose(st) or {}).items()}
 
-    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None,
-            dtype="float64"):
-        """The stages' ONFs composed, each at its parameters among `params` over its
-        defaults for the target and dtype."""
-        from moagen.pipeline import onf_of
-        chosen = self.variant(variant).params(params, target, dtype)
-        if upto is not None:
-            raise UnknownNameError(f"{self.name}: a composite's steps are its stages'; show "
-                                   "a stage kernel's steps instead")
-        if layout != "row":
-            raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
-        by_stage = {st.label: {} for st in self.composite.stages}
-        for name, value in chosen.items():
-            label, param = name.split(".", 1)
-            by_stage[label][param] = value
-        return compose(self.composite, lambda st: onf_of(st.kernel, st.variant,
-                                                         params=by_stage[st.label],
-                                                         target=target, dtype=dtype))
-
 
 def _stage_layers(**stage_params):
     """A composite's own layers: an empty CPU mapping; its steps are its stages'
-    (CompositeKernel.onf composes them)."""
+    (moagen.pipeline composes them)."""
     return Layers(mapping=cpu())
 
 

@@ -16,19 +16,7 @@ from typing import Mapping, Tuple
 from moagen.errors import ScheduleError
 from moagen.onf.realize import CLOSING
 from moagen.onf.schedule import GpuThreads
-
-
-def gpu_threads(cpu: Tuple) -> Tuple:
-    """The GPU mapping (CUDA, OpenACC) derived from a CPU one: each Parallel chain as GPU
-    threads."""
-    return tuple(GpuThreads(step.vars, nest=step.nest) for step in cpu)
-
-
-# how a target kind's mapping is derived from the CPU's when a variant gives none
-DERIVED_MAPPINGS = {"cuda": gpu_threads, "openacc": gpu_threads}
-# a kind whose schedule parameters are another's: an OpenACC vector lane runs what a CUDA
-# thread runs
-DEFAULTS_OF = {"openacc": "cuda"}
+from moagen.targets.kinds import KINDS, get_kind, gpu_threads
 
 
 def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> dict:
@@ -39,7 +27,8 @@ def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> 
     a GPU")."""
     gpu = tuple(GpuThreads(tiles[step.nest], nest=step.nest) if step.nest in tiles else step
                 for step in gpu_threads(cpu_steps))
-    return {"cpu": tuple(cpu_steps), **{kind: gpu for kind in DERIVED_MAPPINGS}}
+    return {"cpu": tuple(cpu_steps),
+            **{name: gpu for name, kind in KINDS.items() if kind.derive_mapping}}
 
 
 _ALLOWED = {"algorithm": ("algorithm", "schedule"), "schedule": ("schedule",),
@@ -65,10 +54,11 @@ class Layers:
     def mapping_for(self, target: str) -> Tuple:
         if target in self.mapping:
             return self.mapping[target]
-        if target not in DERIVED_MAPPINGS:
+        derive = get_kind(target).derive_mapping
+        if derive is None:
             raise ScheduleError(f"no mapping for target {target!r}: the variant gives "
                                 f"{', '.join(self.mapping)}")
-        return DERIVED_MAPPINGS[target](self.mapping["cpu"])
+        return derive(self.mapping["cpu"])
 
     def steps(self, target: str) -> Tuple:
         return tuple(self.algorithm) + tuple(self.schedule) + self.mapping_for(target)

@@ -10,7 +10,7 @@ it among them (thread t takes t, t + threads, ...). What the block's threads the
 - a loop over `across` runs its iterations on their threads: its stores must be indexed by
   the loop (each element written by one thread), and a local it accumulates (`+` or `max`)
   is each thread's partial, combined after the loop by a block-wide reduction in
-  `__shared__` memory that gives every thread the total (moagen.codegen.cuda);
+  `__shared__` memory that gives every thread the total (moagen.targets.cuda.printer);
 - the printer puts a `__syncthreads()` between two statements of the block where the
   second touches an array the first wrote (thread 0's store, read by all; one thread's
   elements, read by another), so that each sees the other's writes.

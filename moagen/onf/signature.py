@@ -58,3 +58,13 @@ class Signature:
     @property
     def scratch(self):
         return tuple(a for a in self.arrays if a.intent == "scratch")
+
+
+def signature(onf, dtype: str) -> Signature:
+    """The ABI of one ONF at one dtype: inputs, outputs, scratch; sizes; scalars."""
+    arrays = ([ArrayParam(b.name, b.shape, "inout" if b.name in onf.inout else "in")
+               for b in onf.inputs]
+              + [ArrayParam(b.name, b.shape, "out") for b in onf.outputs]
+              + [ArrayParam(b.name, b.shape, "scratch") for b in onf.temps])
+    return Signature(f"{onf.name}_{onf.variant}_{DTYPE_SUFFIX[dtype]}", tuple(arrays),
+                     onf.sizes, onf.scalars, dtype, onf.layout)

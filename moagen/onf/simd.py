@@ -38,7 +38,7 @@ from moagen.onf.schedule import kernel_names
 
 def mark_simd(onf: ONF) -> ONF:
     names = kernel_names(onf)
-    # the inputs' dimensions: at least 1 in every call (moagen.bind.abi checks)
+    # the inputs' dimensions: at least 1 in every call (moagen.targets.abi checks)
     positive = frozenset(s for buffer in onf.inputs for dim in buffer.shape
                          for s in sympy.sympify(dim).free_symbols)
     nests = [replace(n, body=_mark_block(n.body, names, positive)) for n in onf.nests]

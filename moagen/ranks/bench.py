@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from moagen import runtime
-from moagen.codegen.printer import signature
+from moagen.onf.signature import signature
 from moagen.cost.model import SizeError
 from moagen.cost.ranks import block_sizes, local_flops, rank_cost
 from moagen.kernels import get_kernel
@@ -75,7 +75,7 @@ def measure(comm, name, sizes, lang="c", dtype="float64", repeats=5) -> dict:
 def main(argv=None):
     from mpi4py import MPI
 
-    from moagen.cost.command import _assignment
+    from moagen.commands.cost import size_assignment
     p = argparse.ArgumentParser(prog="python -m moagen.ranks.bench")
     p.add_argument("kernel")
     p.add_argument("-D", dest="define", action="append", default=[], metavar="SIZE=N")
@@ -85,7 +85,7 @@ def main(argv=None):
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
-    record = measure(comm, args.kernel, dict(_assignment(d) for d in args.define), args.lang,
+    record = measure(comm, args.kernel, dict(size_assignment(d) for d in args.define), args.lang,
                      args.dtype, args.repeats)
     if comm.Get_rank() == 0:
         if args.json:

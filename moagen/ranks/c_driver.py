@@ -1,6 +1,6 @@
 """The rank layer printed in C (moagen.ranks.drivers): MPI's C calls around the rank-local
 kernels, one translation unit beside theirs."""
-from moagen.bind.c import declaration
+from moagen.targets.c.loader import declaration
 from moagen.ranks.drivers import block_counts, comment_lines, driver_name, slot, zigzag_blocks
 
 C_TYPE = {"float64": "double", "float32": "float"}

@@ -1,6 +1,6 @@
 """The rank layer printed in Fortran (moagen.ranks.drivers): a module of bind(C) drivers that
 uses MPI's `mpi` module and the rank-local kernels' module."""
-from moagen.codegen.fortran import wrap_statement
+from moagen.targets.fortran.printer import wrap_statement
 from moagen.ranks.drivers import block_counts, comment_lines, driver_name, slot, zigzag_blocks
 
 F_KIND = {"float64": "c_double", "float32": "c_float"}

@@ -7,10 +7,10 @@ from functools import lru_cache
 import cffi
 import sympy
 
-from moagen import build
-from moagen.bind.abi import KernelCallable, flat_view
-from moagen.bind.c import CTYPES, dlopen
-from moagen.codegen.c import emit_c
+from moagen.targets.toolchain import build_mpi
+from moagen.targets.abi import KernelCallable, flat_view
+from moagen.targets.c.loader import CTYPES, dlopen
+from moagen.targets.c.printer import emit_c
 from moagen.errors import UnknownNameError
 from moagen.onf.signature import DTYPES, Signature
 from moagen.pipeline import onf_of
@@ -18,7 +18,7 @@ from moagen.ranks import c_driver, fortran_driver
 from moagen.ranks.drivers import driver_name
 from moagen.ranks.mapping import RANKS
 from moagen.ranks.merge import merge_onf
-from moagen.targets import fortran
+from moagen.targets.fortran import target as fortran
 
 LANGS = ("c", "fortran")
 
@@ -52,7 +52,7 @@ def sources(mapping, lang, dtypes=DTYPES) -> dict:
 @lru_cache(maxsize=None)
 def library(mapping, lang):
     """The built shared library (cached on disk; here, once a process) of both dtypes."""
-    return build.build_mpi(sources(mapping, lang), f"{mapping.function}_{lang}_mpi", lang)
+    return build_mpi(sources(mapping, lang), f"{mapping.function}_{lang}_mpi", lang)
 
 
 def driver_signature(mapping, dtype, ranks: int) -> Signature:

@@ -39,7 +39,7 @@ from typing import Dict, Tuple
 
 import sympy
 
-from moagen.codegen.printer import signature
+from moagen.onf.signature import signature
 from moagen.errors import UnknownNameError
 from moagen.onf.signature import ArrayParam
 from moagen.pipeline import onf_of

@@ -1,7 +1,7 @@
 """A distributed kernel called from Python on every rank of a communicator (mpi4py).
 
 Before any rank's native code runs, the ranks agree: every rank's arguments are checked
-(moagen.bind.abi), then one allgather compares what each rank was given (sizes, scalars,
+(moagen.targets.abi), then one allgather compares what each rank was given (sizes, scalars,
 dtype) and carries any rank's error, so a mismatch or a bad argument on one rank is the same
 ValueError on every rank, naming the ranks. Every call that communicates runs under a
 deadline: a rank that died or never arrives leaves the others waiting in MPI, where no

@@ -7,7 +7,10 @@ this package and its line in TARGETS.
     kernel = target.bind(target.library(source, stem), signature, validate)
 """
 from moagen.errors import UnknownNameError
-from moagen.targets import c, cuda, fortran, openacc
+from moagen.targets.c import target as c
+from moagen.targets.cuda import target as cuda
+from moagen.targets.fortran import target as fortran
+from moagen.targets.openacc import target as openacc
 from moagen.targets.target import Target
 
 TARGETS = {t.name: t for t in (

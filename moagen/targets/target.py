@@ -11,12 +11,12 @@ def _anywhere() -> bool:
 class Target:
     name: str  # the language's name on the command line (--lang) and in results
     extension: str  # of its sources in generated/
-    kind: str  # the mapping kind it is printed from: moagen.pipeline.TARGET_KINDS
+    kind: str  # the mapping kind it is printed from: moagen.targets.kinds.KINDS
     emit: Callable  # (pairs of dtype and final ONF, banner lines) -> source text
-    build: Callable  # (source, stem, toolchain=None) -> the built artifact (moagen.build)
-    load: Callable  # (artifact) -> the library `bind` takes (moagen.bind.<loader>.load)
+    build: Callable  # (source, stem, toolchain=None) -> the built artifact (moagen.targets.<lang>.build)
+    load: Callable  # (artifact) -> the library `bind` takes (moagen.targets.<lang>.loader.load)
     bind: Callable  # (library, signature, validate=None) -> KernelCallable
-    toolchain: str  # its compiler's record in moagen.build.Toolchain.describe()
+    toolchain: str  # its compiler's record in moagen.targets.toolchain.Toolchain.describe()
     # whether its kernels can run on this machine (they build on any), and what is
     # missing where they cannot
     runs_here: Callable[[], bool] = _anywhere
@@ -31,7 +31,7 @@ class Target:
     # do not): the bench refuses to measure it otherwise
     measured: bool = True
     # where its kernels run when that is not the host: () -> the device, which holds their
-    # arrays and times them (moagen.bind.cuda_driver.Driver); None for host code
+    # arrays and times them (moagen.targets.cuda.driver.Driver); None for host code
     device: Optional[Callable] = None
 
     def library(self, source: str, stem: str, toolchain=None):

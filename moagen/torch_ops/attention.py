@@ -26,8 +26,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from moagen import runtime
 from moagen.kernels.attention import flash_params
+from moagen.request import resolve
 from moagen.torch_ops.native import (DTYPES, call, causal_name, check_dims, check_lang,
                                      check_size, check_tensors)
 from moagen.torch_ops.operator import Operator
@@ -40,7 +40,7 @@ def fitted(name: str, lang: str, dtype: str, n: int, d: int, causal: bool) -> tu
     """The schedule parameters of a flash kernel fitted to the sequence length and head size,
     as pairs: every parameter where flash_params changes one of this machine's defaults
     (a backward has no key blocks of its own), () where they stand."""
-    here = runtime.schedule_params(name, "flash", lang, dtype)
+    here = dict(resolve(name, "flash", lang, dtype).params)
     changed = {key: value for key, value in flash_params(n, d, causal, here["lanes"]).items()
                if key in here and here[key] != value}
     return tuple(sorted({**here, **changed}.items())) if changed else ()

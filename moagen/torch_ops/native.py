@@ -11,7 +11,7 @@ kernel's signature; a model makes many small calls, and the first way costs each
 Python (docs/PERFORMANCE.md, "A call's Python inside the model's step").
 
 On CUDA tensors the kernel is the CUDA one, whatever `lang` names: it takes the tensors as
-device arrays (moagen.bind.cuda), its outputs are tensors from PyTorch's allocator, and it
+device arrays (moagen.targets.cuda.loader), its outputs are tensors from PyTorch's allocator, and it
 is queued on PyTorch's current stream, as a PyTorch operator is, so that the caching
 allocator's reuse of the memory and the next operation are ordered after it. Nothing is
 copied between host and device.

@@ -1,0 +1,36 @@
+"""`moagen list`: the kernels, their variants and each variant's schedule parameters with
+their defaults per target kind and dtype."""
+from moagen.onf.signature import DTYPES
+from moagen.targets.kinds import DEFAULT_KINDS
+
+
+def add_parser(sub):
+    p = sub.add_parser("list", help="the kernels and their variants")
+    p.set_defaults(run=run)
+
+
+def run(args):
+    from moagen.kernels import ALIASES, KERNELS
+    for kernel in KERNELS.values():
+        variants = [name + defaults_text(variant) for name, variant in kernel.variants.items()]
+        also = "".join(f" (= {a})" for a, name in ALIASES.items() if name == kernel.name)
+        print(f"{kernel.name}{also}: {', '.join(variants)}")
+
+
+def defaults_text(variant):
+    """ rows=4 lanes=16 (the CPU's for float64), then where others differ: the CPU's for
+    another dtype, (float32: lanes=32); the CUDA ones, (cuda: rows=4 lanes=8); a CPU's with
+    AVX-512, (avx512 float64: mr=8 nr=16)."""
+    text = lambda params: "".join(f" {k}={v}" for k, v in params.items())
+    cpu, notes = variant.defaults_for("cpu"), []
+    for target in DEFAULT_KINDS:
+        base = variant.defaults_for(target)
+        if base != cpu:
+            notes.append(f" ({target}:{text(base)})")
+        for dtype in DTYPES[1:]:
+            differ = {k: v for k, v in variant.defaults_for(target, dtype).items() if base[k] != v}
+            if differ:
+                notes.append(f" ({dtype if target == 'cpu' else f'{target} {dtype}'}:"
+                             f"{text(differ)})")
+    notes += [f" (avx512 {dtype}:{text(params)})" for dtype, params in variant.avx512.items()]
+    return text(cpu) + "".join(notes)

@@ -1,0 +1,64 @@
+"""CUDA built with nvcc (host launchers, cubins for the GPUs we target) or with g++ for the
+host emulation."""
+from dataclasses import dataclass
+from pathlib import Path
+
+from moagen.targets.toolchain import (INSTALL_CUDA, INSTALL_CXX, Toolchain, cached, require, run,
+                                     shared_library, write)
+
+
+# the GPUs every CUDA kernel is compiled for, with or without one present
+CUDA_ARCHS = ("sm_80", "sm_90")
+
+# the stand-in for the CUDA runtime header that runs CUDA source on the host
+CUDA_EMULATION = Path(__file__).resolve().parent / "templates" / "emulation"
+
+
+@dataclass(frozen=True)
+class CubinResult:
+    cubin: Path
+    ptxas_report: str  # ptxas -v: registers, shared memory, spills per kernel
+
+
+def build_cuda(source, stem, toolchain=None):
+    """Build CUDA source into a shared library of host launchers; returns its path."""
+    tc = toolchain or Toolchain()
+
+    def command(src, library):
+        nvcc = require(tc.nvcc, "CUDA compiler", INSTALL_CUDA)
+        return [nvcc, *tc.nvccflags, *tc.nvccldflags, "-o", str(library), str(src)]
+
+    return shared_library(source, stem, "cu", ("cuda", source, tc.nvcc, tc.nvccflags, tc.nvccldflags),
+                           command)
+
+
+def build_cuda_emulated(source, stem, toolchain=None):
+    """Build CUDA source for the host, each block's threads an OpenMP team (the stand-in
+    runtime header in CUDA_EMULATION), into a shared library of launchers over host
+    pointers; returns its path."""
+    tc = toolchain or Toolchain()
+    header = (CUDA_EMULATION / "cuda_runtime.h").read_text()
+
+    def command(src, library):
+        cxx = require(tc.cxx, "C++ compiler (to run CUDA on the host)", INSTALL_CXX)
+        return [cxx, "-x", "c++", f"-I{CUDA_EMULATION}", *tc.cxxflags, "-o", str(library),
+                str(src), *tc.cxxldflags]
+
+    key = ("cuda-emulated", source, header, tc.cxx, tc.cxxflags, tc.cxxldflags)
+    return shared_library(source, stem, "cu", key, command)
+
+
+def compile_cuda(source, stem, arch, toolchain=None):
+    """Compile CUDA source to a cubin for `arch` (e.g. "sm_90"), keeping ptxas' report."""
+    tc = toolchain or Toolchain()
+    key = ("cubin", arch, source, tc.nvcc, tc.nvccflags)
+
+    def build(folder, name):
+        nvcc = require(tc.nvcc, "CUDA compiler", INSTALL_CUDA)
+        src = write(folder / f"{stem}.cu", source)
+        report = run([nvcc, *tc.nvccflags, f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                       "-o", str(folder / f"{stem}.cubin"), str(src)], src)
+        write(folder / "ptxas.txt", report)
+
+    folder = cached(stem, key, build)
+    return CubinResult(folder / f"{stem}.cubin", (folder / "ptxas.txt").read_text())

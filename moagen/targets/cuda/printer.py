@@ -1,0 +1,147 @@
+"""CUDA backend: each nest becomes a `__global__` kernel with one thread per iteration of
+its parallel loops (their indices recovered from the flat thread index), as many threads a
+block as its mapping says (GpuThreads), or a thread block per iteration whose threads
+share the loops inside it (GpuBlocks: moagen.onf.gpu_blocks); an `extern "C"` launcher
+with the common ABI, over device pointers, runs the nests in order."""
+import sympy
+
+from moagen.targets.c.printer import CPrinter
+from moagen.targets.printer import dnf_comment
+from moagen.templates import render
+from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, walk
+
+# threads a block where no mapping says (nests a step made parallel itself: a register
+# tile's panels)
+THREADS_PER_BLOCK = 128
+
+
+class CudaPrinter(CPrinter):
+    restrict = "__restrict__"
+
+    simd_directives = False  # a GPU thread's loop is sequential code
+
+    def __init__(self, onf, dtype):
+        super().__init__(onf, dtype)
+        self.block_level = False  # printing what a GpuBlocks block's threads all run
+        self.block_reductions = False  # whether a kernel calls moagen_block_reduce
+
+    def kernels(self):
+        out = []
+        for nest in self.onf.nests:
+            chain = []
+            if len(nest.body) == 1 and nest.body[0].parallel:
+                chain = parallel_chain(nest.body[0])
+            per_block = bool(chain) and chain[0].per_block
+            count = self.index(sympy.Mul(*[lp.stop - lp.start for lp in chain]))
+            if per_block:  # a block per iteration: exactly `count` blocks
+                prologue = self.indices(chain, "blk", ["const int64_t blk = blockIdx.x;"])
+            else:
+                prologue = self.indices(chain, "tid", [
+                    "const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;",
+                    f"if (tid >= {count}) return;"])
+            self.block_level = per_block
+            # a nest with no parallel loops runs on a single thread
+            body = self.loop_body(chain[-1], 1) if chain else self.block(nest.body, 1)
+            self.block_level = False
+            threads = chain[0].threads if chain and chain[0].threads else THREADS_PER_BLOCK
+            out.append({"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
+                        "comment": self.comment(self.nest_comment(nest)), "count": count,
+                        "threads": threads, "per_block": per_block,
+                        "prologue": prologue, "body": body})
+        return out
+
+    def indices(self, chain, flat_name, first):
+        """Recover the parallel loops' indices from a flat index (a thread's, or a block's),
+        innermost fastest, so that neighbouring threads touch neighbouring elements."""
+        lines = [self.indent + line for line in first]
+        stride = sympy.Integer(1)
+        for lp in reversed(chain):
+            extent = lp.stop - lp.start
+            flat = flat_name if stride == 1 else f"({flat_name} / {self._atom(stride)})"
+            value = flat if lp is chain[0] else f"{flat} % {self._atom(extent)}"
+            start = "" if lp.start == 0 else f"{self.index(lp.start)} + "
+            lines.append(f"{self.indent}const int64_t {lp.var} = {start}{value};")
+            stride = stride * extent
+        return lines
+
+    # ---- a block per iteration (GpuBlocks) ----------------------------------------------
+    def block(self, stmts, depth):
+        """At a block's level: every statement on every thread, but stores (thread 0's),
+        and a barrier before a statement that touches an array an earlier one wrote, or
+        writes one an earlier one read, since the last barrier."""
+        if not self.block_level:
+            return super().block(stmts, depth)
+        lines, written, read = [], set(), set()
+        guarded = False  # the last lines are thread 0's stores, in their `if`
+        for s in stmts:
+            reads, writes = arrays_read([s]), {x.array for x in walk([s]) if isinstance(x, Store)}
+            if (reads | writes) & written or writes & read:
+                lines.append(self.indent * depth + "__syncthreads();")
+                written, read, guarded = set(), set(), False
+            written, read = written | writes, read | reads
+            if isinstance(s, Store):
+                if guarded:  # another store of thread 0's, in the same `if`
+                    lines.pop()
+                else:
+                    lines.append(self.indent * depth + "if (threadIdx.x == 0) {")
+                lines += super().block((s,), depth + 1) + [self.indent * depth + "}"]
+                guarded = True
+            else:
+                lines += super().block((s,), depth)
+                guarded = False
+        return lines
+
+    def loop(self, loop, depth):
+        if loop.across_threads:
+            return self.shared_loop(loop, depth)
+        lines = super().loop(loop, depth)
+        if self.block_level and any(isinstance(s, Store) for s in walk(loop.body)):
+            # what one iteration wrote, the next may read on another thread
+            lines.insert(-1, self.indent * (depth + 1) + "__syncthreads();")
+        return lines
+
+    def shared_loop(self, loop, depth):
+        """A loop whose iterations a block's threads share, thread t taking t, t + blockDim.x,
+        ...; then the block-wide total of each local it accumulated."""
+        pad, v = self.indent * depth, loop.var
+        start = "" if loop.start == 0 else f"{self.index(loop.start)} + "
+        lines = [f"{pad}for (int64_t {v} = {start}threadIdx.x; "
+                 f"{v} < {self.index(loop.stop)}; {v} += blockDim.x) {{"]
+        self.block_level = False  # inside, each thread runs its own iterations
+        lines += self.loop_body(loop, depth + 1) + [pad + "}"]
+        self.block_level = True
+        own = {s.name for s in walk(loop.body) if isinstance(s, Let)}
+        partials = {s.name: s.op for s in walk(loop.body) if isinstance(s, Update) and s.name not in own}
+        for name, op in partials.items():
+            combine = "moagen_sum" if op == "+" else "moagen_max"
+            lines.append(f"{pad}{name} = moagen_block_reduce({name}, {combine}());")
+            self.block_reductions = True
+        return lines
+
+    def atomic_add(self, target, value):
+        return [f"atomicAdd(&{target}, {value});"]
+
+    def _atom(self, e):
+        text = self.index(e)
+        return text if e.is_Atom else f"({text})"
+
+    # CUDA has rsqrt / rsqrtf: a call, not a quotient
+    QUOTIENTS = {fn: denominator for fn, denominator in CPrinter.QUOTIENTS.items()
+                 if fn != "rsqrt"}
+
+    def max_or_min(self, fn, a, b):
+        name = "f" + fn + ("f" if self.dtype == "float32" else "")  # one instruction on a GPU
+        return f"{name}({a}, {b})"
+
+
+def emit_cuda(onfs_by_dtype, banner):
+    launchers = []
+    for dtype, onf in onfs_by_dtype:
+        p = CudaPrinter(onf, dtype)
+        args = [a.name for a in p.sig.arrays] + [s.name for s in p.sig.sizes] + list(p.sig.scalars)
+        launchers.append({"name": p.sig.name, "params": p.params(), "args": args,
+                          "kernels": p.kernels(), "block_reductions": p.block_reductions})
+    dnf = CudaPrinter(onfs_by_dtype[0][1], onfs_by_dtype[0][0]).comment(
+        dnf_comment([onf for _, onf in onfs_by_dtype]))
+    return render("cuda/kernel.cu.j2", banner=banner, dnf=dnf, launchers=launchers,
+                  block_reductions=any(l["block_reductions"] for l in launchers))

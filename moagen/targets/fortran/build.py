@@ -1,0 +1,58 @@
+"""Fortran built with f90wrap and f2py into an extension module."""
+import re
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+from moagen.targets.toolchain import (INSTALL_C, INSTALL_FORTRAN, Toolchain, cached, require, run, script,
+                                     write)
+
+
+def build_fortran(source, stem, module, toolchain=None):
+    """Build Fortran source defining `module` into an f2py/f90wrap extension module; returns
+    the extension's path. Its import name is the file name up to the first dot, unique to
+    this build so that several kernels load into one process."""
+    if not re.search(rf"^\s*module\s+{re.escape(module)}\s*$", source, re.IGNORECASE | re.MULTILINE):
+        raise ValueError(f"Fortran source for {stem!r} defines no module {module!r}")
+    tc = toolchain or Toolchain()
+    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags) + \
+        ((tc.fsharedflags,) if tc.fsharedflags else ())  # the keys of CPU builds unchanged
+
+    def build(folder, name):
+        fc = require(tc.fc, "Fortran compiler", INSTALL_FORTRAN)
+        cc = require(tc.cc, "C compiler (f2py's C wrapper)", INSTALL_C)
+        f90wrap, f2py = script("f90wrap"), script("f2py-f90wrap")
+        src = write(folder / f"{stem}.f90", source)
+        run([fc, *tc.fflags, "-c", src.name, "-o", f"{stem}.o"], src, cwd=folder)
+        run([f90wrap, "-m", stem, src.name], src, cwd=folder)
+        # f2py writes the extension's C source (and Fortran wrappers, maybe empty); the
+        # compilers build it here, as f2py's meson backend would, without setting up a meson
+        # project for each kernel (most of a small kernel's build: docs/PERFORMANCE.md)
+        module = f"_{name}"
+        run([f2py, "-m", module, "--lower", f"f90wrap_{stem}.f90"], src, cwd=folder)
+        glue_flags, runtime = _f2py_glue()
+        run([cc, *glue_flags, "-c", f"{module}module.c", runtime], src, cwd=folder)
+        wrappers = [f"f90wrap_{stem}.f90"] + sorted(p.name for p in folder.glob(f"{module}-f2pywrappers*"))
+        run([fc, *tc.fflags, "-c", *wrappers], src, cwd=folder)
+        objects = [f"{module}module.o", "fortranobject.o", f"{stem}.o",
+                   *(Path(w).with_suffix(".o").name for w in wrappers)]
+        run([fc, "-shared", "-o", module + sysconfig.get_config_var("EXT_SUFFIX"), *objects,
+              *tc.fldflags, *tc.fsharedflags], src, cwd=folder)
+
+    folder = cached(stem, key, build)
+    return folder / f"_{folder.name.replace('-', '_')}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+@lru_cache(maxsize=None)
+def _f2py_glue():
+    """The compile flags and the runtime source (fortranobject.c) of an f2py extension's C
+    glue: numpy's and Python's headers, -fno-strict-aliasing as f2py's own build adds, and
+    -O0: the glue of a kernel with many arrays runs to thousands of lines, which an
+    optimizing compile takes seconds over, and a call through it was no slower unoptimized
+    (docs/PERFORMANCE.md)."""
+    import numpy.f2py  # only a Fortran build needs it
+
+    include = numpy.f2py.get_include()
+    flags = ("-O0", "-fPIC", "-fno-strict-aliasing", f"-I{numpy.get_include()}", f"-I{include}",
+             f"-I{sysconfig.get_paths()['include']}")
+    return flags, str(Path(include) / "fortranobject.c")
