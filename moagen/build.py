@@ -52,12 +52,10 @@ def _libmvec():
 
 LIBMVEC = _libmvec()
 
-# A sum marked `omp simd reduction` may already be reordered; without leave to reassociate,
-# gcc and gfortran 12 still end each one by storing the vector accumulator and adding its
-# lanes one at a time through the stack (perf annotate: 8 dependent vaddss per dot product).
-# With it, the lanes are added in a short tree in registers: attention_fwd online, float64,
-# d 64, n 1024, 2 threads, 71-83 ms against 95-99 ms. Reassociation moves sums by rounding
-# only; infinities and NaNs keep their meaning (no -ffinite-math-only).
+# Leave to reassociate: without it gcc and gfortran 12 end every `omp simd` sum by adding
+# the vector accumulator's lanes one at a time through the stack, with it in a short tree in
+# registers (docs/PERFORMANCE.md, "Build flags"). It moves sums by rounding only;
+# infinities and NaNs keep their meaning (no -ffinite-math-only).
 REASSOCIATE = ("-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
 
 # OpenACC offloaded to NVIDIA GPUs (gcc-12-offload-nvptx; gfortran shares it). gcc 12 writes
@@ -213,7 +211,8 @@ def build_fortran(source, stem, module, toolchain=None):
         _run([f90wrap, "-m", stem, src.name], src, cwd=folder)
         # f2py writes the extension's C source (and Fortran wrappers, maybe empty); the
         # compilers build it here, as f2py's meson backend would, without setting up a meson
-        # project for each kernel (most of a small kernel's build: docs/PERFORMANCE.md)
+        # project for each kernel (most of a small kernel's build: docs/PERFORMANCE.md,
+        # "Build flags")
         module = f"_{name}"
         _run([f2py, "-m", module, "--lower", f"f90wrap_{stem}.f90"], src, cwd=folder)
         glue_flags, runtime = _f2py_glue()
@@ -234,8 +233,8 @@ def _f2py_glue():
     """The compile flags and the runtime source (fortranobject.c) of an f2py extension's C
     glue: numpy's and Python's headers, -fno-strict-aliasing as f2py's own build adds, and
     -O0: the glue of a kernel with many arrays runs to thousands of lines, which an
-    optimizing compile takes seconds over, and a call through it was no slower unoptimized
-    (docs/PERFORMANCE.md)."""
+    optimizing compile takes seconds over, and a call through it is no slower unoptimized
+    (docs/PERFORMANCE.md, "Build flags")."""
     import numpy.f2py  # only a Fortran build needs it
 
     include = numpy.f2py.get_include()

@@ -8,6 +8,8 @@
   one name: `moagen/targets/<language>/`).
 - The README and docs/PERFORMANCE.md stay short enough to be read: the dated studies go to
   docs/journal/, one file each, listed in its index.
+- A comment in moagen/ that points into docs/PERFORMANCE.md names one of its headings
+  (`docs/PERFORMANCE.md, "Build flags"`): the measurements live there, the code says why.
 - CI runs the README's test command after the same system-packages script the README
   names."""
 import os
@@ -108,3 +110,25 @@ def test_ci_runs_the_readme_commands():
     assert "tools/system-packages.sh" in ci, "CI installs through the same script"
     assert os.access(script, os.X_OK)
     assert "tools/system-packages.sh" in (ROOT / "Makefile").read_text()
+
+
+# docs/PERFORMANCE.md, "A heading" (the comment's lines joined, so a name may be wrapped)
+POINTER = re.compile(r'docs/PERFORMANCE\.md,? \(?"([^"]+)"')
+
+
+def performance_pointers():
+    pointers = []
+    for source in sorted((ROOT / "moagen").rglob("*.py")):
+        lines = (line.strip().lstrip("#").strip() for line in source.read_text().splitlines())
+        for heading in POINTER.findall(" ".join(lines)):
+            pointers.append((str(source.relative_to(ROOT)), heading))
+    return pointers
+
+
+def test_code_points_into_the_performance_notes_by_heading():
+    headings = {line[3:].strip() for line in (ROOT / "docs" / "PERFORMANCE.md").read_text().splitlines()
+                if line.startswith("## ")}
+    assert performance_pointers(), "no comment points into docs/PERFORMANCE.md"
+    wrong = [f"{source}: {heading!r}" for source, heading in performance_pointers()
+             if heading not in headings]
+    assert not wrong, "comments point at headings docs/PERFORMANCE.md does not have: " + "; ".join(wrong)
