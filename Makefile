@@ -5,9 +5,12 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench example-lm clean
+.PHONY: system-packages all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench example-lm clean
 
 all: generated build
+
+system-packages:  # the compilers, OpenACC offloading, MPI, Slurm, valgrind (apt-get; root or sudo)
+	tools/system-packages.sh
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	python3 -m venv $(VENV)

@@ -39,7 +39,7 @@ def predict_ahead(groups):
     """Run the cost model for each of our calls in these groups before their worker starts
     timing them: it takes seconds of sympy a variant (remembered afterwards), which, run
     while the worker timed the next group, took a core from the timed calls
-    (docs/PERFORMANCE.md, "The bench's own CPU time"). The counts at the call's sizes are
+    (docs/PERFORMANCE.md, "The bench"). The counts at the call's sizes are
     left to with_rates, cheap by then."""
     from moagen.bench import cases
     from moagen.cost import predict

@@ -104,14 +104,12 @@ def flash_tiles(nest, rows, lanes, causal):
 def flash_params(n: int, d: int, causal: bool, lanes: int) -> dict:
     """The parameters of a kernel in FlashAttention's form (attention_fwd's flash,
     attention_fwdbwd's owner; attention_bwd's flash takes all but `block`, having no forward
-    pass) for sizes where its defaults, chosen at n 1024-8192 and d 64-128, lose; `lanes`:
-    the tiles' width the kernel takes otherwise (its defaults on this machine). Tiles at
-    most 16 lanes wide when d < 32 (32 lanes would leave every output column to the
-    remainder loop), and for causal sequences up to 256 blocks of 16 keys (only the diagonal
-    blocks select; at n 64 a block of 64 keys is all diagonal) with tiles of 8 rows, two to a
-    block (6 rows straddle the blocks). Empty where the defaults stand. Measured in
-    docs/PERFORMANCE.md ("Attention at a small model's sizes", "The flash forward's tiles on
-    AVX2")."""
+    pass) for sizes where its defaults lose; `lanes`: the tiles' width the kernel takes
+    otherwise (its defaults on this machine). Tiles at most 16 lanes wide when d < 32 (32
+    lanes would leave every output column to the remainder loop), and for causal sequences
+    up to 256 blocks of 16 keys (only the diagonal blocks select; at n 64 a block of 64 keys
+    is all diagonal) with tiles of 8 rows, two to a block (6 rows straddle the blocks).
+    Empty where the defaults stand (docs/PERFORMANCE.md, "Attention at small sizes")."""
     narrow = min(lanes, 16)
     params = {"lanes": narrow} if d < 32 and lanes > narrow else {}
     if causal and n <= 256:
@@ -122,7 +120,7 @@ def flash_params(n: int, d: int, causal: bool, lanes: int) -> dict:
 # The CPU's tiles: a row of the score and output tiles in two vector registers, 6 rows (12
 # accumulators of AVX2's 16 registers: 8 float64 lanes, 16 float32); AVX-512's hold 32
 # lanes of either, 8 float64 rows or 12 float32 ones, over blocks of 128 keys
-# (docs/PERFORMANCE.md, "The flash forward's tiles on AVX2", "... on AVX-512")
+# (docs/PERFORMANCE.md, "The flash forward's tiles")
 FLASH_DEFAULTS = {"rows": 6, "lanes": 8, "block": KEY_BLOCK}
 FLASH_DTYPES = {"float32": {"lanes": 16}}
 FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},

@@ -197,10 +197,9 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
 # from the key rows' pass, in one part (the heads already feed the threads), and every
 # product is a register tile of `rows` rows by `lanes` lanes: float64 6 x 8 (a row in two
 # AVX2 vector registers; 8 x 16 on AVX-512), float32 6 x 16 on AVX2 (8 x 32 on AVX-512)
-# (docs/PERFORMANCE.md, "The flash forward's tiles on AVX2", and "The owner's keys and
-# lanes on AVX-512"). The key rows' pass adds one query row at a time (keys 1): with two,
-# gcc 12 computed each pair of terms the dK and dV tiles add as a multiply, a multiply-add
-# and an add (docs/PERFORMANCE.md, "The owner's dK and dV tiles a query row at a time"). On
+# (docs/PERFORMANCE.md, "The owner and the flash backward"). The key rows' pass adds one
+# query row at a time (keys 1): with two, gcc 12 computed each pair of terms the dK and dV
+# tiles add as a multiply, a multiply-add and an add (the same section). On
 # a GPU dQ keeps its pass (parts 0): that pass runs a thread per query row, the parts only
 # one per part of a head's keys; a thread walks the other side a row at a time (lanes 0)
 OWNER_DEFAULTS = {"rows": 6, "keys": 1, "parts": 1, "lanes": 8}

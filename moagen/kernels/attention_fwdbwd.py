@@ -73,9 +73,9 @@ def variants(causal: bool):
     """The variants of the plain or the causal kernel. The owner is attention_bwd's flash
     with a forward pass before it (attention_bwd.owner, its parameters), which on a CPU
     walks blocks of 32 keys in the causal kernel, so that fewer of its scores are on the
-    diagonal blocks that select (docs/PERFORMANCE.md, "The owner in FlashAttention's
-    form"); the causal owner skips the key blocks past each query tile in its forward, the
-    query rows before each key tile in its key rows' pass."""
+    diagonal blocks that select (docs/PERFORMANCE.md, "Causal kernels"); the causal owner
+    skips the key blocks past each query tile in its forward, the query rows before each
+    key tile in its key rows' pass."""
     return {"atomic": ATOMIC,
             "owner": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
                              defaults={**OWNER_DEFAULTS, "block": 32 if causal else KEY_BLOCK},

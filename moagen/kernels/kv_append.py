@@ -39,7 +39,7 @@ def validate(sizes, scalars):
 
 
 # On a CPU one thread: copying a row per head is less work than starting the threads
-# (docs/PERFORMANCE.md, "The bench's own CPU time"). On a GPU a thread per head.
+# (docs/PERFORMANCE.md, "Small calls"). On a GPU a thread per head.
 ON_A_GPU = (GpuThreads(("b", "g")),)
 VARIANTS = {
     # only row n of each cache is written, into the caches themselves

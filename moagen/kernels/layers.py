@@ -23,8 +23,8 @@ def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> 
     """A mapping for the CPU and the GPU targets: the GPU's derived from the CPU's
     (gpu_threads), except that each nest named in `tiles` runs a GPU thread per iteration
     of the loops it names (a register tile's every tile, where the CPU runs a thread per
-    column of tiles: too few threads to fill a GPU; docs/PERFORMANCE.md, "The first run on
-    a GPU")."""
+    column of tiles: too few threads to fill a GPU; docs/PERFORMANCE.md, "CUDA: a verified
+    reference, not yet fast")."""
     gpu = tuple(GpuThreads(tiles[step.nest], nest=step.nest) if step.nest in tiles else step
                 for step in gpu_threads(cpu_steps))
     return {"cpu": tuple(cpu_steps),

@@ -149,21 +149,17 @@ def _tiled(nests, mr, nr, row_block):
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64, AVX2); 96 rows of a
 # 512-wide operand: 384 KiB, held in a 1 MiB L2. The tuner's choice between blocks of 96
-# rows and none moved with the machine and the run (within 5% on both kinds seen), so the
-# defaults stay as they were, on every target
+# rows and none moved with the machine and the run, so the defaults stay as they were, on
+# every target (docs/PERFORMANCE.md, "The MLP and the projections: register tiles")
 TILE_DEFAULTS = {"mr": 6, "nr": 8, "row_block": 96}
 TILE_SPACE = {"mr": (4, 6, 8), "nr": (8, 16, 32), "row_block": (0, 64, 96)}
 # float32: a row of the tile in as many vector registers as float64's 8 columns take, so
-# 16 columns (1.2-1.6x in mlp_fwd and mlp_bwd; docs/PERFORMANCE.md, per-dtype defaults)
+# 16 columns (docs/PERFORMANCE.md, "The MLP and the projections: register tiles")
 TILE_DTYPE_DEFAULTS = {"float32": {"nr": 16}}
-# AVX-512's 32 vector registers hold 8 x 2 of a row's registers as accumulators (16):
-# 1.3-1.8x over the defaults above in mlp_fwd and mlp_bwd, both dtypes, at the bench's
-# model and the tiny LM's (docs/PERFORMANCE.md, "Tiles for AVX-512"); on AVX2 they would
-# spill. Blocks of 64 rows (8 tiles of 8) split a power of two of rows into blocks the
-# threads share evenly (1024 rows: 16 blocks; in 96's 11, one thread took 6): 3-10% faster
-# at 1024 rows, forward and backward, both dtypes, the tiny LM's sizes and the bench's
-# model (docs/PERFORMANCE.md, "The tiny LM's step by operator; one sigmoid; row blocks the
-# threads share evenly")
+# AVX-512's 32 vector registers hold 8 x 2 of a row's registers as accumulators (16); on
+# AVX2 they would spill. Blocks of 64 rows (8 tiles of 8) split a power of two of rows into
+# blocks the threads share evenly (1024 rows: 16 blocks; in 96's 11, one thread took 6)
+# (docs/PERFORMANCE.md, "The MLP and the projections: register tiles")
 TILE_AVX512 = {"float64": {"mr": 8, "nr": 16, "row_block": 64},
                "float32": {"mr": 8, "nr": 32, "row_block": 64}}
 

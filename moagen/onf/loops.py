@@ -199,7 +199,7 @@ def scratch_row(who, hint, loops, keys, block, names, temps) -> str:
     value the C compiler does not know. Knowing it (B), gcc 12 takes a register tile's reads
     of several rows for one group and reads each value it broadcasts by loading a vector
     from its row and broadcasting the first lane: a vector-unit instruction more per
-    broadcast and loads across cache lines (docs/PERFORMANCE.md, "The score rows' stride").
+    broadcast and loads across cache lines (docs/PERFORMANCE.md, "The flash forward's tiles").
     The loops must run from 0 to bounds that do not depend on each other, and keys' stop on
     none of them."""
     size = sympy.Min(keys.stop, block)

@@ -22,7 +22,7 @@ every column: `dz[c] * inv_rms[i]`) are loaded once, into locals just before it.
 compiler would do it where it can prove the loop's stores miss that element; inside an
 OpenMP parallel loop's outlined body the pointers lose `restrict` and it cannot, and gcc
 then reloads the element in the loop's latch, which stops it vectorizing the loop at all
-(RMSNorm's backward: scalar code, 2-4x slower than the vector loop).
+(RMSNorm's backward was left scalar: docs/PERFORMANCE.md, "RMSNorm").
 """
 from dataclasses import replace
 from functools import lru_cache

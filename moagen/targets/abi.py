@@ -26,10 +26,9 @@ from moagen.targets.cuda.arrays import DeviceArray, DeviceView, device_view
 
 # Host kernels' scratch comes from their thread's arena, one block of memory every host
 # kernel the thread calls shares (one runs at a time on a thread), grown to the largest
-# call's scratch up to this size and kept: fresh memory is page-faulted and zeroed by the OS
-# on first touch, which costs as much as a small kernel's work (~4 ms for 10 MB here) and
-# 10% of the MLP backward's at n 4096 (373 MiB). A call whose scratch is larger gets memory
-# of its own, freed after it.
+# call's scratch up to this size and kept: fresh memory is page-faulted and zeroed on first
+# touch (docs/PERFORMANCE.md, "Host scratch: one arena a thread"). A call whose scratch is
+# larger gets memory of its own, freed after it.
 KEEP_HOST_SCRATCH = 1 << 30  # bytes
 SCRATCH_ALIGNMENT = 64  # bytes: each array of the arena starts on a cache line
 _ARENA = threading.local()  # .buffer: the thread's block; .views: its arrays by dtype and shapes

@@ -321,8 +321,8 @@ def _row_offsets(onf: ONF, quotients) -> dict:
         for (array, _), (base, uses, homes, users, direct) in found.items():
             # one loop inside the home uses it, directly: gcc computes an offset that outer
             # loops do not change where they change it, and one named higher up stays live
-            # (in a register or spilled) across the loops between, which cost 2.5% more
-            # instructions in attention_fwd online (O and Q rows across the key blocks)
+            # (in a register or spilled) across the loops between, which costs more
+            # (docs/PERFORMANCE.md, "The printer's choices")
             if not direct or len(users) != len(homes):
                 continue
             if sympy.count_ops(base) >= 4 or (uses >= 2 and sympy.count_ops(base) >= 2):

@@ -46,12 +46,10 @@ def _libmvec():
 
 LIBMVEC = _libmvec()
 
-# A sum marked `omp simd reduction` may already be reordered; without leave to reassociate,
-# gcc and gfortran 12 still end each one by storing the vector accumulator and adding its
-# lanes one at a time through the stack (perf annotate: 8 dependent vaddss per dot product).
-# With it, the lanes are added in a short tree in registers: attention_fwd online, float64,
-# d 64, n 1024, 2 threads, 71-83 ms against 95-99 ms. Reassociation moves sums by rounding
-# only; infinities and NaNs keep their meaning (no -ffinite-math-only).
+# Leave to reassociate: without it gcc and gfortran 12 end every `omp simd` sum by adding
+# the vector accumulator's lanes one at a time through the stack, with it in a short tree in
+# registers (docs/PERFORMANCE.md, "Build flags"). It moves sums by rounding only;
+# infinities and NaNs keep their meaning (no -ffinite-math-only).
 REASSOCIATE = ("-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
 
 # OpenACC offloaded to NVIDIA GPUs (gcc-12-offload-nvptx; gfortran shares it). gcc 12 writes

@@ -18,7 +18,7 @@ kernels' schedules are fitted to the sequence length and head size
 
 The backward alone rather than a fused forward + backward (attention_fwdbwd): the forward
 has already computed O and the logsumexp, which the fused owner would compute again in a
-pass of its own (docs/PERFORMANCE.md, "The backward without its forward")."""
+pass of its own (docs/PERFORMANCE.md, "The owner and the flash backward")."""
 import math
 from functools import lru_cache
 from typing import Optional

@@ -8,7 +8,7 @@ and writes new tensors, or the ones it updates in place (KernelCallable.call_at)
 kernel, whose f2py binding takes numpy arrays, takes numpy views of them, its outputs handed
 back as tensors over the arrays it wrote (no copy either). Both check the shapes against the
 kernel's signature; a model makes many small calls, and the first way costs each less
-Python (docs/PERFORMANCE.md, "A call's Python inside the model's step").
+Python (docs/PERFORMANCE.md, "moagen.torch's calls").
 
 On CUDA tensors the kernel is the CUDA one, whatever `lang` names: it takes the tensors as
 device arrays (moagen.targets.cuda.loader), its outputs are tensors from PyTorch's allocator, and it

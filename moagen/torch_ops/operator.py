@@ -11,7 +11,8 @@ parameter (fake, functional and meta tensors, subclasses), or a list of tensors 
 which an autograd.Function would not differentiate). A call in eager mode on plain tensors
 runs the same impl, setup_context and backward through a torch.autograd.Function instead:
 the custom op's Python layers (dispatch, argument defaults, its own autograd wrapper) cost
-about 30 us a call, as much as a small kernel's work, and a model makes many small calls.
+as much as a small kernel's work, and a model makes many small calls (docs/PERFORMANCE.md,
+"moagen.torch's calls").
 
 `check(*args)`, where given, raises for arguments the operator refuses. The custom op runs
 it before impl and fake; the eager path does not, its caller (the public function, which
@@ -88,7 +89,7 @@ def _plain(args):
 def _function(name, impl, setup_context, backward):
     """The torch.autograd.Function of impl with this autograd formula. Its forward takes
     the context and sets it up itself: given a setup_context of its own, Function.apply
-    would bind every call's arguments to forward's signature through inspect (~20 us)."""
+    would bind every call's arguments to forward's signature through inspect, at every call."""
     def forward(ctx, *args):
         output = impl(*args)
         setup_context(ctx, args, output)

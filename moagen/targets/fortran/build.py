@@ -27,7 +27,8 @@ def build_fortran(source, stem, module, toolchain=None):
         run([f90wrap, "-m", stem, src.name], src, cwd=folder)
         # f2py writes the extension's C source (and Fortran wrappers, maybe empty); the
         # compilers build it here, as f2py's meson backend would, without setting up a meson
-        # project for each kernel (most of a small kernel's build: docs/PERFORMANCE.md)
+        # project for each kernel (most of a small kernel's build: docs/PERFORMANCE.md,
+        # "Build flags")
         module = f"_{name}"
         run([f2py, "-m", module, "--lower", f"f90wrap_{stem}.f90"], src, cwd=folder)
         glue_flags, runtime = _f2py_glue()
@@ -48,8 +49,8 @@ def _f2py_glue():
     """The compile flags and the runtime source (fortranobject.c) of an f2py extension's C
     glue: numpy's and Python's headers, -fno-strict-aliasing as f2py's own build adds, and
     -O0: the glue of a kernel with many arrays runs to thousands of lines, which an
-    optimizing compile takes seconds over, and a call through it was no slower unoptimized
-    (docs/PERFORMANCE.md)."""
+    optimizing compile takes seconds over, and a call through it is no slower unoptimized
+    (docs/PERFORMANCE.md, "Build flags")."""
     import numpy.f2py  # only a Fortran build needs it
 
     include = numpy.f2py.get_include()

@@ -3,7 +3,7 @@ loops as OpenACC compute constructs (moagen.targets.openacc.printer), built with
 offloading, loaded and bound as C (cffi) and Fortran (f90wrap) are. Where no GPU is found
 the regions run on the host, so both run and are verified on any machine; and C without
 `restrict`, the bench's ablation, offloaded too. Not in generated/: variants of C and
-Fortran for the GPU half of the C-vs-Fortran experiment (moagen.bench.ptx)."""
+Fortran for the GPU half of the C-vs-Fortran experiment (moagen.bench.offload)."""
 import ctypes
 import ctypes.util
 from dataclasses import replace
