@@ -9,9 +9,9 @@ from moagen.errors import UnknownNameError
 from moagen.kernels import CompositeKernel, get_kernel
 from moagen.kernels.compose import compose
 from moagen.onf.loops import ONF
-from moagen.targets.kinds import KINDS
+from moagen.kinds import KINDS
 
-# what a variant's mapping layer is written for (moagen.targets.kinds)
+# what a variant's mapping layer is written for (moagen.kinds)
 TARGET_KINDS = tuple(KINDS)
 
 

@@ -22,7 +22,7 @@ from moagen.onf.signature import Signature, check_dtype, signature
 from moagen.pipeline import onf_of, param_pairs
 from moagen.targets import get_target
 from moagen.targets.target import Target
-from moagen.targets.kinds import get_kind
+from moagen.kinds import get_kind
 from moagen.targets.toolchain import Toolchain
 from moagen.tuning import chosen as tuned_choice, load_choices
 

@@ -3,8 +3,6 @@
     attention = moagen.load("attention_fwd", variant="dnf", lang="fortran")
     O = attention(Q, K, V, scale=0.125)
 """
-from functools import lru_cache
-
 from moagen.emit import source, stem
 from moagen.kernels import get_kernel
 from moagen.onf.signature import DTYPES
@@ -27,16 +25,15 @@ def load_request(request: Request) -> KernelCallable:
 
 
 def library(request: Request):
-    """The built and loaded library of a request. At generated/'s parameters it holds every
-    dtype's function (what `moagen build` builds); at parameters chosen over them this
-    dtype's only: another's, at these parameters, would be compiled for nothing."""
-    return _library(request.kernel, request.variant, request.target.name, request.chosen,
-                    DTYPES if not request.chosen else (request.dtype,))
+    """The built and loaded library of a request, once a process. At generated/'s parameters
+    it holds every dtype's function (what `moagen build` builds); at parameters chosen over
+    them this dtype's only: another's, at these parameters, would be compiled for nothing."""
+    dtypes = DTYPES if not request.chosen else (request.dtype,)
+    key = (request.kernel, request.variant, request.lang, request.chosen, dtypes)
+    if key not in _LIBRARIES:
+        _LIBRARIES[key] = request.target.library(source(request, dtypes),
+                                                 stem(request.kernel, request.variant))
+    return _LIBRARIES[key]
 
 
-@lru_cache(maxsize=None)
-def _library(kernel, variant, lang, chosen, dtypes):
-    """One build and one load per kernel variant, language, parameters and dtypes a process."""
-    request = resolve(kernel, variant, lang, dtypes[0], chosen, here=False)
-    return request.target.library(source(request, dtypes), stem(kernel, variant))
-
+_LIBRARIES = {}  # library()'s, by what decides their source

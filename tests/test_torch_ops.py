@@ -308,7 +308,7 @@ def test_a_c_kernel_reads_no_tensor_whose_address_would_mislead_it():
 def test_the_gpus_rms_norm_backward_variant_is_the_cpus_to_rounding():
     """On CUDA tensors the RMSNorm backward runs its naive variant (a thread per row there);
     on the CPU its values are dnf's, the CPU's, to float64 rounding."""
-    from moagen.torch_ops.layers import _rows, norm_backward_variant
+    from moagen.torch_ops.norm_and_mlp import _rows, norm_backward_variant
     from moagen.torch_ops.native import call
     assert norm_backward_variant(torch.device("cuda", 0)) == "naive"
     assert norm_backward_variant(torch.device("cpu")) == "dnf"

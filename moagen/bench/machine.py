@@ -3,7 +3,6 @@ NUMA nodes and caches, plus compilers and flags (moagen.targets.toolchain.Toolch
 versions. Stored with every run, so results from two machines are never mixed up."""
 import os
 import platform
-import re
 from pathlib import Path
 
 from moagen.tuning import cpu_model

@@ -11,7 +11,7 @@ import os
 
 from moagen.bench import cases
 from moagen.errors import MoagenError
-from moagen.tuning import DEFAULT_FILE, format_params, machine_key, save
+from moagen.tuning import format_params, machine_key, save
 
 
 

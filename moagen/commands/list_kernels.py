@@ -1,7 +1,7 @@
 """`moagen list`: the kernels, their variants and each variant's schedule parameters with
 their defaults per target kind and dtype."""
 from moagen.onf.signature import DTYPES
-from moagen.targets.kinds import DEFAULT_KINDS
+from moagen.kinds import DEFAULT_KINDS
 
 
 def add_parser(sub):

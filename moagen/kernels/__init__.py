@@ -22,7 +22,7 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 from moagen.onf.signature import DTYPES, check_dtype
-from moagen.targets.kinds import DEFAULT_KINDS, get_kind
+from moagen.kinds import DEFAULT_KINDS, get_kind
 
 
 @dataclass(frozen=True)

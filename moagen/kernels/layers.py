@@ -16,7 +16,7 @@ from typing import Mapping, Tuple
 from moagen.errors import ScheduleError
 from moagen.onf.realize import CLOSING
 from moagen.onf.schedule import GpuThreads
-from moagen.targets.kinds import KINDS, get_kind, gpu_threads
+from moagen.kinds import KINDS, get_kind, gpu_threads
 
 
 def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> dict:

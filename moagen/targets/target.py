@@ -11,7 +11,7 @@ def _anywhere() -> bool:
 class Target:
     name: str  # the language's name on the command line (--lang) and in results
     extension: str  # of its sources in generated/
-    kind: str  # the mapping kind it is printed from: moagen.targets.kinds.KINDS
+    kind: str  # the mapping kind it is printed from: moagen.kinds.KINDS
     emit: Callable  # (pairs of dtype and final ONF, banner lines) -> source text
     build: Callable  # (source, stem, toolchain=None) -> the built artifact (moagen.targets.<lang>.build)
     load: Callable  # (artifact) -> the library `bind` takes (moagen.targets.<lang>.loader.load)

@@ -5,7 +5,6 @@ decides the output (language, source text, compiler and flags). A folder there i
 it is built in a private folder and renamed into place in one step, so a cache hit needs no
 compiler and two processes building the same kernel at once both end up with one artifact.
 """
-import ast
 import ctypes.util
 import hashlib
 import json
@@ -15,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from dataclasses import dataclass, field, replace
 from functools import lru_cache

@@ -18,6 +18,6 @@ CUDA kernels run, queued on PyTorch's current stream, with no copy to or from th
 from moagen.torch_ops.attention import attention
 from moagen.torch_ops.block import Block
 from moagen.torch_ops.decode import KVCache
-from moagen.torch_ops.layers import rms_norm, swiglu_mlp
+from moagen.torch_ops.norm_and_mlp import rms_norm, swiglu_mlp
 
 __all__ = ["attention", "rms_norm", "swiglu_mlp", "KVCache", "Block"]

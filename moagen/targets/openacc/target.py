@@ -9,11 +9,12 @@ import ctypes.util
 from dataclasses import replace
 from functools import lru_cache, partial
 
+from moagen.targets.c import target as c
 from moagen.targets.c.build import build_c
 from moagen.targets.c.printer import emit_c
-from moagen.targets.openacc.printer import OpenAccC, OpenAccCPlainPointers, OpenAccFortran
-from moagen.targets.c import target as c
 from moagen.targets.fortran import target as fortran
+from moagen.targets.openacc.printer import OpenAccC, OpenAccCPlainPointers, OpenAccFortran
+from moagen.targets.toolchain import Toolchain
 
 
 ACC_DEVICE_NVIDIA = 5  # openacc.h's acc_device_t
