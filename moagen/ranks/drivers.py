@@ -2,8 +2,10 @@
 function per distributed kernel and dtype, with the ABI of moagen.onf.signature plus a leading
 communicator (its Fortran handle, MPI_Comm_c2f, as an int64: what mpi4py's Comm.py2f gives
 and what both languages take). It calls the rank-local kernels printed beside it and moves
-blocks with MPI's own calls. Here: what both printers share (names, element counts, the
-ring's slots, which blocks a zigzag step computes, the comment above each driver)."""
+blocks with MPI's own calls. Its steps are written once (driver_steps.py) in the statements
+of dialect.py, which each language prints. Here: the names and numbers the steps use (names,
+element counts, the ring's slots, which blocks a zigzag step computes, the comment above
+each driver)."""
 import sympy
 
 from moagen.onf.signature import DTYPE_SUFFIX
