@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from moagen import build, verify
-from moagen.bench import languages, offload, sweep
+from moagen.bench import c_vs_fortran_plan, offload, sweep
 from moagen.cli import main
 from moagen.codegen.emit import emit
 from moagen.codegen.openacc import OpenAccC, OpenAccFortran
@@ -159,7 +159,7 @@ def test_the_bench_workers_run_the_three_as_the_gpu_timing_will(tmp_path):
     """The sweep the GPU timing runs, here through the host fallback (CUDA left out): each
     OpenACC language loads and runs in the bench's workers."""
     results = sweep.Results(tmp_path / "t.jsonl", ["test"])
-    records = sweep.run(languages.plan([("rmsnorm_fwd", "naive")], 64, 1, offload.LANGS), results)
+    records = sweep.run(c_vs_fortran_plan.plan([("rmsnorm_fwd", "naive")], 64, 1, offload.LANGS), results)
     timed = {r["lang"]: r["median_s"] for r in records if r["record"] == "result"}
     assert set(offload.LANGS) <= set(timed) and all(timed[lang] > 0 for lang in offload.LANGS)
 

@@ -14,25 +14,13 @@ import tempfile
 from pathlib import Path
 
 from moagen.bench import cases, sweep
+from moagen.bench.c_vs_fortran_plan import DEFAULT_KERNELS, default_length, median_times, plan
 from moagen.bench.machine import summary as machine_summary
 from moagen.errors import CompilerNotFound, UnknownNameError
 
 LANGS = ("c", "c-norestrict", "fortran")  # the targets compared (moagen.targets)
-DEFAULT_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
-                   "rmsnorm_fwd")
 VALGRIND_FLAGS = "-O3 -march=x86-64-v3 -fopenmp -fPIC"
 EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
-
-
-def default_length(kernel):
-    lengths = cases.lengths(kernel, quick=False)
-    return lengths[len(lengths) // 2]
-
-
-def plan(pairs, n, repeats, langs=LANGS):
-    groups = [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n or default_length(k)),
-                   impls=[[lang, v] for lang in langs]) for k, v in pairs]
-    return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
 
 
 def callgrind(kernel, variant, lang, sizes) -> dict:
@@ -97,12 +85,9 @@ def parse_callgrind(text: str) -> dict:
 
 
 def table(records) -> list:
-    by = {}
-    for r in records:
-        if r["record"] == "result":
-            by.setdefault((r["kernel"], r["variant"], r["sizes"]["n"]), {})[r["lang"]] = r["median_s"]
     return [dict(kernel=k, variant=v, n=n, restrict_changes_code=restrict_changes_code(k, v),
-                 **{lang: t[lang] for lang in LANGS}) for (k, v, n), t in by.items()]
+                 **{lang: t[lang] for lang in LANGS})
+            for (k, v, n), t in median_times(records, LANGS).items()]
 
 
 def format_table(rows, counts=None) -> str:
@@ -138,14 +123,12 @@ def figure(rows, path):
 
 
 def main(args):
-    if args.target == "openacc":  # the GPU half: moagen.bench.offload
-        from moagen.bench import offload
-        return offload.main(args)
+    """The CPU half of `moagen bench c-vs-fortran` (--target cpu)."""
     if args.ptx:
         raise UnknownNameError("--ptx is the device code of OpenACC: give --target openacc")
     pairs = cases.targets(args.kernels or DEFAULT_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
-    rows = table(sweep.run(plan(pairs, args.n, args.repeats), results))
+    rows = table(sweep.run(plan(pairs, args.n, args.repeats, LANGS), results))
     counts = {}
     if args.valgrind:
         for kernel, variant in pairs:
