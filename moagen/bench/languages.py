@@ -7,7 +7,6 @@ proxy where no hardware counters are readable. The Fortran is called through its
 entry point, as the C is: no wrapper is counted."""
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -16,17 +15,16 @@ from pathlib import Path
 from moagen.bench import cases, sweep
 from moagen.bench.c_vs_fortran_plan import DEFAULT_KERNELS, default_length, median_times, plan
 from moagen.bench.machine import summary as machine_summary
-from moagen.errors import CompilerNotFound, UnknownNameError
+from moagen.cost.valgrind import FLAGS, event_totals, valgrind
+from moagen.errors import UnknownNameError
 
 LANGS = ("c", "c-norestrict", "fortran")  # the targets compared (moagen.targets)
-VALGRIND_FLAGS = "-O3 -march=x86-64-v3 -fopenmp -fPIC"
+VALGRIND_FLAGS = " ".join(FLAGS)
 EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
 
 
 def callgrind(kernel, variant, lang, sizes) -> dict:
     """The kernel's own event counts (callees included) from one call under callgrind."""
-    import shutil
-
     import sympy
 
     from moagen import build
@@ -35,10 +33,8 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     from moagen.pipeline import onf_of
     from moagen.targets import get_target
 
-    if shutil.which("valgrind") is None:
-        raise CompilerNotFound("valgrind not found; install it with: apt-get install valgrind")
-    toolchain = build.Toolchain(cflags=tuple(VALGRIND_FLAGS.split()) + ("-std=c99",),
-                                fflags=tuple(VALGRIND_FLAGS.split()))
+    found = valgrind()
+    toolchain = build.Toolchain(cflags=FLAGS + ("-std=c99",), fflags=FLAGS)
     # Fortran's bind(C) routine is exported under the same name as C's function
     library = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant), toolchain)
     sig = signature(onf_of(kernel, variant), "float64")
@@ -51,7 +47,7 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
         out = Path(tmp) / "callgrind.out"
         # the parallel regions' outlined bodies (gcc names them SYMBOL._omp_fn.K), where the
         # kernel's loops run; the entry point itself only hands them to libgomp
-        subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes",
+        subprocess.run([found, "--tool=callgrind", "--cache-sim=yes",
                         f"--toggle-collect={sig.name}._omp_fn.*", f"--callgrind-out-file={out}",
                         sys.executable, "-m", "moagen.bench.call_once", json.dumps(job)],
                        env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"),
@@ -78,9 +74,7 @@ def _disassembly(library):
 
 
 def parse_callgrind(text: str) -> dict:
-    events = re.search(r"^events:\s*(.*)$", text, re.MULTILINE).group(1).split()
-    totals = re.search(r"^(?:summary|totals):\s*(.*)$", text, re.MULTILINE).group(1).split()
-    counts = dict(zip(events, map(int, totals)))
+    counts = event_totals(text)
     return {e: counts.get(e, 0) for e in EVENTS}
 
 
