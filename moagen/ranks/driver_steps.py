@@ -2,7 +2,8 @@
 rank, step by step, in the statements of moagen.ranks.dialect, which the C and the Fortran
 dialect print."""
 from moagen.ranks.dialect import INT, INT64, Ref
-from moagen.ranks.drivers import block_counts, comment_lines, driver_name, slot, zigzag_blocks
+from moagen.ranks.drivers import (block_counts, comment_lines, driver_name, slot, travelling,
+                                  zigzag_blocks)
 
 
 def driver_lines(mapping, dtype, dialect) -> list:
@@ -25,10 +26,6 @@ class _DriverSteps:
             out.let(INT64, f"{x}_count", count)
         {"ring": self.ring, "zigzag": self.zigzag, "owner": self.owner,
          "gather": self.gather}[m.pattern]()
-
-    def count(self, x):
-        """The elements of x's block that travel (zigzag: both its chunks)."""
-        return f"{self.mapping.chunks} * {x}_count" if self.mapping.chunks > 1 else f"{x}_count"
 
     def ring_slot(self, x, which):
         return Ref(f"{x}_ring", slot(self.mapping, x, which))
@@ -70,13 +67,13 @@ class _DriverSteps:
         out.let(INT, "prev", out.mod("rank + ranks - 1", "ranks"))
         out.comment("the rank's own blocks are where step 0 finds them")
         for x in names:
-            out.copy(Ref(f"{x}_ring"), Ref(x), self.count(x))
+            out.copy(Ref(f"{x}_ring"), Ref(x), travelling(self.mapping, x))
 
     def pass_on(self, names, first_tag):
         """Each block's slot `now` to rank next, the next one's from rank prev into `later`."""
         out = self.out
         for tag, x in enumerate(names, first_tag):
-            count = out.mpi_count(self.count(x))
+            count = out.mpi_count(travelling(self.mapping, x))
             for function, which, peer in (("MPI_Irecv", "later", "prev"),
                                           ("MPI_Isend", "now", "next")):
                 out.post(function, self.ring_slot(x, which), count, out.datatype, peer, tag, out.COMM)

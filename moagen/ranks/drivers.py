@@ -32,9 +32,14 @@ def block_counts(mapping, dtype) -> dict:
     return {x: _element_count(shape[x]) for x in names}
 
 
+def travelling(mapping, x):
+    """The elements of x's block that travel (zigzag: both its chunks)."""
+    return f"{mapping.chunks} * {x}_count" if mapping.chunks > 1 else f"{x}_count"
+
+
 def slot(mapping, x, which):
     """The element offset of a slot of the ring's buffer of x."""
-    return f"{which} * {mapping.chunks} * {x}_count" if mapping.chunks > 1 else f"{which} * {x}_count"
+    return f"{which} * {travelling(mapping, x)}"
 
 
 def zigzag_blocks(mapping):
