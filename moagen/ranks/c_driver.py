@@ -72,11 +72,9 @@ class CDialect(Dialect):
         self.line(f"memcpy({self.pointer(to)}, {self.pointer(source)}, {count} * sizeof({self.real}));")
 
     def add(self, to, source, count):
-        self.line(f"for (int64_t e = 0; e < {count}; ++e) {{")
-        self.depth += 1
+        self._open(f"for (int64_t e = 0; e < {count}; ++e) {{")
         self.line(f"{self.element(to)} += {self.element(source)};")
-        self.depth -= 1
-        self.line("}")
+        self._close("}")
 
     def fill(self, to, count, value):
         self.line(f"for (int64_t e = 0; e < {count}; ++e) {self.element(to)} = {value};")

@@ -47,31 +47,36 @@ class Dialect:
     def comment(self, text):
         self.line(self.COMMENT.format(text))
 
-    def if_(self, condition, why=""):
-        self.line(self.IF.format(condition) + self.trailing(why))
+    def _open(self, text):
+        self.line(text)
         self.depth += 1
+
+    def _close(self, text):
+        self.depth -= 1
+        self.line(text)
+
+    def _between(self, text):
+        """An else: at the column of the if it continues."""
+        self._close(text)
+        self.depth += 1
+
+    def if_(self, condition, why=""):
+        self._open(self.IF.format(condition) + self.trailing(why))
 
     def else_if(self, condition):
-        self.depth -= 1
-        self.line(self.ELSE_IF.format(condition))
-        self.depth += 1
+        self._between(self.ELSE_IF.format(condition))
 
     def else_(self, why=""):
-        self.depth -= 1
-        self.line(self.ELSE + self.trailing(why))
-        self.depth += 1
+        self._between(self.ELSE + self.trailing(why))
 
     def end_if(self):
-        self.depth -= 1
-        self.line(self.END_IF)
+        self._close(self.END_IF)
 
     def steps(self):
-        self.line(self.STEPS)
-        self.depth += 1
+        self._open(self.STEPS)
 
     def end_steps(self):
-        self.depth -= 1
-        self.line(self.END_STEPS)
+        self._close(self.END_STEPS)
 
     def call(self, function, *args):
         self.line(self.CALL.format(function, ", ".join(
