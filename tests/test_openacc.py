@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from moagen import verify
+from moagen.bench import c_vs_fortran_plan, offload, sweep
 from moagen.targets.openacc.build import embedded_ptx
-from moagen.bench import languages, offload, sweep
 from moagen.cli import main
 from moagen.emit import emit
 from moagen.targets.openacc.printer import OpenAccC, OpenAccFortran
@@ -160,7 +160,7 @@ def test_the_bench_workers_run_the_three_as_the_gpu_timing_will(tmp_path):
     """The sweep the GPU timing runs, here through the host fallback (CUDA left out): each
     OpenACC language loads and runs in the bench's workers."""
     results = sweep.Results(tmp_path / "t.jsonl", ["test"])
-    records = sweep.run(languages.plan([("rmsnorm_fwd", "naive")], 64, 1, offload.LANGS), results)
+    records = sweep.run(c_vs_fortran_plan.plan([("rmsnorm_fwd", "naive")], 64, 1, offload.LANGS), results)
     timed = {r["lang"]: r["median_s"] for r in records if r["record"] == "result"}
     assert set(offload.LANGS) <= set(timed) and all(timed[lang] > 0 for lang in offload.LANGS)
 

@@ -7,38 +7,24 @@ proxy where no hardware counters are readable. The Fortran is called through its
 entry point, as the C is: no wrapper is counted."""
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from moagen.bench import cases, sweep
+from moagen.bench.c_vs_fortran_plan import DEFAULT_KERNELS, default_length, median_times, plan
 from moagen.bench.machine import summary as machine_summary
-from moagen.errors import CompilerNotFound, UnknownNameError
+from moagen.cost.valgrind import FLAGS, event_totals, valgrind
+from moagen.errors import UnknownNameError
 
 LANGS = ("c", "c-norestrict", "fortran")  # the targets compared (moagen.targets)
-DEFAULT_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
-                   "rmsnorm_fwd")
-VALGRIND_FLAGS = "-O3 -march=x86-64-v3 -fopenmp -fPIC"
+VALGRIND_FLAGS = " ".join(FLAGS)
 EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
-
-
-def default_length(kernel):
-    lengths = cases.lengths(kernel, quick=False)
-    return lengths[len(lengths) // 2]
-
-
-def plan(pairs, n, repeats, langs=LANGS):
-    groups = [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n or default_length(k)),
-                   impls=[[lang, v] for lang in langs]) for k, v in pairs]
-    return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
 
 
 def callgrind(kernel, variant, lang, sizes) -> dict:
     """The kernel's own event counts (callees included) from one call under callgrind."""
-    import shutil
-
     import sympy
 
     from moagen.targets.toolchain import Toolchain
@@ -47,10 +33,8 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     from moagen.pipeline import onf_of
     from moagen.targets import get_target
 
-    if shutil.which("valgrind") is None:
-        raise CompilerNotFound("valgrind not found; install it with: apt-get install valgrind")
-    toolchain = Toolchain(cflags=tuple(VALGRIND_FLAGS.split()) + ("-std=c99",),
-                                fflags=tuple(VALGRIND_FLAGS.split()))
+    found = valgrind()
+    toolchain = Toolchain(cflags=FLAGS + ("-std=c99",), fflags=FLAGS)
     # Fortran's bind(C) routine is exported under the same name as C's function
     library = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant), toolchain)
     sig = signature(onf_of(kernel, variant), "float64")
@@ -63,7 +47,7 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
         out = Path(tmp) / "callgrind.out"
         # the parallel regions' outlined bodies (gcc names them SYMBOL._omp_fn.K), where the
         # kernel's loops run; the entry point itself only hands them to libgomp
-        subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes",
+        subprocess.run([found, "--tool=callgrind", "--cache-sim=yes",
                         f"--toggle-collect={sig.name}._omp_fn.*", f"--callgrind-out-file={out}",
                         sys.executable, "-m", "moagen.bench.call_once", json.dumps(job)],
                        env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"),
@@ -90,19 +74,14 @@ def _disassembly(library):
 
 
 def parse_callgrind(text: str) -> dict:
-    events = re.search(r"^events:\s*(.*)$", text, re.MULTILINE).group(1).split()
-    totals = re.search(r"^(?:summary|totals):\s*(.*)$", text, re.MULTILINE).group(1).split()
-    counts = dict(zip(events, map(int, totals)))
+    counts = event_totals(text)
     return {e: counts.get(e, 0) for e in EVENTS}
 
 
 def table(records) -> list:
-    by = {}
-    for r in records:
-        if r["record"] == "result":
-            by.setdefault((r["kernel"], r["variant"], r["sizes"]["n"]), {})[r["lang"]] = r["median_s"]
     return [dict(kernel=k, variant=v, n=n, restrict_changes_code=restrict_changes_code(k, v),
-                 **{lang: t[lang] for lang in LANGS}) for (k, v, n), t in by.items()]
+                 **{lang: t[lang] for lang in LANGS})
+            for (k, v, n), t in median_times(records, LANGS).items()]
 
 
 def format_table(rows, counts=None) -> str:
@@ -138,14 +117,12 @@ def figure(rows, path):
 
 
 def main(args):
-    if args.target == "openacc":  # the GPU half: moagen.bench.offload
-        from moagen.bench import offload
-        return offload.main(args)
+    """The CPU half of `moagen bench c-vs-fortran` (--target cpu)."""
     if args.ptx:
         raise UnknownNameError("--ptx is the device code of OpenACC: give --target openacc")
     pairs = cases.targets(args.kernels or DEFAULT_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
-    rows = table(sweep.run(plan(pairs, args.n, args.repeats), results))
+    rows = table(sweep.run(plan(pairs, args.n, args.repeats, LANGS), results))
     counts = {}
     if args.valgrind:
         for kernel, variant in pairs:

@@ -18,9 +18,10 @@ import os
 import re
 import sys
 
+from moagen.bench import cases, sweep
+from moagen.bench.c_vs_fortran_plan import DEFAULT_KERNELS, median_times, plan
 from moagen.targets.openacc.build import offload_ptx
 from moagen.targets.toolchain import PTX_ARCH
-from moagen.bench import cases, languages, sweep
 from moagen.bench.machine import summary as machine_summary
 from moagen.emit import emit, stem
 from moagen.cost import sass
@@ -34,7 +35,7 @@ LABELS = {"openacc-c": "C", "openacc-c-norestrict": "C norestrict",
 TIMED = LANGS + ("cuda",)
 # the kernels timed by default: the CPU comparison's, and the MLP whose backward was the
 # paper's largest gap
-TIMED_KERNELS = languages.DEFAULT_KERNELS + ("mlp_fwd", "mlp_bwd")
+TIMED_KERNELS = DEFAULT_KERNELS + ("mlp_fwd", "mlp_bwd")
 
 PTX_MEMORY = re.compile(r"^\s*(?:@\s*!?\s*%\w+\s+)?(ld|st)((?:\.\w+)+)\s", re.MULTILINE)
 SPACES = ("global", "local", "shared", "param", "const")
@@ -161,7 +162,7 @@ def timed_main(args):
         cases.check_impl(lang)
     pairs = cases.targets(args.kernels or TIMED_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
-    records = sweep.run(languages.plan(pairs, args.n, args.repeats, TIMED), results)
+    records = sweep.run(plan(pairs, args.n, args.repeats, TIMED), results)
     print(f"machine: {machine_summary(results.machine)}; {devices()} OpenACC device(s); "
           f"{os.cpu_count()} host threads")
     print(format_times(records))
@@ -169,10 +170,7 @@ def timed_main(args):
 
 def format_times(records) -> str:
     """Median times per kernel variant and length, with the ratios the paper reports."""
-    by = {}
-    for r in records:
-        if r["record"] == "result" and r["lang"] in TIMED:
-            by.setdefault((r["kernel"], r["variant"], r["sizes"]["n"]), {})[r["lang"]] = r["median_s"]
+    by = median_times(records, TIMED)
     lines = [f"{'kernel':<18} {'variant':<7} {'n':>6}" + "".join(f" {LABELS[lang] + ' ms':>15}"
                                                              for lang in TIMED)
              + f" {'F/C':>6} {'C-nor/C':>8} {'C/CUDA':>7}"]
@@ -188,4 +186,5 @@ def format_times(records) -> str:
 
 
 def main(args):
+    """The GPU half of `moagen bench c-vs-fortran` (--target openacc)."""
     return ptx_main(args) if args.ptx else timed_main(args)

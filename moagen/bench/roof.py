@@ -7,20 +7,15 @@ above the GEMM, never above the peak). All at the process's thread count. The be
 few runs counts, as in STREAM. The GEMMs and the peak run first: OpenMP threads left
 spinning after the triad slow them.
 On a device (a GPU), its copy bandwidth: a device-to-device copy, by the device's clock."""
-import time
 
 import numpy as np
 
 from moagen.bench import native
+from moagen.bench.timing import wall_clock
 
 
 def _best(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(wall_clock(fn) for _ in range(repeats))
 
 
 def triad_elements(quick=False) -> int:

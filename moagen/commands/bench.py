@@ -75,13 +75,13 @@ def add_parser(top):
     p.add_argument("--n", type=positive_integer, nargs="+", default=[256, 1024])
     p.add_argument("--lang", action="append", metavar="LANG", help="default: c (and cuda with a GPU)")
     _dry_run_option(p)
-    _experiment_options(p, "atomics")
+    _experiment_options(p, _run("moagen.bench.atomics"))
 
     p = benchmarks.add_parser("topology", help="paper V, result 2: decode over threads, binding, "
                                                "first touch and parallel regions per call")
     p.add_argument("--n", type=positive_integer, nargs="+", default=[1024, 8192])
     p.add_argument("--max-threads", type=positive_integer, help="default: 4 x the cores")
-    _experiment_options(p, "topology")
+    _experiment_options(p, _run("moagen.bench.topology"))
 
     p = benchmarks.add_parser("c-vs-fortran", help="paper V, result 3: the same ONF in C (with "
                                                    "and without restrict) and Fortran")
@@ -95,7 +95,7 @@ def add_parser(top):
     p.add_argument("--ptx", action="store_true",
                    help="with --target openacc: the device code side by side (PTX, ptxas, "
                         "SASS), no GPU needed; default kernels: every kernel")
-    _experiment_options(p, "languages")
+    _experiment_options(p, _c_vs_fortran)
 
     p = top.add_parser("report", help="summary (markdown) and plots of a benchmark results file")
     p.add_argument("results", type=Path)
@@ -132,11 +132,11 @@ def _dry_run_option(p):
                         "(cuda-emulated allowed); the times mean nothing")
 
 
-def _experiment_options(p, module):
+def _experiment_options(p, run):
     p.add_argument("--repeats", type=positive_integer, default=5)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT.with_name(f"{p.prog.split()[-1]}.jsonl"),
                    help="JSON-lines file, appended to; the figure goes beside it")
-    p.set_defaults(run=_run(f"moagen.bench.{module}"))
+    p.set_defaults(run=run)
 
 
 def _run(module):
@@ -144,6 +144,11 @@ def _run(module):
         import importlib
         return importlib.import_module(module).main(args)
     return run
+
+
+def _c_vs_fortran(args):
+    """Its CPU half (moagen.bench.languages) or its GPU half (moagen.bench.offload)."""
+    return _run("moagen.bench.offload" if args.target == "openacc" else "moagen.bench.languages")(args)
 
 
 def _report(args):

@@ -10,8 +10,6 @@ CacheConfig (the same on every machine); its last-level misses, reads and write-
 alike, times the line size are the bytes brought from memory. It counts no write-backs.
 """
 import os
-import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, fields
@@ -26,10 +24,10 @@ from moagen.emit import emit, stem
 from moagen.pipeline import onf_of
 from moagen.templates import render
 from moagen.cost.model import predict
-from moagen.errors import CompilerNotFound, MoagenError
+from moagen.cost.valgrind import FLAGS, event_totals, valgrind
+from moagen.errors import MoagenError
 
-CFLAGS = ("-O3", "-march=x86-64-v3", "-fopenmp", "-fPIC", "-std=c99")
-INSTALL_VALGRIND = "apt-get install valgrind"
+CFLAGS = FLAGS + ("-std=c99",)
 
 
 @dataclass(frozen=True)
@@ -69,9 +67,7 @@ def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
     """The counts of one call of the C kernel at these sizes (every size, by name)."""
     from moagen.kernels import get_kernel  # the scalars its check uses (a softmax's scale)
 
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        raise CompilerNotFound(f"valgrind not found on PATH; install it with: {INSTALL_VALGRIND}")
+    found = valgrind()
     predict(kernel, variant).sizes_from(sizes)  # every size, and sizes the kernel accepts
     onf = onf_of(kernel, variant, dtype=dtype)
     printer = CPrinter(onf, dtype)
@@ -82,7 +78,7 @@ def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
     argv = [str(sizes[s.name]) for s in sig.sizes] + [repr(float(scalars[s])) for s in sig.scalars]
     with tempfile.TemporaryDirectory(prefix="moagen-cost-") as tmp:
         driver = _build_driver(printer, library, Path(tmp), cache)
-        counts = {mode: _cachegrind(valgrind, driver, [mode] + argv, cache, Path(tmp))
+        counts = {mode: _cachegrind(found, driver, [mode] + argv, cache, Path(tmp))
                   for mode in ("call", "skip")}
     return counts["call"] - counts["skip"]
 
@@ -115,7 +111,5 @@ def _cachegrind(valgrind, driver: Path, argv, cache: CacheConfig, folder: Path) 
 
 def parse(text: str) -> Counts:
     """The totals of a cachegrind output file (its `events:` and `summary:` lines)."""
-    events = re.search(r"^events:\s*(.+)$", text, re.MULTILINE).group(1).split()
-    totals = re.search(r"^summary:\s*(.+)$", text, re.MULTILINE).group(1).split()
-    by_name = dict(zip(events, map(int, totals)))
+    by_name = event_totals(text)
     return Counts(**{f.name: by_name[f.name] for f in fields(Counts)})

@@ -36,10 +36,12 @@ from typing import Dict, Tuple
 import numpy as np
 import sympy
 
+from moagen.bench.timing import wall_clock
 from moagen.cost.flops import count_ops
 from moagen.cost.model import SizeError, predict, value
 from moagen.cost.view import counting_view
 from moagen.ranks.library import driver_signature
+from moagen.ranks.local_kernel import local_kernel
 from moagen.ranks.mapping import get_rank_kernel
 from moagen.ranks.merge import merge_onf
 
@@ -155,31 +157,16 @@ def hiding_block(name, sizes, rate, bandwidth, latency, dtype="float64") -> int:
 def measured_rate(name, sizes, dtype="float64", lang="c", repeats=3) -> Tuple[float, Dict]:
     """The local kernel's flop rate on one rank of this machine at a representative block
     (the ring's 1024 rows, the decode's 65536 cache rows; smaller where the block is)."""
-    import time
-
-    from moagen import runtime
-    from moagen.kernels import get_kernel
-    from moagen.verify import call_scalars, make_inputs
-    from moagen.onf.signature import signature
-    from moagen.pipeline import onf_of
-
     mapping = get_rank_kernel(name)
     block = dict(sizes, **{mapping.lifted: min(sizes[mapping.lifted],
                                                1024 if mapping.pattern != "gather" else 65536)})
     if mapping.empty_when_zero:
         block[mapping.empty_when_zero] = block[mapping.lifted]
-    kernel = get_kernel(mapping.local)
-    sig = signature(onf_of(mapping.local, mapping.variant, dtype=dtype), dtype)
-    local = {s.name: block[s.name] for s in sig.sizes}
-    fn = runtime.load(mapping.local, mapping.variant, lang, dtype, tuned=False)
-    scalars = call_scalars(mapping.local, local)
-    inputs = make_inputs(sig, local, scalars, kernel.check, np.random.default_rng(0))
-    fn(*inputs, **scalars)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*inputs, **scalars)
-        times.append(time.perf_counter() - start)
+    local = {s.name: block[s.name] for s in mapping.local_signature(dtype).sizes}
+    fn, inputs, scalars = local_kernel(mapping, local, lang, dtype, np.random.default_rng(0))
+    call = lambda: fn(*inputs, **scalars)
+    call()
+    times = [wall_clock(call) for _ in range(repeats)]
     return local_flops(mapping, local, dtype) / float(np.median(times)), local
 
 

@@ -11,19 +11,15 @@ is 0). The call is timed as the slowest rank sees it, median over the repeats. R
 prints one line (and --json, a record)."""
 import argparse
 import json
-import time
 
 import numpy as np
 
-from moagen import runtime
-from moagen.onf.signature import signature
+from moagen.bench.timing import wall_clock
 from moagen.cost.model import SizeError
 from moagen.cost.ranks import block_sizes, local_flops, rank_cost
-from moagen.kernels import get_kernel
-from moagen.pipeline import onf_of
+from moagen.ranks.local_kernel import local_kernel
 from moagen.ranks.mapping import get_rank_kernel
 from moagen.ranks.run import RankKernel
-from moagen.verify import call_scalars, make_inputs
 
 
 def _slowest(comm, fn, repeats):
@@ -32,9 +28,7 @@ def _slowest(comm, fn, repeats):
     times = []
     for _ in range(repeats):
         comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+        times.append(comm.allreduce(wall_clock(fn), op=MPI.MAX))
     return float(np.median(times))
 
 
@@ -47,11 +41,8 @@ def measure(comm, name, sizes, lang="c", dtype="float64", repeats=5) -> dict:
         raise SizeError(f"{name}: {mapping.lifted} = {sizes[mapping.lifted]} is not a multiple of "
                         f"{ranks} ranks")
     block = block_sizes(mapping, sizes, ranks)
-    sig = signature(onf_of(mapping.local, mapping.variant, dtype=dtype), dtype)
-    scalars = call_scalars(mapping.local, block)
-    rng = np.random.default_rng(comm.Get_rank())
-    inputs = make_inputs(sig, block, scalars, get_kernel(mapping.local).check, rng)
-    local = runtime.load(mapping.local, mapping.variant, lang, dtype, tuned=False)
+    local, inputs, scalars = local_kernel(mapping, block, lang, dtype,
+                                          np.random.default_rng(comm.Get_rank()))
     distributed = RankKernel(name, lang, dtype, comm)
     local(*inputs, **scalars)
     distributed(*inputs, **scalars)  # builds, loads and warms both before timing

@@ -2,8 +2,10 @@
 function per distributed kernel and dtype, with the ABI of moagen.onf.signature plus a leading
 communicator (its Fortran handle, MPI_Comm_c2f, as an int64: what mpi4py's Comm.py2f gives
 and what both languages take). It calls the rank-local kernels printed beside it and moves
-blocks with MPI's own calls. Here: what both printers share (names, element counts, the
-ring's slots, which blocks a zigzag step computes, the comment above each driver)."""
+blocks with MPI's own calls. Its steps are written once (driver_steps.py) in the statements
+of dialect.py, which each language prints. Here: the names and numbers the steps use (names,
+element counts, the ring's slots, which blocks a zigzag step computes, the comment above
+each driver)."""
 import sympy
 
 from moagen.onf.signature import DTYPE_SUFFIX
@@ -30,9 +32,14 @@ def block_counts(mapping, dtype) -> dict:
     return {x: _element_count(shape[x]) for x in names}
 
 
+def travelling(mapping, x):
+    """The elements of x's block that travel (zigzag: both its chunks)."""
+    return f"{mapping.chunks} * {x}_count" if mapping.chunks > 1 else f"{x}_count"
+
+
 def slot(mapping, x, which):
     """The element offset of a slot of the ring's buffer of x."""
-    return f"{which} * {mapping.chunks} * {x}_count" if mapping.chunks > 1 else f"{which} * {x}_count"
+    return f"{which} * {travelling(mapping, x)}"
 
 
 def zigzag_blocks(mapping):
