@@ -11,7 +11,7 @@ from moagen.targets import toolchain
 from moagen.targets.toolchain import Toolchain
 from moagen import pipeline, runtime, verify
 from moagen import tuning
-from moagen.bench import cases
+from moagen.bench import calls
 from moagen.cli import main
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
@@ -45,13 +45,13 @@ def test_the_host_defaults_follow_the_compiler(avx512, dtype):
     portable = TILED.defaults_for("cpu", dtype)
     expected = {**portable, **TILE_AVX512[dtype]} if avx512 else portable
     for lang in ("c", "fortran"):
-        assert cases.schedule("mlp_fwd", "tiled", lang, dtype) == dict(params=expected,
+        assert calls.schedule("mlp_fwd", "tiled", lang, dtype) == dict(params=expected,
                                                                      tuned=False)
     # a GPU, a kernel without such overrides: their own defaults on any machine
     assert resolve("mlp_fwd", "tiled", "cuda", dtype).chosen == ()
     assert resolve("attention_fwd", "online", "c", dtype).chosen == ()
     # an explicit parameter is taken over generated/'s defaults, as everywhere
-    assert cases.schedule("mlp_fwd", "tiled", "c", dtype, {"mr": 4})["params"] == \
+    assert calls.schedule("mlp_fwd", "tiled", "c", dtype, {"mr": 4})["params"] == \
         {**portable, "mr": 4}
 
 
@@ -70,7 +70,7 @@ def test_a_tuned_choice_wins_over_the_avx512_defaults(tmp_path, monkeypatch):
 def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype, monkeypatch):
     """The block's parameters are its stages' (attn.rows, mlp.nr): where the compiler
     targets AVX-512 each stage runs its AVX-512 defaults, as its own kernel would there."""
-    params = cases.schedule("block_fwd", "composed", "c", dtype)["params"]
+    params = calls.schedule("block_fwd", "composed", "c", dtype)["params"]
     stage = lambda label: {k.split(".")[1]: v for k, v in params.items()
                            if k.startswith(label + ".")}
     flash = get_kernel("attention_fwd").variant("flash").defaults_for("cpu", dtype)

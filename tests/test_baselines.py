@@ -3,7 +3,7 @@ compute what they say: the outputs each returns agree with the kernel's numpy re
 import numpy as np
 import pytest
 
-from moagen.bench import cases
+from moagen.bench import calls
 from moagen.kernels import KERNELS
 
 
@@ -16,10 +16,10 @@ def _agreement(kernel, lang):
     at the kernel's second verification size (odd sizes, batch and heads past one)."""
     check = KERNELS[kernel].check
     sizes = check.sizes[min(1, len(check.sizes) - 1)]
-    args, scalars = cases.inputs(kernel, sizes, "float64"), cases.scalars(kernel, sizes)
+    args, scalars = calls.inputs(kernel, sizes, "float64"), calls.scalars(kernel, sizes)
     expected = check.references["numpy"](*(a.copy() for a in args), **scalars)
     expected = expected if isinstance(expected, tuple) else (expected,)
-    got = cases.kernel_callable(kernel, None, lang, "float64")(*args, **scalars)
+    got = calls.kernel_callable(kernel, None, lang, "float64")(*args, **scalars)
     got = got if isinstance(got, tuple) else (got,)
     which = KERNELS[kernel].bench.torch.outputs or range(len(expected))
     assert len(got) == len(which), f"{kernel}: {len(got)} outputs, declared {list(which)}"
@@ -35,8 +35,8 @@ def test_eager_baseline_agrees_with_the_numpy_reference(kernel):
 def test_every_baseline_says_in_one_line_what_it_computes(kernel):
     baseline = kernel.bench.torch
     assert baseline.computes and "\n" not in baseline.computes
-    for lang in cases.BASELINES:
-        assert cases.computes(kernel.name, lang)
+    for lang in calls.BASELINES:
+        assert calls.computes(kernel.name, lang)
 
 
 def test_compiled_baseline_agrees_on_a_small_kernel():

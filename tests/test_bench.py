@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from moagen.bench import atomics, cases, languages, machine, report, slurm, suite, sweep, topology
+from moagen.bench import atomics, calls, languages, machine, report, slurm, suite, sweep, topology
 from moagen.bench.timing import time_calls
 from moagen.bench.worker import _call
 from moagen.cli import main
@@ -144,7 +144,7 @@ def test_bad_input_messages(capsys):
 
 def test_an_emulation_is_not_measured(capsys):
     with pytest.raises(MoagenError, match="cuda-emulated is for verification"):
-        cases.check_impl("cuda-emulated")
+        calls.check_impl("cuda-emulated")
     assert main(["bench", "--kernels", "rmsnorm_apply", "--lang", "cuda-emulated", "--n", "8"]) == 2
     assert "measure cuda there" in capsys.readouterr().err
 
@@ -154,13 +154,13 @@ def test_gpu_requested_where_none_exists(capsys):
     if cuda.available():
         pytest.skip("a GPU is here")
     with pytest.raises(DeviceUnavailable):
-        cases.check_impl("cuda")
+        calls.check_impl("cuda")
     assert main(["bench", "atomics", "--lang", "cuda", "--n", "8"]) == 2
     assert "no GPU" in capsys.readouterr().err
 
 
 def test_a_failing_worker_keeps_what_was_measured(tmp_path):
-    good = dict(kernel="rmsnorm_fwd", dtype="float64", sizes=cases.sizes("rmsnorm_fwd", 8),
+    good = dict(kernel="rmsnorm_fwd", dtype="float64", sizes=calls.sizes("rmsnorm_fwd", 8),
                 impls=[["c", "dnf"]])
     # a cache with 4 valid rows out of 2: the kernel's own validation refuses it
     bad = dict(kernel="attention_decode", dtype="float64",
@@ -184,7 +184,7 @@ def test_the_cost_model_runs_before_the_worker_times(tmp_path, monkeypatch):
             computed_at_start.append(_predict.cache_info().misses)
         return real_popen(command, *args, **kwargs)
     monkeypatch.setattr(sweep.subprocess, "Popen", popen)
-    groups = [dict(kernel=kernel, dtype="float64", sizes=cases.sizes(kernel, 8),
+    groups = [dict(kernel=kernel, dtype="float64", sizes=calls.sizes(kernel, 8),
                    impls=[["c", "dnf", None], ["numpy", None]])
               for kernel in ("rmsnorm_fwd", "rmsnorm_bwd")]
     records = sweep.run([sweep.Job(sweep.Setting(1), groups, warmup=0, repeats=1)],
@@ -195,9 +195,9 @@ def test_the_cost_model_runs_before_the_worker_times(tmp_path, monkeypatch):
 
 def test_a_call_per_batch_entry_computes_the_same():
     sizes = dict(batch=3, q_heads=4, kv_heads=2, cap=9, d=5, n=7)
-    fn = cases.kernel_callable("attention_decode", "split", "c", "float64")
-    args, scalars = cases.inputs("attention_decode", sizes, "float64"), cases.scalars("attention_decode", sizes)
-    whole, parts = cases.outputs(fn, sizes), cases.outputs(fn, sizes)
+    fn = calls.kernel_callable("attention_decode", "split", "c", "float64")
+    args, scalars = calls.inputs("attention_decode", sizes, "float64"), calls.scalars("attention_decode", sizes)
+    whole, parts = calls.outputs(fn, sizes), calls.outputs(fn, sizes)
     _call(fn, args, whole, scalars, "one")()
     _call(fn, args, parts, scalars, "per-batch")()
     for a, b in zip(whole, parts):
@@ -208,9 +208,9 @@ def test_c_without_restrict_computes_the_same():
     source = emit("attention_fwd", "dnf", "c-norestrict")
     assert "restrict" not in source.split("*/", 1)[1]  # past the banner
     sizes = dict(batch=1, heads=2, n=9, d=5)
-    args, scalars = cases.inputs("attention_fwd", sizes, "float64"), cases.scalars("attention_fwd", sizes)
-    plain = cases.kernel_callable("attention_fwd", "dnf", "c-norestrict", "float64")(*args, **scalars)
-    ref = cases.kernel_callable("attention_fwd", None, "numpy", "float64")(*args, **scalars)
+    args, scalars = calls.inputs("attention_fwd", sizes, "float64"), calls.scalars("attention_fwd", sizes)
+    plain = calls.kernel_callable("attention_fwd", "dnf", "c-norestrict", "float64")(*args, **scalars)
+    ref = calls.kernel_callable("attention_fwd", None, "numpy", "float64")(*args, **scalars)
     for ours, theirs in zip(plain, ref):
         np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
 
@@ -306,8 +306,8 @@ def test_the_baselines_that_run_are_chosen():
         jobs = suite.plan(["rmsnorm_fwd:dnf"], ["c"], [1], lengths=[64],
                           **({} if names is None else dict(baselines=names)))
         return [impl[0] for job in jobs for group in job.groups for impl in group["impls"]
-                if impl[0] in cases.BASELINES]
+                if impl[0] in calls.BASELINES]
     assert baselines() == ["numpy", "torch"]
-    assert baselines(cases.BASELINES) == ["numpy", "torch", "compiled"]
+    assert baselines(calls.BASELINES) == ["numpy", "torch", "compiled"]
     assert baselines(("torch",)) == ["torch"]
     assert baselines(()) == []

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from moagen.bench import cases, report, suite, sweep
+from moagen.bench import calls, report, suite, sweep
 from moagen.bench.worker import run as run_worker
 from moagen.targets.cuda.arrays import DeviceArray
 from moagen.targets.cuda.emulated import DEVICE
@@ -39,7 +39,7 @@ def test_the_worker_times_device_arrays_by_the_device_clock(capsys, monkeypatch)
     clocked, made = [], []
     elapsed = DEVICE.elapsed
     monkeypatch.setattr(DEVICE, "elapsed", lambda fn: clocked.append(fn) or elapsed(fn))
-    monkeypatch.setattr(cases, "outputs", _spy(cases.outputs, made))
+    monkeypatch.setattr(calls, "outputs", _spy(calls.outputs, made))
     sizes = dict(batch=1, q_heads=2, kv_heads=1, cap=9, d=4, n=7)
     run_worker(dict(groups=[dict(kernel="attention_decode", dtype="float64", sizes=sizes,
                                  impls=[["cuda-emulated", "split"], ["torch", None]])],

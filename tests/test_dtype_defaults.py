@@ -7,7 +7,7 @@ import pytest
 from moagen.targets.toolchain import Toolchain
 from moagen import reference, reference_block, runtime
 from moagen import tuning
-from moagen.bench import cases
+from moagen.bench import calls
 from moagen.cli import main
 from moagen.emit import emit
 from moagen.errors import SpecError, UnknownNameError
@@ -100,11 +100,11 @@ def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, 
 def test_the_bench_records_the_parameters_of_the_dtype(monkeypatch):
     # a machine without AVX-512: what it adds over these is tests/test_avx512_defaults.py's
     monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: False)
-    assert cases.schedule("attention_fwd", "flash", "c", "float32") == \
+    assert calls.schedule("attention_fwd", "flash", "c", "float32") == \
         dict(params=FLASH.defaults_for("cpu", "float32"), tuned=False)
-    chosen = cases.schedule("attention_fwd", "flash", "c", "float32", {"lanes": 8})
+    chosen = calls.schedule("attention_fwd", "flash", "c", "float32", {"lanes": 8})
     assert chosen["params"]["lanes"] == 8 and chosen["tuned"]
-    assert cases.schedule("attention_fwd", "flash", "cuda", "float32")["params"] == \
+    assert calls.schedule("attention_fwd", "flash", "cuda", "float32")["params"] == \
         FLASH.defaults_for("cuda", "float32")
 
 

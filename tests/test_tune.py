@@ -6,7 +6,7 @@ import json
 import pytest
 
 from moagen import tuning
-from moagen.bench import cases, suite, tune
+from moagen.bench import calls, suite, tune
 from moagen.cli import main
 from moagen.emit import emit
 from moagen.errors import UnknownNameError
@@ -62,7 +62,7 @@ def test_search_verifies_times_and_records_the_choice(tmp_path, capsys):
     assert [c["params"] for c in record["candidates"]] == [{"heads": h} for h in (1, 2, 4, 8)]
     assert record["params"] == min(record["candidates"], key=lambda c: c["median_s"])["params"]
     assert "<- chosen" in capsys.readouterr().out
-    untuned = cases.schedule("attention_decode", "split", "c", "float64")
+    untuned = calls.schedule("attention_decode", "split", "c", "float64")
     assert record["defaults"] == untuned["params"]
 
     choices = tuning.load_choices(out)

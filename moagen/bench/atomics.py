@@ -8,7 +8,7 @@ import sys
 
 import sympy
 
-from moagen.bench import cases, sweep
+from moagen.bench import calls, sweep
 from moagen.bench.machine import summary as machine_summary
 
 FUSED = ("attention_fwdbwd", ("atomic", "owner"))
@@ -29,12 +29,12 @@ def plan(ns, langs, repeats, dry_run=False):
     for lang in langs:
         groups = []
         for n in ns:
-            groups.append(dict(kernel=FUSED[0], dtype="float64", sizes=cases.sizes(FUSED[0], n),
+            groups.append(dict(kernel=FUSED[0], dtype="float64", sizes=calls.sizes(FUSED[0], n),
                                impls=[[lang, v] for v in FUSED[1]]))
-            groups += [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n), impls=[[lang, v]])
+            groups += [dict(kernel=k, dtype="float64", sizes=calls.sizes(k, n), impls=[[lang, v]])
                        for k, v in SEPARATE]
         jobs.append(sweep.Job(sweep.Setting(os.cpu_count()), groups, warmup=0 if dry_run else 1,
-                              repeats=1 if dry_run else repeats, device=cases.device_of([lang])))
+                              repeats=1 if dry_run else repeats, device=calls.device_of([lang])))
     return jobs
 
 
@@ -46,13 +46,13 @@ def rows(records):
     for (kernel, variant, lang, n) in time:
         if kernel != FUSED[0] or variant != "atomic":
             continue
-        sizes = cases.sizes(kernel, n)
+        sizes = calls.sizes(kernel, n)
         separate = sum(time[(k, v, lang, n)] for k, v in SEPARATE)
         out.append(dict(lang=lang, n=n, atomic_s=time[(kernel, "atomic", lang, n)],
                         owner_s=time[(kernel, "owner", lang, n)], separate_s=separate,
                         atomic_updates=atomic_count(kernel, "atomic", sizes),
                         owner_updates=atomic_count(kernel, "owner", sizes),
-                        separate_updates=sum(atomic_count(k, v, cases.sizes(k, n)) for k, v in SEPARATE)))
+                        separate_updates=sum(atomic_count(k, v, calls.sizes(k, n)) for k, v in SEPARATE)))
     return out
 
 
@@ -90,7 +90,7 @@ def figure(table, path):
 
 def main(args):
     from moagen.targets import get_target
-    langs = [cases.check_impl(lang, args.dry_run) for lang in args.lang or
+    langs = [calls.check_impl(lang, args.dry_run) for lang in args.lang or
              [lang for lang in ("c", "cuda") if get_target(lang).runs_here()]]
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = sweep.run(plan(args.n, langs, args.repeats, args.dry_run), results)

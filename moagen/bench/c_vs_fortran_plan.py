@@ -3,21 +3,21 @@ the GPU one (moagen.bench.offload) time the same kernels, at the same lengths, i
 sweep, and read the times back the same way."""
 import os
 
-from moagen.bench import cases, sweep
+from moagen.bench import calls, sweep
 
 DEFAULT_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
                    "rmsnorm_fwd")
 
 
 def default_length(kernel):
-    lengths = cases.lengths(kernel, quick=False)
+    lengths = calls.lengths(kernel, quick=False)
     return lengths[len(lengths) // 2]
 
 
 def plan(pairs, n, repeats, langs):
     """The sweep: each (kernel, variant) of `pairs` in each of `langs`, at n (default: the
     kernel's middle length), on every core."""
-    groups = [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n or default_length(k)),
+    groups = [dict(kernel=k, dtype="float64", sizes=calls.sizes(k, n or default_length(k)),
                    impls=[[lang, v] for lang in langs]) for k, v in pairs]
     return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
 

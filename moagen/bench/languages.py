@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from moagen.bench import cases, sweep
+from moagen.bench import calls, sweep
 from moagen.bench.c_vs_fortran_plan import DEFAULT_KERNELS, default_length, median_times, plan
 from moagen.bench.machine import summary as machine_summary
 from moagen.cost.valgrind import FLAGS, event_totals, valgrind
@@ -39,7 +39,7 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     library = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant), toolchain)
     sig = signature(onf_of(kernel, variant), "float64")
     env = {s: sizes[s.name] for s in sig.sizes}
-    scalars = cases.scalars(kernel, sizes)
+    scalars = calls.scalars(kernel, sizes)
     job = dict(library=str(library), symbol=sig.name, sizes=[sizes[s.name] for s in sig.sizes],
                arrays=[int(sympy.Mul(*a.shape).subs(env)) for a in sig.arrays],
                scalars=[scalars[s] for s in sig.scalars])
@@ -120,13 +120,13 @@ def main(args):
     """The CPU half of `moagen bench c-vs-fortran` (--target cpu)."""
     if args.ptx:
         raise UnknownNameError("--ptx is the device code of OpenACC: give --target openacc")
-    pairs = cases.targets(args.kernels or DEFAULT_KERNELS)
+    pairs = calls.targets(args.kernels or DEFAULT_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     rows = table(sweep.run(plan(pairs, args.n, args.repeats, LANGS), results))
     counts = {}
     if args.valgrind:
         for kernel, variant in pairs:
-            sizes = cases.sizes(kernel, min(args.n or default_length(kernel), 256))
+            sizes = calls.sizes(kernel, min(args.n or default_length(kernel), 256))
             counts[(kernel, variant, sizes["n"])] = per_lang = {}
             for lang in LANGS:
                 print(f"callgrind: {kernel} {variant} {lang} ...", file=sys.stderr, flush=True)

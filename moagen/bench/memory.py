@@ -149,7 +149,7 @@ def to_json(records) -> str:
 
 def main(args):
     """`moagen bench memory`: every name checked before the first (long) run."""
-    from moagen.bench.cases import targets
+    from moagen.bench.calls import targets
     from moagen.files import write_text
 
     given = {size: getattr(args, size) for size in DEFAULT_SIZES}

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from moagen.bench import cases, sweep
+from moagen.bench import calls, sweep
 from moagen.bench.c_vs_fortran_plan import DEFAULT_KERNELS, median_times, plan
 from moagen.targets.openacc.build import offload_ptx
 from moagen.targets.toolchain import PTX_ARCH
@@ -145,7 +145,7 @@ def figure(records, path):
 
 
 def ptx_main(args):
-    pairs = cases.targets(args.kernels or KERNELS)
+    pairs = calls.targets(args.kernels or KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = []
     for kernel, variant in pairs:
@@ -159,8 +159,8 @@ def ptx_main(args):
 
 def timed_main(args):
     for lang in TIMED:  # refused up front without a GPU: the host fallback says nothing
-        cases.check_impl(lang)
-    pairs = cases.targets(args.kernels or TIMED_KERNELS)
+        calls.check_impl(lang)
+    pairs = calls.targets(args.kernels or TIMED_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = sweep.run(plan(pairs, args.n, args.repeats, TIMED), results)
     print(f"machine: {machine_summary(results.machine)}; {devices()} OpenACC device(s); "

@@ -41,10 +41,10 @@ def predict_ahead(groups):
     while the worker timed the next group, took a core from the timed calls
     (docs/PERFORMANCE.md, "The bench"). The counts at the call's sizes are
     left to with_rates, cheap by then."""
-    from moagen.bench import cases
+    from moagen.bench import calls
     from moagen.cost import predict
     for group in groups:
         for lang, variant, *params in group["impls"]:
-            if lang not in cases.BASELINES:
-                chosen = cases.schedule(group["kernel"], variant, lang, group["dtype"], *params)
+            if lang not in calls.BASELINES:
+                chosen = calls.schedule(group["kernel"], variant, lang, group["dtype"], *params)
                 predict(group["kernel"], variant, group["dtype"], chosen["params"])

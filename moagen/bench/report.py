@@ -6,7 +6,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from moagen.bench import cases
+from moagen.bench import calls
 from moagen.bench.machine import summary as machine_summary
 from moagen.errors import MoagenError
 
@@ -39,14 +39,14 @@ def _key(r):
 def with_ratios(results):
     """Each result with baseline time / its time for every baseline measured next to it
     (above 1: ours is faster)."""
-    base = {(_key(r), r["lang"]): r["median_s"] for r in results if r["lang"] in cases.BASELINES}
+    base = {(_key(r), r["lang"]): r["median_s"] for r in results if r["lang"] in calls.BASELINES}
     return [dict(r, ratios={b: base[(_key(r), b)] / r["median_s"]
-                            for b in cases.BASELINES if (_key(r), b) in base})
+                            for b in calls.BASELINES if (_key(r), b) in base})
             for r in results]
 
 
 def _impl(r):
-    if r["lang"] in cases.BASELINES:
+    if r["lang"] in calls.BASELINES:
         return r["lang"]
     params = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
     chosen = f" ({params}{', tuned' if r.get('tuned') else ''})" if params else ""
@@ -75,7 +75,7 @@ def _share(result, roofs, measured):
 def table(results, device_gbs=None, roofs=()) -> str:
     """device_gbs: the copy bandwidth of the device the results ran on, None on the host;
     roofs: the host's, for % GEMM."""
-    ratios = [f"{b}/this" for b in cases.BASELINES]
+    ratios = [f"{b}/this" for b in calls.BASELINES]
     roof = "% copy" if device_gbs else "% triad"
     lines = ["| " + " | ".join(["kernel", "impl", "n", "threads", "median ms", "IQR %", "GFLOP/s",
                                 "% GEMM", "% peak", "GB/s", roof] + ratios) + " |",
@@ -91,7 +91,7 @@ def table(results, device_gbs=None, roofs=()) -> str:
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
                      f"{fmt(gemm_share(r, roofs), '.0f')} | {fmt(peak_share(r, roofs), '.0f')} | "
                      f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | " +
-                     " | ".join(fmt(r["ratios"].get(b), ".2f") for b in cases.BASELINES) + " |")
+                     " | ".join(fmt(r["ratios"].get(b), ".2f") for b in calls.BASELINES) + " |")
     return "\n".join(lines)
 
 
@@ -100,9 +100,9 @@ def baselines(results) -> str:
     first call took where that call compiled (torch.compile)."""
     what, compiling = {}, defaultdict(list)
     for r in results:
-        if r["lang"] in cases.BASELINES:
+        if r["lang"] in calls.BASELINES:
             key = r["kernel"], r["lang"]
-            what[key] = r.get("computes") or cases.computes(*key)
+            what[key] = r.get("computes") or calls.computes(*key)
             if r.get("compile_s") is not None:
                 compiling[key].append(f"{r['compile_s']:.1f} s at n {r['sizes']['n']}")
     return "\n".join(f"- {kernel}, {lang}: {text}" +

@@ -5,7 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-from moagen.bench import cases, sweep
+from moagen.bench import calls, sweep
 
 DEFAULT_OUT = Path("bench-results/results.jsonl")
 # under a minute even when every kernel must be built first (~1.5 s a Fortran build)
@@ -26,7 +26,7 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
     """The jobs, every name checked before anything runs. choices: this machine's tuned
     schedule parameters (moagen.bench.tune); a variant without one runs its defaults.
     sizes: sizes other than n set for every kernel that has them (heads=8, d=128).
-    baselines: which of cases.BASELINES run next to ours (at long lengths numpy's attention
+    baselines: which of calls.BASELINES run next to ours (at long lengths numpy's attention
     takes minutes a call; torch.compile tens of seconds per kernel and shape); None: numpy
     and torch on the host, torch on a device. dry_run: every call once, emulated targets
     allowed, to check a sweep end to end (its times mean nothing)."""
@@ -34,17 +34,17 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
     from moagen.kernels import KERNELS
 
     variants = {}  # kernel -> its variants to run, in the order given
-    for kernel, variant in cases.targets(kernels or (QUICK_KERNELS if quick else KERNELS)):
+    for kernel, variant in calls.targets(kernels or (QUICK_KERNELS if quick else KERNELS)):
         variants.setdefault(kernel, []).append(variant)
-    langs = [cases.check_impl(lang, dry_run) for lang in langs]
-    device = cases.device_of(langs)
+    langs = [calls.check_impl(lang, dry_run) for lang in langs]
+    device = calls.device_of(langs)
     if baselines is None:
-        baselines = ("torch",) if device else cases.DEFAULT_BASELINES
-    baselines = cases.check_baselines(baselines, device)
+        baselines = ("torch",) if device else calls.DEFAULT_BASELINES
+    baselines = calls.check_baselines(baselines, device)
     ours, theirs = [], []
     for kernel, names in variants.items():
-        for n in lengths or cases.lengths(kernel, quick):
-            group = dict(kernel=kernel, dtype=dtype, sizes=cases.sizes(kernel, n, sizes))
+        for n in lengths or calls.lengths(kernel, quick):
+            group = dict(kernel=kernel, dtype=dtype, sizes=calls.sizes(kernel, n, sizes))
             ours.append(dict(group, impls=[[lang, v, chosen(choices or {}, kernel, v, lang, dtype,
                                                             sizes)]
                                            for lang in langs for v in names]))

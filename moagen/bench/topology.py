@@ -8,7 +8,7 @@ import os
 import sys
 from itertools import product
 
-from moagen.bench import cases, sweep
+from moagen.bench import calls, sweep
 from moagen.bench.machine import summary as machine_summary, topology as machine_topology
 from moagen.bench.suite import thread_counts
 
@@ -24,7 +24,7 @@ def settings(max_threads):
 
 
 def plan(ns, max_threads, repeats):
-    groups = [dict(kernel=KERNEL, dtype="float64", sizes=dict(cases.sizes(KERNEL, n), batch=BATCH),
+    groups = [dict(kernel=KERNEL, dtype="float64", sizes=dict(calls.sizes(KERNEL, n), batch=BATCH),
                    impls=[["c", v] for v in VARIANTS]) for n in ns]
     return [sweep.Job(s, groups, repeats=repeats) for s in settings(max_threads)]
 

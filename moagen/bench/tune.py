@@ -9,7 +9,7 @@ as many of them as were tuned) and records the parameters it ran with in every r
 import itertools
 import os
 
-from moagen.bench import cases
+from moagen.bench import calls
 from moagen.errors import MoagenError
 from moagen.tuning import format_params, machine_key, save
 
@@ -36,23 +36,23 @@ def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: in
     tried = candidates(v)
     for params in tried:
         verify(kernel, variant, lang, dtype, params)
-    sizes = cases.sizes(kernel, n, overrides)
-    args, scalars = cases.inputs(kernel, sizes, dtype), cases.scalars(kernel, sizes)
-    calls = []
+    sizes = calls.sizes(kernel, n, overrides)
+    args, scalars = calls.inputs(kernel, sizes, dtype), calls.scalars(kernel, sizes)
+    timed = []
     for params in tried:
-        fn = cases.kernel_callable(kernel, variant, lang, dtype, params)
-        out = cases.outputs(fn, sizes)
-        calls.append(lambda fn=fn, out=out: fn(*args, out=out, **scalars))
-    stats = time_calls(calls, warmup=1, repeats=repeats)
+        fn = calls.kernel_callable(kernel, variant, lang, dtype, params)
+        out = calls.outputs(fn, sizes)
+        timed.append(lambda fn=fn, out=out: fn(*args, out=out, **scalars))
+    stats = time_calls(timed, warmup=1, repeats=repeats)
     times = [dict(params=p, median_s=s["median_s"], q1_s=s["q1_s"], q3_s=s["q3_s"])
              for p, s in zip(tried, stats)]
     best = min(times, key=lambda t: t["median_s"])
     return dict(kernel=kernel, variant=variant, lang=lang, dtype=dtype, sizes=sizes,
-                overrides=cases.overridden(kernel, overrides),
+                overrides=calls.overridden(kernel, overrides),
                 threads=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())),
                 params=best["params"], candidates=times,
                 # what this machine runs untuned: its AVX-512 defaults where it takes them
-                defaults=cases.schedule(kernel, variant, lang, dtype)["params"])
+                defaults=calls.schedule(kernel, variant, lang, dtype)["params"])
 
 
 def verify(kernel, variant, lang, dtype, params):
@@ -97,7 +97,7 @@ def main(args):
     records = []
     for kernel, variant in targets:
         for lang in args.lang or ["c"]:
-            n = args.n or cases.lengths(kernel, quick=False)[-1]
+            n = args.n or calls.lengths(kernel, quick=False)[-1]
             r = search(kernel, variant, lang, args.dtype, n, args.repeats, dict(args.size))
             records.append(r)
             print(f"{kernel} {variant} {lang} {args.dtype} n={n} threads={r['threads']}")

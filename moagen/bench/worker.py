@@ -18,7 +18,7 @@ is only meaningful against a triad measured alongside.
 import json
 import sys
 
-from moagen.bench import cases, roof
+from moagen.bench import calls, roof
 from moagen.bench.timing import wall_clock, time_calls
 from moagen.targets.cuda.arrays import to_device
 
@@ -37,36 +37,36 @@ def run(job):
         triad, triad_bytes = roof.triad_call(roof.triad_elements(job.get("quick", False)))
     for group in job["groups"]:
         kernel, dtype, sizes = group["kernel"], group["dtype"], group["sizes"]
-        args = cases.inputs(kernel, sizes, dtype, empty=empty)
+        args = calls.inputs(kernel, sizes, dtype, empty=empty)
         if device:
             args = [to_device(device, a) for a in args]
-        scalars = cases.scalars(kernel, sizes)
-        calls, first = [], {}
+        scalars = calls.scalars(kernel, sizes)
+        timed_calls, first = [], {}
         for lang, variant, *params in group["impls"]:
-            fn = cases.kernel_callable(kernel, variant, lang, dtype, *params, device=device)
-            calls.append(_call(fn, args, cases.outputs(fn, sizes, on_device=device is not None),
+            fn = calls.kernel_callable(kernel, variant, lang, dtype, *params, device=device)
+            timed_calls.append(_call(fn, args, calls.outputs(fn, sizes, on_device=device is not None),
                                scalars, job.get("calls", "one")))
             if lang == "compiled":  # its first call compiles: timed apart, out of the rounds
-                first[lang] = time_calls([calls[-1]], warmup=0, repeats=1, clock=clock)[0]["median_s"]
-        timed = time_calls(calls + ([triad] if triad else []), job.get("warmup", 1),
+                first[lang] = time_calls([timed_calls[-1]], warmup=0, repeats=1, clock=clock)[0]["median_s"]
+        timed = time_calls(timed_calls + ([triad] if triad else []), job.get("warmup", 1),
                            job.get("repeats", 5), clock=clock)
         alongside = {}
         if triad:
             alongside = dict(triad_gbs_alongside=triad_bytes / timed.pop()["median_s"] / 1e9)
         for (lang, variant, *params), stats in zip(group["impls"], timed):
-            ours = lang not in cases.BASELINES
-            theirs = dict(computes=cases.computes(kernel, lang),
+            ours = lang not in calls.BASELINES
+            theirs = dict(computes=calls.computes(kernel, lang),
                           **({"compile_s": first[lang]} if lang in first else {}))
-            schedule = cases.schedule(kernel, variant, lang, dtype, *params) if ours else {}
+            schedule = calls.schedule(kernel, variant, lang, dtype, *params) if ours else {}
             _emit(dict(record="result", kernel=kernel, variant=variant if ours else None,
                        lang=lang, dtype=dtype, sizes=sizes, **stats,
                        **(dict(schedule, **alongside) if ours else theirs)))
 
 
-def _call(fn, args, out, scalars, calls):
+def _call(fn, args, out, scalars, how):
     """One call over the whole batch, or one call per batch entry (as many parallel
     regions as entries: what a caller looping over sequences pays)."""
-    if calls == "one":
+    if how == "one":
         return lambda: fn(*args, out=out, **scalars)
     outs = () if out is None else out if isinstance(out, tuple) else (out,)
 

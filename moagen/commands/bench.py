@@ -2,7 +2,7 @@
 `moagen tune`, `moagen report` and `moagen slurm`."""
 from pathlib import Path
 
-from moagen.bench.cases import BASELINES, DEFAULT_BASELINES
+from moagen.bench.calls import BASELINES, DEFAULT_BASELINES
 from moagen.bench.suite import DEFAULT_OUT
 from moagen.commands.common import name_equals_size, positive_integer
 from moagen.onf.signature import DTYPES
