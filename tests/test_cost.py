@@ -115,7 +115,7 @@ def brute_force(onf, sizes):
 # KeyTiles writes a block's scores as register tiles of lanes plus the block's last keys,
 # and the online softmax rewrites the row whole: the model takes the three regions of the
 # scratch row as disjoint (twice its elements written), the iterations touch it once. A
-# known over-count of M (docs/ARCHITECTURE.md, Known limits), checked as that below, with
+# known over-count of M (docs/PERFORMANCE.md, "Known limits"), checked as that below, with
 # the rest of the flash form's count exact at sizes its tiles divide. The owner's forward is
 # in the flash form on a CPU (lanes > 0).
 FLASH_FORM = {"flash", "owner"}

@@ -26,7 +26,7 @@ from moagen.targets.openacc.target import devices
 
 
 def _offload_compiler():
-    """Whether gcc makes nvptx offload code here (.ci/run installs gcc-12-offload-nvptx)."""
+    """Whether gcc makes nvptx offload code here (tools/system-packages.sh installs gcc-12-offload-nvptx)."""
     if shutil.which("gcc") is None:
         return False
     probe = subprocess.run(["gcc", "-print-file-name=accel/nvptx-none/mkoffload"],

@@ -23,7 +23,7 @@ MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_
 
 def _mpi_missing():
     if shutil.which("mpirun") is None or shutil.which("mpicc") is None:
-        return "OpenMPI is not installed (.ci/run installs openmpi-bin libopenmpi-dev)"
+        return "OpenMPI is not installed (tools/system-packages.sh installs openmpi-bin libopenmpi-dev)"
     try:
         import mpi4py  # noqa: F401
     except ImportError:
