@@ -14,6 +14,7 @@ from moagen.targets.c.printer import emit_c
 from moagen.targets.openacc.printer import OpenAccC, OpenAccCPlainPointers, OpenAccFortran
 from moagen.targets.c import target as c
 from moagen.targets.fortran import target as fortran
+from moagen.targets.toolchain import Toolchain
 
 
 ACC_DEVICE_NVIDIA = 5  # openacc.h's acc_device_t
