@@ -51,21 +51,13 @@
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_atomic_f64_delta(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
     const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -86,21 +78,11 @@ __global__ void attention_bwd_atomic_f64_delta(
  * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_bwd_atomic_f64_dK_zero(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
-    const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -121,12 +103,10 @@ __global__ void attention_bwd_atomic_f64_rows(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
     double *__restrict__ dQ,
     double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
@@ -168,14 +148,9 @@ __global__ void attention_bwd_atomic_f64_rows(
 __global__ void attention_bwd_atomic_f64_dV(
     const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
     double *__restrict__ dV,
-    double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -232,7 +207,7 @@ extern "C" int attention_bwd_atomic_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -241,7 +216,7 @@ extern "C" int attention_bwd_atomic_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          dK, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -250,7 +225,7 @@ extern "C" int attention_bwd_atomic_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, dK, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -259,7 +234,7 @@ extern "C" int attention_bwd_atomic_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, dO, lse, dV, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -271,21 +246,13 @@ extern "C" int attention_bwd_atomic_f64(
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_atomic_f32_delta(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
     const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -306,21 +273,11 @@ __global__ void attention_bwd_atomic_f32_delta(
  * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_bwd_atomic_f32_dK_zero(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
-    const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -341,12 +298,10 @@ __global__ void attention_bwd_atomic_f32_rows(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
     float *__restrict__ dQ,
     float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
@@ -388,14 +343,9 @@ __global__ void attention_bwd_atomic_f32_rows(
 __global__ void attention_bwd_atomic_f32_dV(
     const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
     float *__restrict__ dV,
-    float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -452,7 +402,7 @@ extern "C" int attention_bwd_atomic_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -461,7 +411,7 @@ extern "C" int attention_bwd_atomic_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          dK, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -470,7 +420,7 @@ extern "C" int attention_bwd_atomic_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, dK, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -479,7 +429,7 @@ extern "C" int attention_bwd_atomic_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, dO, lse, dV, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -50,28 +50,13 @@
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_flash_f64_delta(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
     const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t2_block,
-    double *__restrict__ t3_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -95,20 +80,13 @@ __global__ void attention_bwd_causal_flash_f64_dQ(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t2_block,
-    double *__restrict__ t3_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -237,20 +215,13 @@ __global__ void attention_bwd_causal_flash_f64_dQ_edge(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t2_block,
-    double *__restrict__ t3_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -319,16 +290,11 @@ __global__ void attention_bwd_causal_flash_f64_keys(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t2_block,
@@ -502,16 +468,11 @@ __global__ void attention_bwd_causal_flash_f64_keys_edge(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t2_block,
@@ -628,7 +589,7 @@ extern "C" int attention_bwd_causal_flash_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -637,7 +598,7 @@ extern "C" int attention_bwd_causal_flash_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -646,7 +607,7 @@ extern "C" int attention_bwd_causal_flash_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -655,7 +616,7 @@ extern "C" int attention_bwd_causal_flash_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -664,7 +625,7 @@ extern "C" int attention_bwd_causal_flash_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -676,28 +637,13 @@ extern "C" int attention_bwd_causal_flash_f64(
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_flash_f32_delta(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
     const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t2_block,
-    float *__restrict__ t3_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -721,20 +667,13 @@ __global__ void attention_bwd_causal_flash_f32_dQ(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t2_block,
-    float *__restrict__ t3_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -863,20 +802,13 @@ __global__ void attention_bwd_causal_flash_f32_dQ_edge(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t2_block,
-    float *__restrict__ t3_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -945,16 +877,11 @@ __global__ void attention_bwd_causal_flash_f32_keys(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t2_block,
@@ -1128,16 +1055,11 @@ __global__ void attention_bwd_causal_flash_f32_keys_edge(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t2_block,
@@ -1254,7 +1176,7 @@ extern "C" int attention_bwd_causal_flash_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1263,7 +1185,7 @@ extern "C" int attention_bwd_causal_flash_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1272,7 +1194,7 @@ extern "C" int attention_bwd_causal_flash_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1281,7 +1203,7 @@ extern "C" int attention_bwd_causal_flash_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1290,7 +1212,7 @@ extern "C" int attention_bwd_causal_flash_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

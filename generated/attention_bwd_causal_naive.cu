@@ -36,16 +36,8 @@
 __global__ void attention_bwd_causal_naive_f64_P(
     const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
-    const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ P,
-    double *__restrict__ delta,
-    double *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -73,23 +65,13 @@ __global__ void attention_bwd_causal_naive_f64_P(
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_delta(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
     const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ P,
     double *__restrict__ delta,
-    double *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -110,15 +92,8 @@ __global__ void attention_bwd_causal_naive_f64_delta(
  * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dS(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ P,
     double *__restrict__ delta,
     double *__restrict__ dS,
@@ -150,23 +125,13 @@ __global__ void attention_bwd_causal_naive_f64_dS(
  * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dQ(
-    const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
-    const double *__restrict__ dO,
-    const double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ P,
-    double *__restrict__ delta,
     double *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -189,22 +154,12 @@ __global__ void attention_bwd_causal_naive_f64_dQ(
  */
 __global__ void attention_bwd_causal_naive_f64_dK(
     const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
-    const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ P,
-    double *__restrict__ delta,
     double *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -226,23 +181,13 @@ __global__ void attention_bwd_causal_naive_f64_dK(
  * for b, h, j (parallel) / c / i (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dV(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ P,
-    double *__restrict__ delta,
-    double *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -289,7 +234,7 @@ extern "C" int attention_bwd_causal_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f64_P, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          Q, K, lse, P, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -298,7 +243,7 @@ extern "C" int attention_bwd_causal_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -307,7 +252,7 @@ extern "C" int attention_bwd_causal_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f64_dS, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          V, dO, P, delta, dS, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -316,7 +261,7 @@ extern "C" int attention_bwd_causal_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          K, dQ, dS, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -325,7 +270,7 @@ extern "C" int attention_bwd_causal_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          Q, dK, dS, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -334,7 +279,7 @@ extern "C" int attention_bwd_causal_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          dO, dV, P, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -348,16 +293,8 @@ extern "C" int attention_bwd_causal_naive_f64(
 __global__ void attention_bwd_causal_naive_f32_P(
     const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
-    const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ P,
-    float *__restrict__ delta,
-    float *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -385,23 +322,13 @@ __global__ void attention_bwd_causal_naive_f32_P(
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_delta(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
     const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ P,
     float *__restrict__ delta,
-    float *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -422,15 +349,8 @@ __global__ void attention_bwd_causal_naive_f32_delta(
  * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dS(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ P,
     float *__restrict__ delta,
     float *__restrict__ dS,
@@ -462,23 +382,13 @@ __global__ void attention_bwd_causal_naive_f32_dS(
  * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dQ(
-    const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
-    const float *__restrict__ dO,
-    const float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ P,
-    float *__restrict__ delta,
     float *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -501,22 +411,12 @@ __global__ void attention_bwd_causal_naive_f32_dQ(
  */
 __global__ void attention_bwd_causal_naive_f32_dK(
     const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
-    const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ P,
-    float *__restrict__ delta,
     float *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -538,23 +438,13 @@ __global__ void attention_bwd_causal_naive_f32_dK(
  * for b, h, j (parallel) / c / i (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dV(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ P,
-    float *__restrict__ delta,
-    float *__restrict__ dS,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -601,7 +491,7 @@ extern "C" int attention_bwd_causal_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f32_P, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          Q, K, lse, P, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -610,7 +500,7 @@ extern "C" int attention_bwd_causal_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -619,7 +509,7 @@ extern "C" int attention_bwd_causal_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f32_dS, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          V, dO, P, delta, dS, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -628,7 +518,7 @@ extern "C" int attention_bwd_causal_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          K, dQ, dS, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -637,7 +527,7 @@ extern "C" int attention_bwd_causal_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          Q, dK, dS, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -646,7 +536,7 @@ extern "C" int attention_bwd_causal_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_causal_naive_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+                          dO, dV, P, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

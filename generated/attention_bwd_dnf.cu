@@ -50,21 +50,13 @@
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_dnf_f64_delta(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
     const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -88,12 +80,9 @@ __global__ void attention_bwd_dnf_f64_dQ(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
@@ -134,12 +123,9 @@ __global__ void attention_bwd_dnf_f64_dK(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
@@ -179,14 +165,9 @@ __global__ void attention_bwd_dnf_f64_dK(
 __global__ void attention_bwd_dnf_f64_dV(
     const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
     double *__restrict__ dV,
-    double *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -243,7 +224,7 @@ extern "C" int attention_bwd_dnf_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -252,7 +233,7 @@ extern "C" int attention_bwd_dnf_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -261,7 +242,7 @@ extern "C" int attention_bwd_dnf_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -270,7 +251,7 @@ extern "C" int attention_bwd_dnf_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, dO, lse, dV, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -282,21 +263,13 @@ extern "C" int attention_bwd_dnf_f64(
  * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_dnf_f32_delta(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
     const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -320,12 +293,9 @@ __global__ void attention_bwd_dnf_f32_dQ(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
@@ -366,12 +336,9 @@ __global__ void attention_bwd_dnf_f32_dK(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
@@ -411,14 +378,9 @@ __global__ void attention_bwd_dnf_f32_dK(
 __global__ void attention_bwd_dnf_f32_dV(
     const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
     float *__restrict__ dV,
-    float *__restrict__ delta,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -475,7 +437,7 @@ extern "C" int attention_bwd_dnf_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -484,7 +446,7 @@ extern "C" int attention_bwd_dnf_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -493,7 +455,7 @@ extern "C" int attention_bwd_dnf_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -502,7 +464,7 @@ extern "C" int attention_bwd_dnf_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_bwd_dnf_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+                          Q, K, dO, lse, dV, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -80,8 +80,18 @@ contains
 
     ! heads: writes O, lse; reads K, q, V
     ! for b, h (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, K_row, &
-    !$omp& V_row, row_max, qk, row_sum, t)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   quot, &
+    !$omp&   quot2, &
+    !$omp&   quot3, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   qk, &
+    !$omp&   row_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         !$omp simd
@@ -148,8 +158,18 @@ contains
 
     ! heads: writes O, lse; reads K, q, V
     ! for b, h (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, K_row, &
-    !$omp& V_row, row_max, qk, row_sum, t)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   quot, &
+    !$omp&   quot2, &
+    !$omp&   quot3, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   qk, &
+    !$omp&   row_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         !$omp simd

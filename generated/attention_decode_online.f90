@@ -87,11 +87,44 @@ contains
     ! heads: writes O, lse; reads K, q, V; scratch probs
     ! for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, K_row, V_row, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
-    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
-    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r_tile = 0, ((quot) / 4) - 1
@@ -238,8 +271,21 @@ contains
     ! heads.edge: writes O, lse; reads K, q, V; scratch probs
     ! for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot2 = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, lse_row, K_row, V_row, &
-    !$omp& row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   lse_row, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 4*((quot2) / 4), quot2 - 1
@@ -328,11 +374,44 @@ contains
     ! heads: writes O, lse; reads K, q, V; scratch probs
     ! for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, K_row, V_row, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
-    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
-    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r_tile = 0, ((quot) / 4) - 1
@@ -479,8 +558,21 @@ contains
     ! heads.edge: writes O, lse; reads K, q, V; scratch probs
     ! for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot2 = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, lse_row, K_row, V_row, &
-    !$omp& row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   lse_row, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 4*((quot2) / 4), quot2 - 1

@@ -101,8 +101,6 @@ __global__ void attention_decode_split_f64_heads_partial(
     const double *__restrict__ q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
     double *__restrict__ row_max_part,
     double *__restrict__ row_sum_part,
     double *__restrict__ O_part,
@@ -158,9 +156,6 @@ __global__ void attention_decode_split_f64_heads_partial(
  * for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
  */
 __global__ void attention_decode_split_f64_heads_merge(
-    const double *__restrict__ q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
     double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ row_max_part,
@@ -168,11 +163,7 @@ __global__ void attention_decode_split_f64_heads_merge(
     double *__restrict__ O_part,
     int64_t batch,
     int64_t q_heads,
-    int64_t d,
-    int64_t kv_heads,
-    int64_t cap,
-    int64_t n,
-    double scale
+    int64_t d
 )
 {
     const int64_t blk = blockIdx.x;
@@ -230,7 +221,7 @@ extern "C" int attention_decode_split_f64(
         const int64_t count = 16*batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_decode_split_f64_heads_partial, (unsigned int)count, (unsigned int)threads, stream,
-                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+                          q, K, V, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -239,7 +230,7 @@ extern "C" int attention_decode_split_f64(
         const int64_t count = batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_decode_split_f64_heads_merge, (unsigned int)count, (unsigned int)threads, stream,
-                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+                          O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -254,8 +245,6 @@ __global__ void attention_decode_split_f32_heads_partial(
     const float *__restrict__ q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
     float *__restrict__ row_max_part,
     float *__restrict__ row_sum_part,
     float *__restrict__ O_part,
@@ -311,9 +300,6 @@ __global__ void attention_decode_split_f32_heads_partial(
  * for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
  */
 __global__ void attention_decode_split_f32_heads_merge(
-    const float *__restrict__ q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
     float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ row_max_part,
@@ -321,11 +307,7 @@ __global__ void attention_decode_split_f32_heads_merge(
     float *__restrict__ O_part,
     int64_t batch,
     int64_t q_heads,
-    int64_t d,
-    int64_t kv_heads,
-    int64_t cap,
-    int64_t n,
-    float scale
+    int64_t d
 )
 {
     const int64_t blk = blockIdx.x;
@@ -383,7 +365,7 @@ extern "C" int attention_decode_split_f32(
         const int64_t count = 16*batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_decode_split_f32_heads_partial, (unsigned int)count, (unsigned int)threads, stream,
-                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+                          q, K, V, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -392,7 +374,7 @@ extern "C" int attention_decode_split_f32(
         const int64_t count = batch*q_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_decode_split_f32_heads_merge, (unsigned int)count, (unsigned int)threads, stream,
-                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+                          O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

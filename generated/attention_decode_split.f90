@@ -92,14 +92,61 @@ contains
 
     ! heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
     ! for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, j, quot, quot2, quot3, quot4, &
-    !$omp& row_max_part_row0, row_max_part_row1, row_max_part_row2, row_max_part_row3, &
-    !$omp& row_sum_part_row0, row_sum_part_row1, row_sum_part_row2, row_sum_part_row3, K_row0, &
-    !$omp& K_row1, K_row2, K_row3, V_row0, V_row1, V_row2, V_row3, row_max_0, row_max_1, &
-    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
-    !$omp& rescale_3, p_0, p_1, p_2, p_3)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   quot, &
+    !$omp&   quot2, &
+    !$omp&   quot3, &
+    !$omp&   quot4, &
+    !$omp&   row_max_part_row0, &
+    !$omp&   row_max_part_row1, &
+    !$omp&   row_max_part_row2, &
+    !$omp&   row_max_part_row3, &
+    !$omp&   row_sum_part_row0, &
+    !$omp&   row_sum_part_row1, &
+    !$omp&   row_sum_part_row2, &
+    !$omp&   row_sum_part_row3, &
+    !$omp&   K_row0, &
+    !$omp&   K_row1, &
+    !$omp&   K_row2, &
+    !$omp&   K_row3, &
+    !$omp&   V_row0, &
+    !$omp&   V_row1, &
+    !$omp&   V_row2, &
+    !$omp&   V_row3, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   score_0, &
+    !$omp&   score_1, &
+    !$omp&   score_2, &
+    !$omp&   score_3, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   exp_gap_0, &
+    !$omp&   exp_gap_1, &
+    !$omp&   exp_gap_2, &
+    !$omp&   exp_gap_3, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   p_0, &
+    !$omp&   p_1, &
+    !$omp&   p_2, &
+    !$omp&   p_3)
     do b = 0, batch - 1
       do h_tile = 0, ((q_heads) / 4) - 1
         do j_split = 0, 15
@@ -204,9 +251,22 @@ contains
     !$omp end parallel do
     ! heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
     ! for b, h, j_split (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, j, quot5, row_max_part_row, &
-    !$omp& row_sum_part_row, K_row, V_row, row_max, row_sum, qk, score, new_max, exp_gap, &
-    !$omp& rescale, p)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   quot5, &
+    !$omp&   row_max_part_row, &
+    !$omp&   row_sum_part_row, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   score, &
+    !$omp&   new_max, &
+    !$omp&   exp_gap, &
+    !$omp&   rescale, &
+    !$omp&   p)
     do b = 0, batch - 1
       do h = 4*((q_heads) / 4), q_heads - 1
         do j_split = 0, 15
@@ -248,8 +308,13 @@ contains
     !$omp end parallel do
     ! heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
     ! for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
-    !$omp parallel do collapse(2) schedule(static) private(j_split, c, row_sum_part_row, row_max, &
-    !$omp& row_sum, acc)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   j_split, &
+    !$omp&   c, &
+    !$omp&   row_sum_part_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   acc)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         row_sum_part_row = 16*b*q_heads + 16*h
@@ -312,14 +377,61 @@ contains
 
     ! heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
     ! for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, j, quot, quot2, quot3, quot4, &
-    !$omp& row_max_part_row0, row_max_part_row1, row_max_part_row2, row_max_part_row3, &
-    !$omp& row_sum_part_row0, row_sum_part_row1, row_sum_part_row2, row_sum_part_row3, K_row0, &
-    !$omp& K_row1, K_row2, K_row3, V_row0, V_row1, V_row2, V_row3, row_max_0, row_max_1, &
-    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
-    !$omp& rescale_3, p_0, p_1, p_2, p_3)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   quot, &
+    !$omp&   quot2, &
+    !$omp&   quot3, &
+    !$omp&   quot4, &
+    !$omp&   row_max_part_row0, &
+    !$omp&   row_max_part_row1, &
+    !$omp&   row_max_part_row2, &
+    !$omp&   row_max_part_row3, &
+    !$omp&   row_sum_part_row0, &
+    !$omp&   row_sum_part_row1, &
+    !$omp&   row_sum_part_row2, &
+    !$omp&   row_sum_part_row3, &
+    !$omp&   K_row0, &
+    !$omp&   K_row1, &
+    !$omp&   K_row2, &
+    !$omp&   K_row3, &
+    !$omp&   V_row0, &
+    !$omp&   V_row1, &
+    !$omp&   V_row2, &
+    !$omp&   V_row3, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   score_0, &
+    !$omp&   score_1, &
+    !$omp&   score_2, &
+    !$omp&   score_3, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   exp_gap_0, &
+    !$omp&   exp_gap_1, &
+    !$omp&   exp_gap_2, &
+    !$omp&   exp_gap_3, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   p_0, &
+    !$omp&   p_1, &
+    !$omp&   p_2, &
+    !$omp&   p_3)
     do b = 0, batch - 1
       do h_tile = 0, ((q_heads) / 4) - 1
         do j_split = 0, 15
@@ -424,9 +536,22 @@ contains
     !$omp end parallel do
     ! heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
     ! for b, h, j_split (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, j, quot5, row_max_part_row, &
-    !$omp& row_sum_part_row, K_row, V_row, row_max, row_sum, qk, score, new_max, exp_gap, &
-    !$omp& rescale, p)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   quot5, &
+    !$omp&   row_max_part_row, &
+    !$omp&   row_sum_part_row, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   score, &
+    !$omp&   new_max, &
+    !$omp&   exp_gap, &
+    !$omp&   rescale, &
+    !$omp&   p)
     do b = 0, batch - 1
       do h = 4*((q_heads) / 4), q_heads - 1
         do j_split = 0, 15
@@ -468,8 +593,13 @@ contains
     !$omp end parallel do
     ! heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
     ! for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
-    !$omp parallel do collapse(2) schedule(static) private(j_split, c, row_sum_part_row, row_max, &
-    !$omp& row_sum, acc)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   j_split, &
+    !$omp&   c, &
+    !$omp&   row_sum_part_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   acc)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         row_sum_part_row = 16*b*q_heads + 16*h

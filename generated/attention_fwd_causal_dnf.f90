@@ -59,8 +59,15 @@ contains
 
     ! rows: writes O, lse; reads Q, K, V
     ! for b, h, i (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, j, K_row, V_row, row_max, qk, &
-    !$omp& row_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   qk, &
+    !$omp&   row_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -126,8 +133,15 @@ contains
 
     ! rows: writes O, lse; reads Q, K, V
     ! for b, h, i (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, j, K_row, V_row, row_max, qk, &
-    !$omp& row_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   qk, &
+    !$omp&   row_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1

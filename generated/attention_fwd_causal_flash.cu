@@ -52,19 +52,12 @@
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void attention_fwd_causal_flash_f64_rows_pack_K(
-    const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ probs,
     double *__restrict__ K_panel,
-    double *__restrict__ V_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -84,19 +77,12 @@ __global__ void attention_fwd_causal_flash_f64_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void attention_fwd_causal_flash_f64_rows_pack_V(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
     const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ probs,
-    double *__restrict__ K_panel,
     double *__restrict__ V_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -734,8 +720,6 @@ __global__ void attention_fwd_causal_flash_f64_rows_edge(
     double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ probs,
-    double *__restrict__ K_panel,
-    double *__restrict__ V_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -854,7 +838,7 @@ extern "C" int attention_fwd_causal_flash_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
+                          K, K_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -863,7 +847,7 @@ extern "C" int attention_fwd_causal_flash_f64(
         const int64_t count = batch*heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
+                          V, V_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -881,7 +865,7 @@ extern "C" int attention_fwd_causal_flash_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
+                          Q, K, V, O, lse, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -893,19 +877,12 @@ extern "C" int attention_fwd_causal_flash_f64(
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void attention_fwd_causal_flash_f32_rows_pack_K(
-    const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ probs,
     float *__restrict__ K_panel,
-    float *__restrict__ V_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -925,19 +902,12 @@ __global__ void attention_fwd_causal_flash_f32_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void attention_fwd_causal_flash_f32_rows_pack_V(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
     const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ probs,
-    float *__restrict__ K_panel,
     float *__restrict__ V_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1575,8 +1545,6 @@ __global__ void attention_fwd_causal_flash_f32_rows_edge(
     float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ probs,
-    float *__restrict__ K_panel,
-    float *__restrict__ V_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1695,7 +1663,7 @@ extern "C" int attention_fwd_causal_flash_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
+                          K, K_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1704,7 +1672,7 @@ extern "C" int attention_fwd_causal_flash_f32(
         const int64_t count = batch*heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
+                          V, V_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1722,7 +1690,7 @@ extern "C" int attention_fwd_causal_flash_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
+                          Q, K, V, O, lse, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -124,30 +124,254 @@ contains
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
-    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
-    !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-    !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, &
-    !$omp& qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, &
-    !$omp& qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, &
-    !$omp& qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-    !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, &
-    !$omp& block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, &
-    !$omp& rescale_3, rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
-    !$omp& block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_0b, o_1b, o_2b, &
-    !$omp& o_3b, o_4b, o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_0d, &
-    !$omp& o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, &
-    !$omp& o_7e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t_0, t_1, t_2, t_3, t_4, t_5, &
-    !$omp& qk_0_0b, qk_0_1b, qk_0_2b, qk_0_3b, qk_0_4b, qk_0_5b, qk_0_6b, qk_0_7b, qk_1_0b, &
-    !$omp& qk_1_1b, qk_1_2b, qk_1_3b, qk_1_4b, qk_1_5b, qk_1_6b, qk_1_7b, qk_2_0b, qk_2_1b, &
-    !$omp& qk_2_2b, qk_2_3b, qk_2_4b, qk_2_5b, qk_2_6b, qk_2_7b, qk_3_0b, qk_3_1b, qk_3_2b, &
-    !$omp& qk_3_3b, qk_3_4b, qk_3_5b, qk_3_6b, qk_3_7b, qk_4_0b, qk_4_1b, qk_4_2b, qk_4_3b, &
-    !$omp& qk_4_4b, qk_4_5b, qk_4_6b, qk_4_7b, qk_5_0b, qk_5_1b, qk_5_2b, qk_5_3b, qk_5_4b, &
-    !$omp& qk_5_5b, qk_5_6b, qk_5_7b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_0h, o_1h, &
-    !$omp& o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, o_6i, o_7i, &
-    !$omp& o_0j, o_1j, o_2j, o_3j, o_4j, o_5j, o_6j, o_7j, o_0k, o_1k, o_2k, o_3k, o_4k, o_5k, &
-    !$omp& o_6k, o_7k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   o_0, &
+    !$omp&   o_1, &
+    !$omp&   o_2, &
+    !$omp&   o_3, &
+    !$omp&   o_4, &
+    !$omp&   o_5, &
+    !$omp&   o_6, &
+    !$omp&   o_7, &
+    !$omp&   o_0b, &
+    !$omp&   o_1b, &
+    !$omp&   o_2b, &
+    !$omp&   o_3b, &
+    !$omp&   o_4b, &
+    !$omp&   o_5b, &
+    !$omp&   o_6b, &
+    !$omp&   o_7b, &
+    !$omp&   o_0c, &
+    !$omp&   o_1c, &
+    !$omp&   o_2c, &
+    !$omp&   o_3c, &
+    !$omp&   o_4c, &
+    !$omp&   o_5c, &
+    !$omp&   o_6c, &
+    !$omp&   o_7c, &
+    !$omp&   o_0d, &
+    !$omp&   o_1d, &
+    !$omp&   o_2d, &
+    !$omp&   o_3d, &
+    !$omp&   o_4d, &
+    !$omp&   o_5d, &
+    !$omp&   o_6d, &
+    !$omp&   o_7d, &
+    !$omp&   o_0e, &
+    !$omp&   o_1e, &
+    !$omp&   o_2e, &
+    !$omp&   o_3e, &
+    !$omp&   o_4e, &
+    !$omp&   o_5e, &
+    !$omp&   o_6e, &
+    !$omp&   o_7e, &
+    !$omp&   o_0f, &
+    !$omp&   o_1f, &
+    !$omp&   o_2f, &
+    !$omp&   o_3f, &
+    !$omp&   o_4f, &
+    !$omp&   o_5f, &
+    !$omp&   o_6f, &
+    !$omp&   o_7f, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   qk_0_0b, &
+    !$omp&   qk_0_1b, &
+    !$omp&   qk_0_2b, &
+    !$omp&   qk_0_3b, &
+    !$omp&   qk_0_4b, &
+    !$omp&   qk_0_5b, &
+    !$omp&   qk_0_6b, &
+    !$omp&   qk_0_7b, &
+    !$omp&   qk_1_0b, &
+    !$omp&   qk_1_1b, &
+    !$omp&   qk_1_2b, &
+    !$omp&   qk_1_3b, &
+    !$omp&   qk_1_4b, &
+    !$omp&   qk_1_5b, &
+    !$omp&   qk_1_6b, &
+    !$omp&   qk_1_7b, &
+    !$omp&   qk_2_0b, &
+    !$omp&   qk_2_1b, &
+    !$omp&   qk_2_2b, &
+    !$omp&   qk_2_3b, &
+    !$omp&   qk_2_4b, &
+    !$omp&   qk_2_5b, &
+    !$omp&   qk_2_6b, &
+    !$omp&   qk_2_7b, &
+    !$omp&   qk_3_0b, &
+    !$omp&   qk_3_1b, &
+    !$omp&   qk_3_2b, &
+    !$omp&   qk_3_3b, &
+    !$omp&   qk_3_4b, &
+    !$omp&   qk_3_5b, &
+    !$omp&   qk_3_6b, &
+    !$omp&   qk_3_7b, &
+    !$omp&   qk_4_0b, &
+    !$omp&   qk_4_1b, &
+    !$omp&   qk_4_2b, &
+    !$omp&   qk_4_3b, &
+    !$omp&   qk_4_4b, &
+    !$omp&   qk_4_5b, &
+    !$omp&   qk_4_6b, &
+    !$omp&   qk_4_7b, &
+    !$omp&   qk_5_0b, &
+    !$omp&   qk_5_1b, &
+    !$omp&   qk_5_2b, &
+    !$omp&   qk_5_3b, &
+    !$omp&   qk_5_4b, &
+    !$omp&   qk_5_5b, &
+    !$omp&   qk_5_6b, &
+    !$omp&   qk_5_7b, &
+    !$omp&   o_0g, &
+    !$omp&   o_1g, &
+    !$omp&   o_2g, &
+    !$omp&   o_3g, &
+    !$omp&   o_4g, &
+    !$omp&   o_5g, &
+    !$omp&   o_6g, &
+    !$omp&   o_7g, &
+    !$omp&   o_0h, &
+    !$omp&   o_1h, &
+    !$omp&   o_2h, &
+    !$omp&   o_3h, &
+    !$omp&   o_4h, &
+    !$omp&   o_5h, &
+    !$omp&   o_6h, &
+    !$omp&   o_7h, &
+    !$omp&   o_0i, &
+    !$omp&   o_1i, &
+    !$omp&   o_2i, &
+    !$omp&   o_3i, &
+    !$omp&   o_4i, &
+    !$omp&   o_5i, &
+    !$omp&   o_6i, &
+    !$omp&   o_7i, &
+    !$omp&   o_0j, &
+    !$omp&   o_1j, &
+    !$omp&   o_2j, &
+    !$omp&   o_3j, &
+    !$omp&   o_4j, &
+    !$omp&   o_5j, &
+    !$omp&   o_6j, &
+    !$omp&   o_7j, &
+    !$omp&   o_0k, &
+    !$omp&   o_1k, &
+    !$omp&   o_2k, &
+    !$omp&   o_3k, &
+    !$omp&   o_4k, &
+    !$omp&   o_5k, &
+    !$omp&   o_6k, &
+    !$omp&   o_7k, &
+    !$omp&   o_0l, &
+    !$omp&   o_1l, &
+    !$omp&   o_2l, &
+    !$omp&   o_3l, &
+    !$omp&   o_4l, &
+    !$omp&   o_5l, &
+    !$omp&   o_6l, &
+    !$omp&   o_7l)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 6) - 1
@@ -1380,8 +1604,20 @@ contains
     !$omp end parallel do
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, K_row, V_row, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 6*((n) / 6), n - 1
@@ -1586,48 +1822,446 @@ contains
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
-    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
-    !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-    !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-    !$omp& qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-    !$omp& qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
-    !$omp& qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-    !$omp& qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
-    !$omp& qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-    !$omp& qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
-    !$omp& qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-    !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-    !$omp& qk_5_14, qk_5_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
-    !$omp& new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, &
-    !$omp& o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, &
-    !$omp& o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, &
-    !$omp& o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, &
-    !$omp& o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, &
-    !$omp& o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, &
-    !$omp& o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, &
-    !$omp& o_13f, o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5, qk_0_0b, qk_0_1b, qk_0_2b, qk_0_3b, &
-    !$omp& qk_0_4b, qk_0_5b, qk_0_6b, qk_0_7b, qk_0_8b, qk_0_9b, qk_0_10b, qk_0_11b, qk_0_12b, &
-    !$omp& qk_0_13b, qk_0_14b, qk_0_15b, qk_1_0b, qk_1_1b, qk_1_2b, qk_1_3b, qk_1_4b, qk_1_5b, &
-    !$omp& qk_1_6b, qk_1_7b, qk_1_8b, qk_1_9b, qk_1_10b, qk_1_11b, qk_1_12b, qk_1_13b, qk_1_14b, &
-    !$omp& qk_1_15b, qk_2_0b, qk_2_1b, qk_2_2b, qk_2_3b, qk_2_4b, qk_2_5b, qk_2_6b, qk_2_7b, &
-    !$omp& qk_2_8b, qk_2_9b, qk_2_10b, qk_2_11b, qk_2_12b, qk_2_13b, qk_2_14b, qk_2_15b, qk_3_0b, &
-    !$omp& qk_3_1b, qk_3_2b, qk_3_3b, qk_3_4b, qk_3_5b, qk_3_6b, qk_3_7b, qk_3_8b, qk_3_9b, &
-    !$omp& qk_3_10b, qk_3_11b, qk_3_12b, qk_3_13b, qk_3_14b, qk_3_15b, qk_4_0b, qk_4_1b, qk_4_2b, &
-    !$omp& qk_4_3b, qk_4_4b, qk_4_5b, qk_4_6b, qk_4_7b, qk_4_8b, qk_4_9b, qk_4_10b, qk_4_11b, &
-    !$omp& qk_4_12b, qk_4_13b, qk_4_14b, qk_4_15b, qk_5_0b, qk_5_1b, qk_5_2b, qk_5_3b, qk_5_4b, &
-    !$omp& qk_5_5b, qk_5_6b, qk_5_7b, qk_5_8b, qk_5_9b, qk_5_10b, qk_5_11b, qk_5_12b, qk_5_13b, &
-    !$omp& qk_5_14b, qk_5_15b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, &
-    !$omp& o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, &
-    !$omp& o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, o_0i, o_1i, o_2i, o_3i, o_4i, &
-    !$omp& o_5i, o_6i, o_7i, o_8i, o_9i, o_10i, o_11i, o_12i, o_13i, o_14i, o_15i, o_0j, o_1j, &
-    !$omp& o_2j, o_3j, o_4j, o_5j, o_6j, o_7j, o_8j, o_9j, o_10j, o_11j, o_12j, o_13j, o_14j, &
-    !$omp& o_15j, o_0k, o_1k, o_2k, o_3k, o_4k, o_5k, o_6k, o_7k, o_8k, o_9k, o_10k, o_11k, &
-    !$omp& o_12k, o_13k, o_14k, o_15k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l, o_8l, &
-    !$omp& o_9l, o_10l, o_11l, o_12l, o_13l, o_14l, o_15l)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_0_8, &
+    !$omp&   qk_0_9, &
+    !$omp&   qk_0_10, &
+    !$omp&   qk_0_11, &
+    !$omp&   qk_0_12, &
+    !$omp&   qk_0_13, &
+    !$omp&   qk_0_14, &
+    !$omp&   qk_0_15, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_1_8, &
+    !$omp&   qk_1_9, &
+    !$omp&   qk_1_10, &
+    !$omp&   qk_1_11, &
+    !$omp&   qk_1_12, &
+    !$omp&   qk_1_13, &
+    !$omp&   qk_1_14, &
+    !$omp&   qk_1_15, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_2_8, &
+    !$omp&   qk_2_9, &
+    !$omp&   qk_2_10, &
+    !$omp&   qk_2_11, &
+    !$omp&   qk_2_12, &
+    !$omp&   qk_2_13, &
+    !$omp&   qk_2_14, &
+    !$omp&   qk_2_15, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_3_8, &
+    !$omp&   qk_3_9, &
+    !$omp&   qk_3_10, &
+    !$omp&   qk_3_11, &
+    !$omp&   qk_3_12, &
+    !$omp&   qk_3_13, &
+    !$omp&   qk_3_14, &
+    !$omp&   qk_3_15, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_4_8, &
+    !$omp&   qk_4_9, &
+    !$omp&   qk_4_10, &
+    !$omp&   qk_4_11, &
+    !$omp&   qk_4_12, &
+    !$omp&   qk_4_13, &
+    !$omp&   qk_4_14, &
+    !$omp&   qk_4_15, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_5_8, &
+    !$omp&   qk_5_9, &
+    !$omp&   qk_5_10, &
+    !$omp&   qk_5_11, &
+    !$omp&   qk_5_12, &
+    !$omp&   qk_5_13, &
+    !$omp&   qk_5_14, &
+    !$omp&   qk_5_15, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   o_0, &
+    !$omp&   o_1, &
+    !$omp&   o_2, &
+    !$omp&   o_3, &
+    !$omp&   o_4, &
+    !$omp&   o_5, &
+    !$omp&   o_6, &
+    !$omp&   o_7, &
+    !$omp&   o_8, &
+    !$omp&   o_9, &
+    !$omp&   o_10, &
+    !$omp&   o_11, &
+    !$omp&   o_12, &
+    !$omp&   o_13, &
+    !$omp&   o_14, &
+    !$omp&   o_15, &
+    !$omp&   o_0b, &
+    !$omp&   o_1b, &
+    !$omp&   o_2b, &
+    !$omp&   o_3b, &
+    !$omp&   o_4b, &
+    !$omp&   o_5b, &
+    !$omp&   o_6b, &
+    !$omp&   o_7b, &
+    !$omp&   o_8b, &
+    !$omp&   o_9b, &
+    !$omp&   o_10b, &
+    !$omp&   o_11b, &
+    !$omp&   o_12b, &
+    !$omp&   o_13b, &
+    !$omp&   o_14b, &
+    !$omp&   o_15b, &
+    !$omp&   o_0c, &
+    !$omp&   o_1c, &
+    !$omp&   o_2c, &
+    !$omp&   o_3c, &
+    !$omp&   o_4c, &
+    !$omp&   o_5c, &
+    !$omp&   o_6c, &
+    !$omp&   o_7c, &
+    !$omp&   o_8c, &
+    !$omp&   o_9c, &
+    !$omp&   o_10c, &
+    !$omp&   o_11c, &
+    !$omp&   o_12c, &
+    !$omp&   o_13c, &
+    !$omp&   o_14c, &
+    !$omp&   o_15c, &
+    !$omp&   o_0d, &
+    !$omp&   o_1d, &
+    !$omp&   o_2d, &
+    !$omp&   o_3d, &
+    !$omp&   o_4d, &
+    !$omp&   o_5d, &
+    !$omp&   o_6d, &
+    !$omp&   o_7d, &
+    !$omp&   o_8d, &
+    !$omp&   o_9d, &
+    !$omp&   o_10d, &
+    !$omp&   o_11d, &
+    !$omp&   o_12d, &
+    !$omp&   o_13d, &
+    !$omp&   o_14d, &
+    !$omp&   o_15d, &
+    !$omp&   o_0e, &
+    !$omp&   o_1e, &
+    !$omp&   o_2e, &
+    !$omp&   o_3e, &
+    !$omp&   o_4e, &
+    !$omp&   o_5e, &
+    !$omp&   o_6e, &
+    !$omp&   o_7e, &
+    !$omp&   o_8e, &
+    !$omp&   o_9e, &
+    !$omp&   o_10e, &
+    !$omp&   o_11e, &
+    !$omp&   o_12e, &
+    !$omp&   o_13e, &
+    !$omp&   o_14e, &
+    !$omp&   o_15e, &
+    !$omp&   o_0f, &
+    !$omp&   o_1f, &
+    !$omp&   o_2f, &
+    !$omp&   o_3f, &
+    !$omp&   o_4f, &
+    !$omp&   o_5f, &
+    !$omp&   o_6f, &
+    !$omp&   o_7f, &
+    !$omp&   o_8f, &
+    !$omp&   o_9f, &
+    !$omp&   o_10f, &
+    !$omp&   o_11f, &
+    !$omp&   o_12f, &
+    !$omp&   o_13f, &
+    !$omp&   o_14f, &
+    !$omp&   o_15f, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   qk_0_0b, &
+    !$omp&   qk_0_1b, &
+    !$omp&   qk_0_2b, &
+    !$omp&   qk_0_3b, &
+    !$omp&   qk_0_4b, &
+    !$omp&   qk_0_5b, &
+    !$omp&   qk_0_6b, &
+    !$omp&   qk_0_7b, &
+    !$omp&   qk_0_8b, &
+    !$omp&   qk_0_9b, &
+    !$omp&   qk_0_10b, &
+    !$omp&   qk_0_11b, &
+    !$omp&   qk_0_12b, &
+    !$omp&   qk_0_13b, &
+    !$omp&   qk_0_14b, &
+    !$omp&   qk_0_15b, &
+    !$omp&   qk_1_0b, &
+    !$omp&   qk_1_1b, &
+    !$omp&   qk_1_2b, &
+    !$omp&   qk_1_3b, &
+    !$omp&   qk_1_4b, &
+    !$omp&   qk_1_5b, &
+    !$omp&   qk_1_6b, &
+    !$omp&   qk_1_7b, &
+    !$omp&   qk_1_8b, &
+    !$omp&   qk_1_9b, &
+    !$omp&   qk_1_10b, &
+    !$omp&   qk_1_11b, &
+    !$omp&   qk_1_12b, &
+    !$omp&   qk_1_13b, &
+    !$omp&   qk_1_14b, &
+    !$omp&   qk_1_15b, &
+    !$omp&   qk_2_0b, &
+    !$omp&   qk_2_1b, &
+    !$omp&   qk_2_2b, &
+    !$omp&   qk_2_3b, &
+    !$omp&   qk_2_4b, &
+    !$omp&   qk_2_5b, &
+    !$omp&   qk_2_6b, &
+    !$omp&   qk_2_7b, &
+    !$omp&   qk_2_8b, &
+    !$omp&   qk_2_9b, &
+    !$omp&   qk_2_10b, &
+    !$omp&   qk_2_11b, &
+    !$omp&   qk_2_12b, &
+    !$omp&   qk_2_13b, &
+    !$omp&   qk_2_14b, &
+    !$omp&   qk_2_15b, &
+    !$omp&   qk_3_0b, &
+    !$omp&   qk_3_1b, &
+    !$omp&   qk_3_2b, &
+    !$omp&   qk_3_3b, &
+    !$omp&   qk_3_4b, &
+    !$omp&   qk_3_5b, &
+    !$omp&   qk_3_6b, &
+    !$omp&   qk_3_7b, &
+    !$omp&   qk_3_8b, &
+    !$omp&   qk_3_9b, &
+    !$omp&   qk_3_10b, &
+    !$omp&   qk_3_11b, &
+    !$omp&   qk_3_12b, &
+    !$omp&   qk_3_13b, &
+    !$omp&   qk_3_14b, &
+    !$omp&   qk_3_15b, &
+    !$omp&   qk_4_0b, &
+    !$omp&   qk_4_1b, &
+    !$omp&   qk_4_2b, &
+    !$omp&   qk_4_3b, &
+    !$omp&   qk_4_4b, &
+    !$omp&   qk_4_5b, &
+    !$omp&   qk_4_6b, &
+    !$omp&   qk_4_7b, &
+    !$omp&   qk_4_8b, &
+    !$omp&   qk_4_9b, &
+    !$omp&   qk_4_10b, &
+    !$omp&   qk_4_11b, &
+    !$omp&   qk_4_12b, &
+    !$omp&   qk_4_13b, &
+    !$omp&   qk_4_14b, &
+    !$omp&   qk_4_15b, &
+    !$omp&   qk_5_0b, &
+    !$omp&   qk_5_1b, &
+    !$omp&   qk_5_2b, &
+    !$omp&   qk_5_3b, &
+    !$omp&   qk_5_4b, &
+    !$omp&   qk_5_5b, &
+    !$omp&   qk_5_6b, &
+    !$omp&   qk_5_7b, &
+    !$omp&   qk_5_8b, &
+    !$omp&   qk_5_9b, &
+    !$omp&   qk_5_10b, &
+    !$omp&   qk_5_11b, &
+    !$omp&   qk_5_12b, &
+    !$omp&   qk_5_13b, &
+    !$omp&   qk_5_14b, &
+    !$omp&   qk_5_15b, &
+    !$omp&   o_0g, &
+    !$omp&   o_1g, &
+    !$omp&   o_2g, &
+    !$omp&   o_3g, &
+    !$omp&   o_4g, &
+    !$omp&   o_5g, &
+    !$omp&   o_6g, &
+    !$omp&   o_7g, &
+    !$omp&   o_8g, &
+    !$omp&   o_9g, &
+    !$omp&   o_10g, &
+    !$omp&   o_11g, &
+    !$omp&   o_12g, &
+    !$omp&   o_13g, &
+    !$omp&   o_14g, &
+    !$omp&   o_15g, &
+    !$omp&   o_0h, &
+    !$omp&   o_1h, &
+    !$omp&   o_2h, &
+    !$omp&   o_3h, &
+    !$omp&   o_4h, &
+    !$omp&   o_5h, &
+    !$omp&   o_6h, &
+    !$omp&   o_7h, &
+    !$omp&   o_8h, &
+    !$omp&   o_9h, &
+    !$omp&   o_10h, &
+    !$omp&   o_11h, &
+    !$omp&   o_12h, &
+    !$omp&   o_13h, &
+    !$omp&   o_14h, &
+    !$omp&   o_15h, &
+    !$omp&   o_0i, &
+    !$omp&   o_1i, &
+    !$omp&   o_2i, &
+    !$omp&   o_3i, &
+    !$omp&   o_4i, &
+    !$omp&   o_5i, &
+    !$omp&   o_6i, &
+    !$omp&   o_7i, &
+    !$omp&   o_8i, &
+    !$omp&   o_9i, &
+    !$omp&   o_10i, &
+    !$omp&   o_11i, &
+    !$omp&   o_12i, &
+    !$omp&   o_13i, &
+    !$omp&   o_14i, &
+    !$omp&   o_15i, &
+    !$omp&   o_0j, &
+    !$omp&   o_1j, &
+    !$omp&   o_2j, &
+    !$omp&   o_3j, &
+    !$omp&   o_4j, &
+    !$omp&   o_5j, &
+    !$omp&   o_6j, &
+    !$omp&   o_7j, &
+    !$omp&   o_8j, &
+    !$omp&   o_9j, &
+    !$omp&   o_10j, &
+    !$omp&   o_11j, &
+    !$omp&   o_12j, &
+    !$omp&   o_13j, &
+    !$omp&   o_14j, &
+    !$omp&   o_15j, &
+    !$omp&   o_0k, &
+    !$omp&   o_1k, &
+    !$omp&   o_2k, &
+    !$omp&   o_3k, &
+    !$omp&   o_4k, &
+    !$omp&   o_5k, &
+    !$omp&   o_6k, &
+    !$omp&   o_7k, &
+    !$omp&   o_8k, &
+    !$omp&   o_9k, &
+    !$omp&   o_10k, &
+    !$omp&   o_11k, &
+    !$omp&   o_12k, &
+    !$omp&   o_13k, &
+    !$omp&   o_14k, &
+    !$omp&   o_15k, &
+    !$omp&   o_0l, &
+    !$omp&   o_1l, &
+    !$omp&   o_2l, &
+    !$omp&   o_3l, &
+    !$omp&   o_4l, &
+    !$omp&   o_5l, &
+    !$omp&   o_6l, &
+    !$omp&   o_7l, &
+    !$omp&   o_8l, &
+    !$omp&   o_9l, &
+    !$omp&   o_10l, &
+    !$omp&   o_11l, &
+    !$omp&   o_12l, &
+    !$omp&   o_13l, &
+    !$omp&   o_14l, &
+    !$omp&   o_15l)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 6) - 1
@@ -3725,8 +4359,20 @@ contains
     !$omp end parallel do
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, K_row, V_row, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 6*((n) / 6), n - 1

@@ -71,17 +71,95 @@ contains
     ! rows: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
     !     j_tile / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
-    !$omp& V_row1, V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
-    !$omp& row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, &
-    !$omp& row_sum_5, row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
-    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
-    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
-    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
-    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
-    !$omp& t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
-    !$omp& t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   j_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row0, &
+    !$omp&   V_row1, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_max_6, &
+    !$omp&   row_max_7, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   row_sum_6, &
+    !$omp&   row_sum_7, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   qk_6, &
+    !$omp&   qk_7, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   block_max_6, &
+    !$omp&   block_max_7, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   new_max_6, &
+    !$omp&   new_max_7, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   rescale_6, &
+    !$omp&   rescale_7, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   block_sum_6, &
+    !$omp&   block_sum_7, &
+    !$omp&   t_0_0, &
+    !$omp&   t_0_1, &
+    !$omp&   t_0_2, &
+    !$omp&   t_0_3, &
+    !$omp&   t_0_4, &
+    !$omp&   t_0_5, &
+    !$omp&   t_0_6, &
+    !$omp&   t_0_7, &
+    !$omp&   t_1_0, &
+    !$omp&   t_1_1, &
+    !$omp&   t_1_2, &
+    !$omp&   t_1_3, &
+    !$omp&   t_1_4, &
+    !$omp&   t_1_5, &
+    !$omp&   t_1_6, &
+    !$omp&   t_1_7, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   t_6, &
+    !$omp&   t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -381,8 +459,25 @@ contains
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
     !     c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
-    !$omp& V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   j_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row0, &
+    !$omp&   V_row1, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 8*((n) / 8), n - 1
@@ -485,17 +580,95 @@ contains
     ! rows: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
     !     j_tile / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
-    !$omp& V_row1, V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
-    !$omp& row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, &
-    !$omp& row_sum_5, row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
-    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
-    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
-    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
-    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
-    !$omp& t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
-    !$omp& t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   j_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row0, &
+    !$omp&   V_row1, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_max_6, &
+    !$omp&   row_max_7, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   row_sum_6, &
+    !$omp&   row_sum_7, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   qk_6, &
+    !$omp&   qk_7, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   block_max_6, &
+    !$omp&   block_max_7, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   new_max_6, &
+    !$omp&   new_max_7, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   rescale_6, &
+    !$omp&   rescale_7, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   block_sum_6, &
+    !$omp&   block_sum_7, &
+    !$omp&   t_0_0, &
+    !$omp&   t_0_1, &
+    !$omp&   t_0_2, &
+    !$omp&   t_0_3, &
+    !$omp&   t_0_4, &
+    !$omp&   t_0_5, &
+    !$omp&   t_0_6, &
+    !$omp&   t_0_7, &
+    !$omp&   t_1_0, &
+    !$omp&   t_1_1, &
+    !$omp&   t_1_2, &
+    !$omp&   t_1_3, &
+    !$omp&   t_1_4, &
+    !$omp&   t_1_5, &
+    !$omp&   t_1_6, &
+    !$omp&   t_1_7, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   t_6, &
+    !$omp&   t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -795,8 +968,25 @@ contains
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
     !     c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
-    !$omp& V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   j_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row0, &
+    !$omp&   V_row1, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 8*((n) / 8), n - 1

@@ -119,21 +119,158 @@ contains
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
-    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
-    !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-    !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, &
-    !$omp& qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, &
-    !$omp& qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, &
-    !$omp& qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-    !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, &
-    !$omp& block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, &
-    !$omp& rescale_3, rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
-    !$omp& block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_0b, o_1b, o_2b, &
-    !$omp& o_3b, o_4b, o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_0d, &
-    !$omp& o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, &
-    !$omp& o_7e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t_0, t_1, t_2, t_3, t_4, t_5)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   o_0, &
+    !$omp&   o_1, &
+    !$omp&   o_2, &
+    !$omp&   o_3, &
+    !$omp&   o_4, &
+    !$omp&   o_5, &
+    !$omp&   o_6, &
+    !$omp&   o_7, &
+    !$omp&   o_0b, &
+    !$omp&   o_1b, &
+    !$omp&   o_2b, &
+    !$omp&   o_3b, &
+    !$omp&   o_4b, &
+    !$omp&   o_5b, &
+    !$omp&   o_6b, &
+    !$omp&   o_7b, &
+    !$omp&   o_0c, &
+    !$omp&   o_1c, &
+    !$omp&   o_2c, &
+    !$omp&   o_3c, &
+    !$omp&   o_4c, &
+    !$omp&   o_5c, &
+    !$omp&   o_6c, &
+    !$omp&   o_7c, &
+    !$omp&   o_0d, &
+    !$omp&   o_1d, &
+    !$omp&   o_2d, &
+    !$omp&   o_3d, &
+    !$omp&   o_4d, &
+    !$omp&   o_5d, &
+    !$omp&   o_6d, &
+    !$omp&   o_7d, &
+    !$omp&   o_0e, &
+    !$omp&   o_1e, &
+    !$omp&   o_2e, &
+    !$omp&   o_3e, &
+    !$omp&   o_4e, &
+    !$omp&   o_5e, &
+    !$omp&   o_6e, &
+    !$omp&   o_7e, &
+    !$omp&   o_0f, &
+    !$omp&   o_1f, &
+    !$omp&   o_2f, &
+    !$omp&   o_3f, &
+    !$omp&   o_4f, &
+    !$omp&   o_5f, &
+    !$omp&   o_6f, &
+    !$omp&   o_7f, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 6) - 1
@@ -772,8 +909,20 @@ contains
     !$omp end parallel do
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, K_row, V_row, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 6*((n) / 6), n - 1
@@ -917,30 +1066,254 @@ contains
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, K_row, &
-    !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
-    !$omp& row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-    !$omp& qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-    !$omp& qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-    !$omp& qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
-    !$omp& qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-    !$omp& qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
-    !$omp& qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-    !$omp& qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
-    !$omp& qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-    !$omp& qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-    !$omp& qk_5_14, qk_5_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
-    !$omp& new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, &
-    !$omp& o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, &
-    !$omp& o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, &
-    !$omp& o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, &
-    !$omp& o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, &
-    !$omp& o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, &
-    !$omp& o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, &
-    !$omp& o_13f, o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_0_8, &
+    !$omp&   qk_0_9, &
+    !$omp&   qk_0_10, &
+    !$omp&   qk_0_11, &
+    !$omp&   qk_0_12, &
+    !$omp&   qk_0_13, &
+    !$omp&   qk_0_14, &
+    !$omp&   qk_0_15, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_1_8, &
+    !$omp&   qk_1_9, &
+    !$omp&   qk_1_10, &
+    !$omp&   qk_1_11, &
+    !$omp&   qk_1_12, &
+    !$omp&   qk_1_13, &
+    !$omp&   qk_1_14, &
+    !$omp&   qk_1_15, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_2_8, &
+    !$omp&   qk_2_9, &
+    !$omp&   qk_2_10, &
+    !$omp&   qk_2_11, &
+    !$omp&   qk_2_12, &
+    !$omp&   qk_2_13, &
+    !$omp&   qk_2_14, &
+    !$omp&   qk_2_15, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_3_8, &
+    !$omp&   qk_3_9, &
+    !$omp&   qk_3_10, &
+    !$omp&   qk_3_11, &
+    !$omp&   qk_3_12, &
+    !$omp&   qk_3_13, &
+    !$omp&   qk_3_14, &
+    !$omp&   qk_3_15, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_4_8, &
+    !$omp&   qk_4_9, &
+    !$omp&   qk_4_10, &
+    !$omp&   qk_4_11, &
+    !$omp&   qk_4_12, &
+    !$omp&   qk_4_13, &
+    !$omp&   qk_4_14, &
+    !$omp&   qk_4_15, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_5_8, &
+    !$omp&   qk_5_9, &
+    !$omp&   qk_5_10, &
+    !$omp&   qk_5_11, &
+    !$omp&   qk_5_12, &
+    !$omp&   qk_5_13, &
+    !$omp&   qk_5_14, &
+    !$omp&   qk_5_15, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   o_0, &
+    !$omp&   o_1, &
+    !$omp&   o_2, &
+    !$omp&   o_3, &
+    !$omp&   o_4, &
+    !$omp&   o_5, &
+    !$omp&   o_6, &
+    !$omp&   o_7, &
+    !$omp&   o_8, &
+    !$omp&   o_9, &
+    !$omp&   o_10, &
+    !$omp&   o_11, &
+    !$omp&   o_12, &
+    !$omp&   o_13, &
+    !$omp&   o_14, &
+    !$omp&   o_15, &
+    !$omp&   o_0b, &
+    !$omp&   o_1b, &
+    !$omp&   o_2b, &
+    !$omp&   o_3b, &
+    !$omp&   o_4b, &
+    !$omp&   o_5b, &
+    !$omp&   o_6b, &
+    !$omp&   o_7b, &
+    !$omp&   o_8b, &
+    !$omp&   o_9b, &
+    !$omp&   o_10b, &
+    !$omp&   o_11b, &
+    !$omp&   o_12b, &
+    !$omp&   o_13b, &
+    !$omp&   o_14b, &
+    !$omp&   o_15b, &
+    !$omp&   o_0c, &
+    !$omp&   o_1c, &
+    !$omp&   o_2c, &
+    !$omp&   o_3c, &
+    !$omp&   o_4c, &
+    !$omp&   o_5c, &
+    !$omp&   o_6c, &
+    !$omp&   o_7c, &
+    !$omp&   o_8c, &
+    !$omp&   o_9c, &
+    !$omp&   o_10c, &
+    !$omp&   o_11c, &
+    !$omp&   o_12c, &
+    !$omp&   o_13c, &
+    !$omp&   o_14c, &
+    !$omp&   o_15c, &
+    !$omp&   o_0d, &
+    !$omp&   o_1d, &
+    !$omp&   o_2d, &
+    !$omp&   o_3d, &
+    !$omp&   o_4d, &
+    !$omp&   o_5d, &
+    !$omp&   o_6d, &
+    !$omp&   o_7d, &
+    !$omp&   o_8d, &
+    !$omp&   o_9d, &
+    !$omp&   o_10d, &
+    !$omp&   o_11d, &
+    !$omp&   o_12d, &
+    !$omp&   o_13d, &
+    !$omp&   o_14d, &
+    !$omp&   o_15d, &
+    !$omp&   o_0e, &
+    !$omp&   o_1e, &
+    !$omp&   o_2e, &
+    !$omp&   o_3e, &
+    !$omp&   o_4e, &
+    !$omp&   o_5e, &
+    !$omp&   o_6e, &
+    !$omp&   o_7e, &
+    !$omp&   o_8e, &
+    !$omp&   o_9e, &
+    !$omp&   o_10e, &
+    !$omp&   o_11e, &
+    !$omp&   o_12e, &
+    !$omp&   o_13e, &
+    !$omp&   o_14e, &
+    !$omp&   o_15e, &
+    !$omp&   o_0f, &
+    !$omp&   o_1f, &
+    !$omp&   o_2f, &
+    !$omp&   o_3f, &
+    !$omp&   o_4f, &
+    !$omp&   o_5f, &
+    !$omp&   o_6f, &
+    !$omp&   o_7f, &
+    !$omp&   o_8f, &
+    !$omp&   o_9f, &
+    !$omp&   o_10f, &
+    !$omp&   o_11f, &
+    !$omp&   o_12f, &
+    !$omp&   o_13f, &
+    !$omp&   o_14f, &
+    !$omp&   o_15f, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 6) - 1
@@ -2012,8 +2385,20 @@ contains
     !$omp end parallel do
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, K_row, V_row, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 6*((n) / 6), n - 1

@@ -42,11 +42,7 @@
 __global__ void attention_fwd_naive_f64_scores(
     const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
     double *__restrict__ scores,
-    double *__restrict__ probs,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -74,18 +70,11 @@ __global__ void attention_fwd_naive_f64_scores(
  * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f64_probs(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
     double *__restrict__ scores,
     double *__restrict__ probs,
     int64_t batch,
     int64_t heads,
-    int64_t n,
-    int64_t d,
-    double scale
+    int64_t n
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -111,18 +100,13 @@ __global__ void attention_fwd_naive_f64_probs(
  * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_fwd_naive_f64_O(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
     const double *__restrict__ V,
     double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ scores,
     double *__restrict__ probs,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -144,18 +128,11 @@ __global__ void attention_fwd_naive_f64_O(
  * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f64_lse(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ scores,
-    double *__restrict__ probs,
     int64_t batch,
     int64_t heads,
-    int64_t n,
-    int64_t d,
-    double scale
+    int64_t n
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -198,7 +175,7 @@ extern "C" int attention_fwd_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f64_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          Q, K, scores, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -207,7 +184,7 @@ extern "C" int attention_fwd_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f64_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          scores, probs, batch, heads, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -216,7 +193,7 @@ extern "C" int attention_fwd_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f64_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          V, O, probs, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -225,7 +202,7 @@ extern "C" int attention_fwd_naive_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f64_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          lse, scores, batch, heads, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -239,11 +216,7 @@ extern "C" int attention_fwd_naive_f64(
 __global__ void attention_fwd_naive_f32_scores(
     const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
     float *__restrict__ scores,
-    float *__restrict__ probs,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -271,18 +244,11 @@ __global__ void attention_fwd_naive_f32_scores(
  * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f32_probs(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
     float *__restrict__ scores,
     float *__restrict__ probs,
     int64_t batch,
     int64_t heads,
-    int64_t n,
-    int64_t d,
-    float scale
+    int64_t n
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -308,18 +274,13 @@ __global__ void attention_fwd_naive_f32_probs(
  * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_fwd_naive_f32_O(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
     const float *__restrict__ V,
     float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ scores,
     float *__restrict__ probs,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -341,18 +302,11 @@ __global__ void attention_fwd_naive_f32_O(
  * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f32_lse(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ scores,
-    float *__restrict__ probs,
     int64_t batch,
     int64_t heads,
-    int64_t n,
-    int64_t d,
-    float scale
+    int64_t n
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -395,7 +349,7 @@ extern "C" int attention_fwd_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f32_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          Q, K, scores, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -404,7 +358,7 @@ extern "C" int attention_fwd_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f32_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          scores, probs, batch, heads, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -413,7 +367,7 @@ extern "C" int attention_fwd_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f32_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          V, O, probs, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -422,7 +376,7 @@ extern "C" int attention_fwd_naive_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwd_naive_f32_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+                          lse, scores, batch, heads, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

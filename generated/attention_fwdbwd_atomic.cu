@@ -87,20 +87,11 @@
  * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_fwdbwd_atomic_f64_dK_zero(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ dO,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
-    double *__restrict__ dV,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -118,20 +109,11 @@ __global__ void attention_fwdbwd_atomic_f64_dK_zero(
  * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_fwdbwd_atomic_f64_dV_zero(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ dO,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
     double *__restrict__ dV,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -254,7 +236,7 @@ extern "C" int attention_fwdbwd_atomic_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f64_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+                          dK, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -263,7 +245,7 @@ extern "C" int attention_fwdbwd_atomic_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f64_dV_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+                          dV, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -284,20 +266,11 @@ extern "C" int attention_fwdbwd_atomic_f64(
  * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_fwdbwd_atomic_f32_dK_zero(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ dO,
-    float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
-    float *__restrict__ dV,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -315,20 +288,11 @@ __global__ void attention_fwdbwd_atomic_f32_dK_zero(
  * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_fwdbwd_atomic_f32_dV_zero(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ dO,
-    float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
     float *__restrict__ dV,
     int64_t batch,
     int64_t heads,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -451,7 +415,7 @@ extern "C" int attention_fwdbwd_atomic_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f32_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+                          dK, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -460,7 +424,7 @@ extern "C" int attention_fwdbwd_atomic_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f32_dV_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+                          dV, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -123,8 +123,20 @@ contains
     !$omp end parallel do
     ! rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
     ! for b, h, i (parallel) / c (simd), j / c (simd), c
-    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, dK_row, dV_row, row_max, &
-    !$omp& qk, row_sum, t, rowdot, t3, dov, t2)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   V_row, &
+    !$omp&   dK_row, &
+    !$omp&   dV_row, &
+    !$omp&   row_max, &
+    !$omp&   qk, &
+    !$omp&   row_sum, &
+    !$omp&   t, &
+    !$omp&   rowdot, &
+    !$omp&   t3, &
+    !$omp&   dov, &
+    !$omp&   t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -253,8 +265,20 @@ contains
     !$omp end parallel do
     ! rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
     ! for b, h, i (parallel) / c (simd), j / c (simd), c
-    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, dK_row, dV_row, row_max, &
-    !$omp& qk, row_sum, t, rowdot, t3, dov, t2)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   c, &
+    !$omp&   j, &
+    !$omp&   V_row, &
+    !$omp&   dK_row, &
+    !$omp&   dV_row, &
+    !$omp&   row_max, &
+    !$omp&   qk, &
+    !$omp&   row_sum, &
+    !$omp&   t, &
+    !$omp&   rowdot, &
+    !$omp&   t3, &
+    !$omp&   dov, &
+    !$omp&   t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1

@@ -86,18 +86,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     const double *__restrict__ dO,
     double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -272,18 +262,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward_edge(
     const double *__restrict__ dO,
     double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -369,20 +349,12 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -512,20 +484,12 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ_edge(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -595,16 +559,10 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t3_block,
@@ -779,16 +737,10 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys_edge(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t3_block,
@@ -906,7 +858,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -915,7 +867,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -924,7 +876,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -933,7 +885,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -942,7 +894,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -951,7 +903,7 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -969,18 +921,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
     const float *__restrict__ dO,
     float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1155,18 +1097,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward_edge(
     const float *__restrict__ dO,
     float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1252,20 +1184,12 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1395,20 +1319,12 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ_edge(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1478,16 +1394,10 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t3_block,
@@ -1662,16 +1572,10 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys_edge(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t3_block,
@@ -1789,7 +1693,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1798,7 +1702,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1807,7 +1711,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1816,7 +1720,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1825,7 +1729,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1834,7 +1738,7 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -191,32 +191,266 @@ contains
     ! forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta, K_panel, V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, &
-    !$omp& dO_row0, dO_row1, dO_row2, dO_row3, dO_row4, dO_row5, K_row, V_row, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, row_sum_1, &
-    !$omp& row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, &
-    !$omp& qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, &
-    !$omp& qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_3_0, &
-    !$omp& qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, qk_4_2, &
-    !$omp& qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
-    !$omp& qk_5_5, qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
-    !$omp& new_max_3, new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_0b, o_1b, o_2b, o_3b, o_4b, &
-    !$omp& o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_0d, o_1d, o_2d, &
-    !$omp& o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_0f, &
-    !$omp& o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t_0, t_1, t_2, t_3, t_4, t_5, qk_0_0b, &
-    !$omp& qk_0_1b, qk_0_2b, qk_0_3b, qk_0_4b, qk_0_5b, qk_0_6b, qk_0_7b, qk_1_0b, qk_1_1b, &
-    !$omp& qk_1_2b, qk_1_3b, qk_1_4b, qk_1_5b, qk_1_6b, qk_1_7b, qk_2_0b, qk_2_1b, qk_2_2b, &
-    !$omp& qk_2_3b, qk_2_4b, qk_2_5b, qk_2_6b, qk_2_7b, qk_3_0b, qk_3_1b, qk_3_2b, qk_3_3b, &
-    !$omp& qk_3_4b, qk_3_5b, qk_3_6b, qk_3_7b, qk_4_0b, qk_4_1b, qk_4_2b, qk_4_3b, qk_4_4b, &
-    !$omp& qk_4_5b, qk_4_6b, qk_4_7b, qk_5_0b, qk_5_1b, qk_5_2b, qk_5_3b, qk_5_4b, qk_5_5b, &
-    !$omp& qk_5_6b, qk_5_7b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_0h, o_1h, o_2h, &
-    !$omp& o_3h, o_4h, o_5h, o_6h, o_7h, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, o_6i, o_7i, o_0j, &
-    !$omp& o_1j, o_2j, o_3j, o_4j, o_5j, o_6j, o_7j, o_0k, o_1k, o_2k, o_3k, o_4k, o_5k, o_6k, &
-    !$omp& o_7k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l, rowdot_0, rowdot_1, rowdot_2, &
-    !$omp& rowdot_3, rowdot_4, rowdot_5)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   dO_row0, &
+    !$omp&   dO_row1, &
+    !$omp&   dO_row2, &
+    !$omp&   dO_row3, &
+    !$omp&   dO_row4, &
+    !$omp&   dO_row5, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   o_0, &
+    !$omp&   o_1, &
+    !$omp&   o_2, &
+    !$omp&   o_3, &
+    !$omp&   o_4, &
+    !$omp&   o_5, &
+    !$omp&   o_6, &
+    !$omp&   o_7, &
+    !$omp&   o_0b, &
+    !$omp&   o_1b, &
+    !$omp&   o_2b, &
+    !$omp&   o_3b, &
+    !$omp&   o_4b, &
+    !$omp&   o_5b, &
+    !$omp&   o_6b, &
+    !$omp&   o_7b, &
+    !$omp&   o_0c, &
+    !$omp&   o_1c, &
+    !$omp&   o_2c, &
+    !$omp&   o_3c, &
+    !$omp&   o_4c, &
+    !$omp&   o_5c, &
+    !$omp&   o_6c, &
+    !$omp&   o_7c, &
+    !$omp&   o_0d, &
+    !$omp&   o_1d, &
+    !$omp&   o_2d, &
+    !$omp&   o_3d, &
+    !$omp&   o_4d, &
+    !$omp&   o_5d, &
+    !$omp&   o_6d, &
+    !$omp&   o_7d, &
+    !$omp&   o_0e, &
+    !$omp&   o_1e, &
+    !$omp&   o_2e, &
+    !$omp&   o_3e, &
+    !$omp&   o_4e, &
+    !$omp&   o_5e, &
+    !$omp&   o_6e, &
+    !$omp&   o_7e, &
+    !$omp&   o_0f, &
+    !$omp&   o_1f, &
+    !$omp&   o_2f, &
+    !$omp&   o_3f, &
+    !$omp&   o_4f, &
+    !$omp&   o_5f, &
+    !$omp&   o_6f, &
+    !$omp&   o_7f, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   qk_0_0b, &
+    !$omp&   qk_0_1b, &
+    !$omp&   qk_0_2b, &
+    !$omp&   qk_0_3b, &
+    !$omp&   qk_0_4b, &
+    !$omp&   qk_0_5b, &
+    !$omp&   qk_0_6b, &
+    !$omp&   qk_0_7b, &
+    !$omp&   qk_1_0b, &
+    !$omp&   qk_1_1b, &
+    !$omp&   qk_1_2b, &
+    !$omp&   qk_1_3b, &
+    !$omp&   qk_1_4b, &
+    !$omp&   qk_1_5b, &
+    !$omp&   qk_1_6b, &
+    !$omp&   qk_1_7b, &
+    !$omp&   qk_2_0b, &
+    !$omp&   qk_2_1b, &
+    !$omp&   qk_2_2b, &
+    !$omp&   qk_2_3b, &
+    !$omp&   qk_2_4b, &
+    !$omp&   qk_2_5b, &
+    !$omp&   qk_2_6b, &
+    !$omp&   qk_2_7b, &
+    !$omp&   qk_3_0b, &
+    !$omp&   qk_3_1b, &
+    !$omp&   qk_3_2b, &
+    !$omp&   qk_3_3b, &
+    !$omp&   qk_3_4b, &
+    !$omp&   qk_3_5b, &
+    !$omp&   qk_3_6b, &
+    !$omp&   qk_3_7b, &
+    !$omp&   qk_4_0b, &
+    !$omp&   qk_4_1b, &
+    !$omp&   qk_4_2b, &
+    !$omp&   qk_4_3b, &
+    !$omp&   qk_4_4b, &
+    !$omp&   qk_4_5b, &
+    !$omp&   qk_4_6b, &
+    !$omp&   qk_4_7b, &
+    !$omp&   qk_5_0b, &
+    !$omp&   qk_5_1b, &
+    !$omp&   qk_5_2b, &
+    !$omp&   qk_5_3b, &
+    !$omp&   qk_5_4b, &
+    !$omp&   qk_5_5b, &
+    !$omp&   qk_5_6b, &
+    !$omp&   qk_5_7b, &
+    !$omp&   o_0g, &
+    !$omp&   o_1g, &
+    !$omp&   o_2g, &
+    !$omp&   o_3g, &
+    !$omp&   o_4g, &
+    !$omp&   o_5g, &
+    !$omp&   o_6g, &
+    !$omp&   o_7g, &
+    !$omp&   o_0h, &
+    !$omp&   o_1h, &
+    !$omp&   o_2h, &
+    !$omp&   o_3h, &
+    !$omp&   o_4h, &
+    !$omp&   o_5h, &
+    !$omp&   o_6h, &
+    !$omp&   o_7h, &
+    !$omp&   o_0i, &
+    !$omp&   o_1i, &
+    !$omp&   o_2i, &
+    !$omp&   o_3i, &
+    !$omp&   o_4i, &
+    !$omp&   o_5i, &
+    !$omp&   o_6i, &
+    !$omp&   o_7i, &
+    !$omp&   o_0j, &
+    !$omp&   o_1j, &
+    !$omp&   o_2j, &
+    !$omp&   o_3j, &
+    !$omp&   o_4j, &
+    !$omp&   o_5j, &
+    !$omp&   o_6j, &
+    !$omp&   o_7j, &
+    !$omp&   o_0k, &
+    !$omp&   o_1k, &
+    !$omp&   o_2k, &
+    !$omp&   o_3k, &
+    !$omp&   o_4k, &
+    !$omp&   o_5k, &
+    !$omp&   o_6k, &
+    !$omp&   o_7k, &
+    !$omp&   o_0l, &
+    !$omp&   o_1l, &
+    !$omp&   o_2l, &
+    !$omp&   o_3l, &
+    !$omp&   o_4l, &
+    !$omp&   o_5l, &
+    !$omp&   o_6l, &
+    !$omp&   o_7l, &
+    !$omp&   rowdot_0, &
+    !$omp&   rowdot_1, &
+    !$omp&   rowdot_2, &
+    !$omp&   rowdot_3, &
+    !$omp&   rowdot_4, &
+    !$omp&   rowdot_5)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 6) - 1
@@ -1476,8 +1710,22 @@ contains
     !$omp end parallel do
     ! forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, dO_row, K_row, V_row, &
-    !$omp& row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t, rowdot)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   dO_row, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t, &
+    !$omp&   rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 6*((n) / 6), n - 1
@@ -1642,28 +1890,233 @@ contains
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
     !     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
-    !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
-    !$omp& i_tile, i, c_tile, Q_row, dO_row, dQ_part_row, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, &
-    !$omp& qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_1b_0, qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, &
-    !$omp& qk_1b_5, qk_1b_6, qk_1b_7, qk_2b_0, qk_2b_1, qk_2b_2, qk_2b_3, qk_2b_4, qk_2b_5, &
-    !$omp& qk_2b_6, qk_2b_7, qk_3b_0, qk_3b_1, qk_3b_2, qk_3b_3, qk_3b_4, qk_3b_5, qk_3b_6, &
-    !$omp& qk_3b_7, qk_4b_0, qk_4b_1, qk_4b_2, qk_4b_3, qk_4b_4, qk_4b_5, qk_4b_6, qk_4b_7, &
-    !$omp& qk_5b_0, qk_5b_1, qk_5b_2, qk_5b_3, qk_5b_4, qk_5b_5, qk_5b_6, qk_5b_7, dov_0_0, &
-    !$omp& dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, dov_0_7, dov_1_0, dov_1_1, &
-    !$omp& dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, dov_2_0, dov_2_1, dov_2_2, &
-    !$omp& dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_3_0, dov_3_1, dov_3_2, dov_3_3, &
-    !$omp& dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, &
-    !$omp& dov_4_5, dov_4_6, dov_4_7, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, &
-    !$omp& dov_5_6, dov_5_7, qk_0b, qk_1b, qk_2b, qk_3b, qk_4b, qk_5b, dov_0, dov_1, dov_2, &
-    !$omp& dov_3, dov_4, dov_5, t3_0, t3_1, t3_2, t3_3, t3_4, t3_5, t2_0, t2_1, t2_2, t2_3, t2_4, &
-    !$omp& t2_5, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_0b, dk_1b, dk_2b, dk_3b, &
-    !$omp& dk_4b, dk_5b, dk_6b, dk_7b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, &
-    !$omp& dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, dk_7d, dk_0e, dk_1e, dk_2e, dk_3e, &
-    !$omp& dk_4e, dk_5e, dk_6e, dk_7e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, dk_6f, dk_7f, &
-    !$omp& dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, &
-    !$omp& dv_5b, dv_6b, dv_7b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_0d, &
-    !$omp& dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, &
-    !$omp& dv_5e, dv_6e, dv_7e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in_tile_blk, &
+    !$omp&   j_in_tile, &
+    !$omp&   c, &
+    !$omp&   i_blk, &
+    !$omp&   i_tile, &
+    !$omp&   i, &
+    !$omp&   c_tile, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk_0b_0, &
+    !$omp&   qk_0b_1, &
+    !$omp&   qk_0b_2, &
+    !$omp&   qk_0b_3, &
+    !$omp&   qk_0b_4, &
+    !$omp&   qk_0b_5, &
+    !$omp&   qk_0b_6, &
+    !$omp&   qk_0b_7, &
+    !$omp&   qk_1b_0, &
+    !$omp&   qk_1b_1, &
+    !$omp&   qk_1b_2, &
+    !$omp&   qk_1b_3, &
+    !$omp&   qk_1b_4, &
+    !$omp&   qk_1b_5, &
+    !$omp&   qk_1b_6, &
+    !$omp&   qk_1b_7, &
+    !$omp&   qk_2b_0, &
+    !$omp&   qk_2b_1, &
+    !$omp&   qk_2b_2, &
+    !$omp&   qk_2b_3, &
+    !$omp&   qk_2b_4, &
+    !$omp&   qk_2b_5, &
+    !$omp&   qk_2b_6, &
+    !$omp&   qk_2b_7, &
+    !$omp&   qk_3b_0, &
+    !$omp&   qk_3b_1, &
+    !$omp&   qk_3b_2, &
+    !$omp&   qk_3b_3, &
+    !$omp&   qk_3b_4, &
+    !$omp&   qk_3b_5, &
+    !$omp&   qk_3b_6, &
+    !$omp&   qk_3b_7, &
+    !$omp&   qk_4b_0, &
+    !$omp&   qk_4b_1, &
+    !$omp&   qk_4b_2, &
+    !$omp&   qk_4b_3, &
+    !$omp&   qk_4b_4, &
+    !$omp&   qk_4b_5, &
+    !$omp&   qk_4b_6, &
+    !$omp&   qk_4b_7, &
+    !$omp&   qk_5b_0, &
+    !$omp&   qk_5b_1, &
+    !$omp&   qk_5b_2, &
+    !$omp&   qk_5b_3, &
+    !$omp&   qk_5b_4, &
+    !$omp&   qk_5b_5, &
+    !$omp&   qk_5b_6, &
+    !$omp&   qk_5b_7, &
+    !$omp&   dov_0_0, &
+    !$omp&   dov_0_1, &
+    !$omp&   dov_0_2, &
+    !$omp&   dov_0_3, &
+    !$omp&   dov_0_4, &
+    !$omp&   dov_0_5, &
+    !$omp&   dov_0_6, &
+    !$omp&   dov_0_7, &
+    !$omp&   dov_1_0, &
+    !$omp&   dov_1_1, &
+    !$omp&   dov_1_2, &
+    !$omp&   dov_1_3, &
+    !$omp&   dov_1_4, &
+    !$omp&   dov_1_5, &
+    !$omp&   dov_1_6, &
+    !$omp&   dov_1_7, &
+    !$omp&   dov_2_0, &
+    !$omp&   dov_2_1, &
+    !$omp&   dov_2_2, &
+    !$omp&   dov_2_3, &
+    !$omp&   dov_2_4, &
+    !$omp&   dov_2_5, &
+    !$omp&   dov_2_6, &
+    !$omp&   dov_2_7, &
+    !$omp&   dov_3_0, &
+    !$omp&   dov_3_1, &
+    !$omp&   dov_3_2, &
+    !$omp&   dov_3_3, &
+    !$omp&   dov_3_4, &
+    !$omp&   dov_3_5, &
+    !$omp&   dov_3_6, &
+    !$omp&   dov_3_7, &
+    !$omp&   dov_4_0, &
+    !$omp&   dov_4_1, &
+    !$omp&   dov_4_2, &
+    !$omp&   dov_4_3, &
+    !$omp&   dov_4_4, &
+    !$omp&   dov_4_5, &
+    !$omp&   dov_4_6, &
+    !$omp&   dov_4_7, &
+    !$omp&   dov_5_0, &
+    !$omp&   dov_5_1, &
+    !$omp&   dov_5_2, &
+    !$omp&   dov_5_3, &
+    !$omp&   dov_5_4, &
+    !$omp&   dov_5_5, &
+    !$omp&   dov_5_6, &
+    !$omp&   dov_5_7, &
+    !$omp&   qk_0b, &
+    !$omp&   qk_1b, &
+    !$omp&   qk_2b, &
+    !$omp&   qk_3b, &
+    !$omp&   qk_4b, &
+    !$omp&   qk_5b, &
+    !$omp&   dov_0, &
+    !$omp&   dov_1, &
+    !$omp&   dov_2, &
+    !$omp&   dov_3, &
+    !$omp&   dov_4, &
+    !$omp&   dov_5, &
+    !$omp&   t3_0, &
+    !$omp&   t3_1, &
+    !$omp&   t3_2, &
+    !$omp&   t3_3, &
+    !$omp&   t3_4, &
+    !$omp&   t3_5, &
+    !$omp&   t2_0, &
+    !$omp&   t2_1, &
+    !$omp&   t2_2, &
+    !$omp&   t2_3, &
+    !$omp&   t2_4, &
+    !$omp&   t2_5, &
+    !$omp&   dk_0, &
+    !$omp&   dk_1, &
+    !$omp&   dk_2, &
+    !$omp&   dk_3, &
+    !$omp&   dk_4, &
+    !$omp&   dk_5, &
+    !$omp&   dk_6, &
+    !$omp&   dk_7, &
+    !$omp&   dk_0b, &
+    !$omp&   dk_1b, &
+    !$omp&   dk_2b, &
+    !$omp&   dk_3b, &
+    !$omp&   dk_4b, &
+    !$omp&   dk_5b, &
+    !$omp&   dk_6b, &
+    !$omp&   dk_7b, &
+    !$omp&   dk_0c, &
+    !$omp&   dk_1c, &
+    !$omp&   dk_2c, &
+    !$omp&   dk_3c, &
+    !$omp&   dk_4c, &
+    !$omp&   dk_5c, &
+    !$omp&   dk_6c, &
+    !$omp&   dk_7c, &
+    !$omp&   dk_0d, &
+    !$omp&   dk_1d, &
+    !$omp&   dk_2d, &
+    !$omp&   dk_3d, &
+    !$omp&   dk_4d, &
+    !$omp&   dk_5d, &
+    !$omp&   dk_6d, &
+    !$omp&   dk_7d, &
+    !$omp&   dk_0e, &
+    !$omp&   dk_1e, &
+    !$omp&   dk_2e, &
+    !$omp&   dk_3e, &
+    !$omp&   dk_4e, &
+    !$omp&   dk_5e, &
+    !$omp&   dk_6e, &
+    !$omp&   dk_7e, &
+    !$omp&   dk_0f, &
+    !$omp&   dk_1f, &
+    !$omp&   dk_2f, &
+    !$omp&   dk_3f, &
+    !$omp&   dk_4f, &
+    !$omp&   dk_5f, &
+    !$omp&   dk_6f, &
+    !$omp&   dk_7f, &
+    !$omp&   dv_0, &
+    !$omp&   dv_1, &
+    !$omp&   dv_2, &
+    !$omp&   dv_3, &
+    !$omp&   dv_4, &
+    !$omp&   dv_5, &
+    !$omp&   dv_6, &
+    !$omp&   dv_7, &
+    !$omp&   dv_0b, &
+    !$omp&   dv_1b, &
+    !$omp&   dv_2b, &
+    !$omp&   dv_3b, &
+    !$omp&   dv_4b, &
+    !$omp&   dv_5b, &
+    !$omp&   dv_6b, &
+    !$omp&   dv_7b, &
+    !$omp&   dv_0c, &
+    !$omp&   dv_1c, &
+    !$omp&   dv_2c, &
+    !$omp&   dv_3c, &
+    !$omp&   dv_4c, &
+    !$omp&   dv_5c, &
+    !$omp&   dv_6c, &
+    !$omp&   dv_7c, &
+    !$omp&   dv_0d, &
+    !$omp&   dv_1d, &
+    !$omp&   dv_2d, &
+    !$omp&   dv_3d, &
+    !$omp&   dv_4d, &
+    !$omp&   dv_5d, &
+    !$omp&   dv_6d, &
+    !$omp&   dv_7d, &
+    !$omp&   dv_0e, &
+    !$omp&   dv_1e, &
+    !$omp&   dv_2e, &
+    !$omp&   dv_3e, &
+    !$omp&   dv_4e, &
+    !$omp&   dv_5e, &
+    !$omp&   dv_6e, &
+    !$omp&   dv_7e, &
+    !$omp&   dv_0f, &
+    !$omp&   dv_1f, &
+    !$omp&   dv_2f, &
+    !$omp&   dv_3f, &
+    !$omp&   dv_4f, &
+    !$omp&   dv_5f, &
+    !$omp&   dv_6f, &
+    !$omp&   dv_7f)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -2887,8 +3340,18 @@ contains
     !$omp end parallel do
     ! keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
     ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, Q_row, dO_row, &
-    !$omp& dQ_part_row, qk, dov, t3, t2)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in, &
+    !$omp&   c, &
+    !$omp&   i_blk, &
+    !$omp&   i, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk, &
+    !$omp&   dov, &
+    !$omp&   t3, &
+    !$omp&   t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -3128,50 +3591,458 @@ contains
     ! forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta, K_panel, V_panel
     ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j_tile, j, c_tile, &
-    !$omp& dO_row0, dO_row1, dO_row2, dO_row3, dO_row4, dO_row5, K_row, V_row, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, row_sum_1, &
-    !$omp& row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, &
-    !$omp& qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, &
-    !$omp& qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, &
-    !$omp& qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, &
-    !$omp& qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, &
-    !$omp& qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, &
-    !$omp& qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, &
-    !$omp& qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, &
-    !$omp& qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
-    !$omp& qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, &
-    !$omp& qk_5_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, block_max_2, &
-    !$omp& block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& new_max_4, new_max_5, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, &
-    !$omp& rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, &
-    !$omp& o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, &
-    !$omp& o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, &
-    !$omp& o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, &
-    !$omp& o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, &
-    !$omp& o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, &
-    !$omp& o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, &
-    !$omp& o_13f, o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5, qk_0_0b, qk_0_1b, qk_0_2b, qk_0_3b, &
-    !$omp& qk_0_4b, qk_0_5b, qk_0_6b, qk_0_7b, qk_0_8b, qk_0_9b, qk_0_10b, qk_0_11b, qk_0_12b, &
-    !$omp& qk_0_13b, qk_0_14b, qk_0_15b, qk_1_0b, qk_1_1b, qk_1_2b, qk_1_3b, qk_1_4b, qk_1_5b, &
-    !$omp& qk_1_6b, qk_1_7b, qk_1_8b, qk_1_9b, qk_1_10b, qk_1_11b, qk_1_12b, qk_1_13b, qk_1_14b, &
-    !$omp& qk_1_15b, qk_2_0b, qk_2_1b, qk_2_2b, qk_2_3b, qk_2_4b, qk_2_5b, qk_2_6b, qk_2_7b, &
-    !$omp& qk_2_8b, qk_2_9b, qk_2_10b, qk_2_11b, qk_2_12b, qk_2_13b, qk_2_14b, qk_2_15b, qk_3_0b, &
-    !$omp& qk_3_1b, qk_3_2b, qk_3_3b, qk_3_4b, qk_3_5b, qk_3_6b, qk_3_7b, qk_3_8b, qk_3_9b, &
-    !$omp& qk_3_10b, qk_3_11b, qk_3_12b, qk_3_13b, qk_3_14b, qk_3_15b, qk_4_0b, qk_4_1b, qk_4_2b, &
-    !$omp& qk_4_3b, qk_4_4b, qk_4_5b, qk_4_6b, qk_4_7b, qk_4_8b, qk_4_9b, qk_4_10b, qk_4_11b, &
-    !$omp& qk_4_12b, qk_4_13b, qk_4_14b, qk_4_15b, qk_5_0b, qk_5_1b, qk_5_2b, qk_5_3b, qk_5_4b, &
-    !$omp& qk_5_5b, qk_5_6b, qk_5_7b, qk_5_8b, qk_5_9b, qk_5_10b, qk_5_11b, qk_5_12b, qk_5_13b, &
-    !$omp& qk_5_14b, qk_5_15b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, &
-    !$omp& o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, &
-    !$omp& o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, o_0i, o_1i, o_2i, o_3i, o_4i, &
-    !$omp& o_5i, o_6i, o_7i, o_8i, o_9i, o_10i, o_11i, o_12i, o_13i, o_14i, o_15i, o_0j, o_1j, &
-    !$omp& o_2j, o_3j, o_4j, o_5j, o_6j, o_7j, o_8j, o_9j, o_10j, o_11j, o_12j, o_13j, o_14j, &
-    !$omp& o_15j, o_0k, o_1k, o_2k, o_3k, o_4k, o_5k, o_6k, o_7k, o_8k, o_9k, o_10k, o_11k, &
-    !$omp& o_12k, o_13k, o_14k, o_15k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l, o_8l, &
-    !$omp& o_9l, o_10l, o_11l, o_12l, o_13l, o_14l, o_15l, rowdot_0, rowdot_1, rowdot_2, &
-    !$omp& rowdot_3, rowdot_4, rowdot_5)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   dO_row0, &
+    !$omp&   dO_row1, &
+    !$omp&   dO_row2, &
+    !$omp&   dO_row3, &
+    !$omp&   dO_row4, &
+    !$omp&   dO_row5, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0, &
+    !$omp&   row_max_1, &
+    !$omp&   row_max_2, &
+    !$omp&   row_max_3, &
+    !$omp&   row_max_4, &
+    !$omp&   row_max_5, &
+    !$omp&   row_sum_0, &
+    !$omp&   row_sum_1, &
+    !$omp&   row_sum_2, &
+    !$omp&   row_sum_3, &
+    !$omp&   row_sum_4, &
+    !$omp&   row_sum_5, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_0_8, &
+    !$omp&   qk_0_9, &
+    !$omp&   qk_0_10, &
+    !$omp&   qk_0_11, &
+    !$omp&   qk_0_12, &
+    !$omp&   qk_0_13, &
+    !$omp&   qk_0_14, &
+    !$omp&   qk_0_15, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_1_8, &
+    !$omp&   qk_1_9, &
+    !$omp&   qk_1_10, &
+    !$omp&   qk_1_11, &
+    !$omp&   qk_1_12, &
+    !$omp&   qk_1_13, &
+    !$omp&   qk_1_14, &
+    !$omp&   qk_1_15, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_2_8, &
+    !$omp&   qk_2_9, &
+    !$omp&   qk_2_10, &
+    !$omp&   qk_2_11, &
+    !$omp&   qk_2_12, &
+    !$omp&   qk_2_13, &
+    !$omp&   qk_2_14, &
+    !$omp&   qk_2_15, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_3_8, &
+    !$omp&   qk_3_9, &
+    !$omp&   qk_3_10, &
+    !$omp&   qk_3_11, &
+    !$omp&   qk_3_12, &
+    !$omp&   qk_3_13, &
+    !$omp&   qk_3_14, &
+    !$omp&   qk_3_15, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_4_8, &
+    !$omp&   qk_4_9, &
+    !$omp&   qk_4_10, &
+    !$omp&   qk_4_11, &
+    !$omp&   qk_4_12, &
+    !$omp&   qk_4_13, &
+    !$omp&   qk_4_14, &
+    !$omp&   qk_4_15, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_5_8, &
+    !$omp&   qk_5_9, &
+    !$omp&   qk_5_10, &
+    !$omp&   qk_5_11, &
+    !$omp&   qk_5_12, &
+    !$omp&   qk_5_13, &
+    !$omp&   qk_5_14, &
+    !$omp&   qk_5_15, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   block_max_0, &
+    !$omp&   block_max_1, &
+    !$omp&   block_max_2, &
+    !$omp&   block_max_3, &
+    !$omp&   block_max_4, &
+    !$omp&   block_max_5, &
+    !$omp&   new_max_0, &
+    !$omp&   new_max_1, &
+    !$omp&   new_max_2, &
+    !$omp&   new_max_3, &
+    !$omp&   new_max_4, &
+    !$omp&   new_max_5, &
+    !$omp&   rescale_0, &
+    !$omp&   rescale_1, &
+    !$omp&   rescale_2, &
+    !$omp&   rescale_3, &
+    !$omp&   rescale_4, &
+    !$omp&   rescale_5, &
+    !$omp&   block_sum_0, &
+    !$omp&   block_sum_1, &
+    !$omp&   block_sum_2, &
+    !$omp&   block_sum_3, &
+    !$omp&   block_sum_4, &
+    !$omp&   block_sum_5, &
+    !$omp&   o_0, &
+    !$omp&   o_1, &
+    !$omp&   o_2, &
+    !$omp&   o_3, &
+    !$omp&   o_4, &
+    !$omp&   o_5, &
+    !$omp&   o_6, &
+    !$omp&   o_7, &
+    !$omp&   o_8, &
+    !$omp&   o_9, &
+    !$omp&   o_10, &
+    !$omp&   o_11, &
+    !$omp&   o_12, &
+    !$omp&   o_13, &
+    !$omp&   o_14, &
+    !$omp&   o_15, &
+    !$omp&   o_0b, &
+    !$omp&   o_1b, &
+    !$omp&   o_2b, &
+    !$omp&   o_3b, &
+    !$omp&   o_4b, &
+    !$omp&   o_5b, &
+    !$omp&   o_6b, &
+    !$omp&   o_7b, &
+    !$omp&   o_8b, &
+    !$omp&   o_9b, &
+    !$omp&   o_10b, &
+    !$omp&   o_11b, &
+    !$omp&   o_12b, &
+    !$omp&   o_13b, &
+    !$omp&   o_14b, &
+    !$omp&   o_15b, &
+    !$omp&   o_0c, &
+    !$omp&   o_1c, &
+    !$omp&   o_2c, &
+    !$omp&   o_3c, &
+    !$omp&   o_4c, &
+    !$omp&   o_5c, &
+    !$omp&   o_6c, &
+    !$omp&   o_7c, &
+    !$omp&   o_8c, &
+    !$omp&   o_9c, &
+    !$omp&   o_10c, &
+    !$omp&   o_11c, &
+    !$omp&   o_12c, &
+    !$omp&   o_13c, &
+    !$omp&   o_14c, &
+    !$omp&   o_15c, &
+    !$omp&   o_0d, &
+    !$omp&   o_1d, &
+    !$omp&   o_2d, &
+    !$omp&   o_3d, &
+    !$omp&   o_4d, &
+    !$omp&   o_5d, &
+    !$omp&   o_6d, &
+    !$omp&   o_7d, &
+    !$omp&   o_8d, &
+    !$omp&   o_9d, &
+    !$omp&   o_10d, &
+    !$omp&   o_11d, &
+    !$omp&   o_12d, &
+    !$omp&   o_13d, &
+    !$omp&   o_14d, &
+    !$omp&   o_15d, &
+    !$omp&   o_0e, &
+    !$omp&   o_1e, &
+    !$omp&   o_2e, &
+    !$omp&   o_3e, &
+    !$omp&   o_4e, &
+    !$omp&   o_5e, &
+    !$omp&   o_6e, &
+    !$omp&   o_7e, &
+    !$omp&   o_8e, &
+    !$omp&   o_9e, &
+    !$omp&   o_10e, &
+    !$omp&   o_11e, &
+    !$omp&   o_12e, &
+    !$omp&   o_13e, &
+    !$omp&   o_14e, &
+    !$omp&   o_15e, &
+    !$omp&   o_0f, &
+    !$omp&   o_1f, &
+    !$omp&   o_2f, &
+    !$omp&   o_3f, &
+    !$omp&   o_4f, &
+    !$omp&   o_5f, &
+    !$omp&   o_6f, &
+    !$omp&   o_7f, &
+    !$omp&   o_8f, &
+    !$omp&   o_9f, &
+    !$omp&   o_10f, &
+    !$omp&   o_11f, &
+    !$omp&   o_12f, &
+    !$omp&   o_13f, &
+    !$omp&   o_14f, &
+    !$omp&   o_15f, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   qk_0_0b, &
+    !$omp&   qk_0_1b, &
+    !$omp&   qk_0_2b, &
+    !$omp&   qk_0_3b, &
+    !$omp&   qk_0_4b, &
+    !$omp&   qk_0_5b, &
+    !$omp&   qk_0_6b, &
+    !$omp&   qk_0_7b, &
+    !$omp&   qk_0_8b, &
+    !$omp&   qk_0_9b, &
+    !$omp&   qk_0_10b, &
+    !$omp&   qk_0_11b, &
+    !$omp&   qk_0_12b, &
+    !$omp&   qk_0_13b, &
+    !$omp&   qk_0_14b, &
+    !$omp&   qk_0_15b, &
+    !$omp&   qk_1_0b, &
+    !$omp&   qk_1_1b, &
+    !$omp&   qk_1_2b, &
+    !$omp&   qk_1_3b, &
+    !$omp&   qk_1_4b, &
+    !$omp&   qk_1_5b, &
+    !$omp&   qk_1_6b, &
+    !$omp&   qk_1_7b, &
+    !$omp&   qk_1_8b, &
+    !$omp&   qk_1_9b, &
+    !$omp&   qk_1_10b, &
+    !$omp&   qk_1_11b, &
+    !$omp&   qk_1_12b, &
+    !$omp&   qk_1_13b, &
+    !$omp&   qk_1_14b, &
+    !$omp&   qk_1_15b, &
+    !$omp&   qk_2_0b, &
+    !$omp&   qk_2_1b, &
+    !$omp&   qk_2_2b, &
+    !$omp&   qk_2_3b, &
+    !$omp&   qk_2_4b, &
+    !$omp&   qk_2_5b, &
+    !$omp&   qk_2_6b, &
+    !$omp&   qk_2_7b, &
+    !$omp&   qk_2_8b, &
+    !$omp&   qk_2_9b, &
+    !$omp&   qk_2_10b, &
+    !$omp&   qk_2_11b, &
+    !$omp&   qk_2_12b, &
+    !$omp&   qk_2_13b, &
+    !$omp&   qk_2_14b, &
+    !$omp&   qk_2_15b, &
+    !$omp&   qk_3_0b, &
+    !$omp&   qk_3_1b, &
+    !$omp&   qk_3_2b, &
+    !$omp&   qk_3_3b, &
+    !$omp&   qk_3_4b, &
+    !$omp&   qk_3_5b, &
+    !$omp&   qk_3_6b, &
+    !$omp&   qk_3_7b, &
+    !$omp&   qk_3_8b, &
+    !$omp&   qk_3_9b, &
+    !$omp&   qk_3_10b, &
+    !$omp&   qk_3_11b, &
+    !$omp&   qk_3_12b, &
+    !$omp&   qk_3_13b, &
+    !$omp&   qk_3_14b, &
+    !$omp&   qk_3_15b, &
+    !$omp&   qk_4_0b, &
+    !$omp&   qk_4_1b, &
+    !$omp&   qk_4_2b, &
+    !$omp&   qk_4_3b, &
+    !$omp&   qk_4_4b, &
+    !$omp&   qk_4_5b, &
+    !$omp&   qk_4_6b, &
+    !$omp&   qk_4_7b, &
+    !$omp&   qk_4_8b, &
+    !$omp&   qk_4_9b, &
+    !$omp&   qk_4_10b, &
+    !$omp&   qk_4_11b, &
+    !$omp&   qk_4_12b, &
+    !$omp&   qk_4_13b, &
+    !$omp&   qk_4_14b, &
+    !$omp&   qk_4_15b, &
+    !$omp&   qk_5_0b, &
+    !$omp&   qk_5_1b, &
+    !$omp&   qk_5_2b, &
+    !$omp&   qk_5_3b, &
+    !$omp&   qk_5_4b, &
+    !$omp&   qk_5_5b, &
+    !$omp&   qk_5_6b, &
+    !$omp&   qk_5_7b, &
+    !$omp&   qk_5_8b, &
+    !$omp&   qk_5_9b, &
+    !$omp&   qk_5_10b, &
+    !$omp&   qk_5_11b, &
+    !$omp&   qk_5_12b, &
+    !$omp&   qk_5_13b, &
+    !$omp&   qk_5_14b, &
+    !$omp&   qk_5_15b, &
+    !$omp&   o_0g, &
+    !$omp&   o_1g, &
+    !$omp&   o_2g, &
+    !$omp&   o_3g, &
+    !$omp&   o_4g, &
+    !$omp&   o_5g, &
+    !$omp&   o_6g, &
+    !$omp&   o_7g, &
+    !$omp&   o_8g, &
+    !$omp&   o_9g, &
+    !$omp&   o_10g, &
+    !$omp&   o_11g, &
+    !$omp&   o_12g, &
+    !$omp&   o_13g, &
+    !$omp&   o_14g, &
+    !$omp&   o_15g, &
+    !$omp&   o_0h, &
+    !$omp&   o_1h, &
+    !$omp&   o_2h, &
+    !$omp&   o_3h, &
+    !$omp&   o_4h, &
+    !$omp&   o_5h, &
+    !$omp&   o_6h, &
+    !$omp&   o_7h, &
+    !$omp&   o_8h, &
+    !$omp&   o_9h, &
+    !$omp&   o_10h, &
+    !$omp&   o_11h, &
+    !$omp&   o_12h, &
+    !$omp&   o_13h, &
+    !$omp&   o_14h, &
+    !$omp&   o_15h, &
+    !$omp&   o_0i, &
+    !$omp&   o_1i, &
+    !$omp&   o_2i, &
+    !$omp&   o_3i, &
+    !$omp&   o_4i, &
+    !$omp&   o_5i, &
+    !$omp&   o_6i, &
+    !$omp&   o_7i, &
+    !$omp&   o_8i, &
+    !$omp&   o_9i, &
+    !$omp&   o_10i, &
+    !$omp&   o_11i, &
+    !$omp&   o_12i, &
+    !$omp&   o_13i, &
+    !$omp&   o_14i, &
+    !$omp&   o_15i, &
+    !$omp&   o_0j, &
+    !$omp&   o_1j, &
+    !$omp&   o_2j, &
+    !$omp&   o_3j, &
+    !$omp&   o_4j, &
+    !$omp&   o_5j, &
+    !$omp&   o_6j, &
+    !$omp&   o_7j, &
+    !$omp&   o_8j, &
+    !$omp&   o_9j, &
+    !$omp&   o_10j, &
+    !$omp&   o_11j, &
+    !$omp&   o_12j, &
+    !$omp&   o_13j, &
+    !$omp&   o_14j, &
+    !$omp&   o_15j, &
+    !$omp&   o_0k, &
+    !$omp&   o_1k, &
+    !$omp&   o_2k, &
+    !$omp&   o_3k, &
+    !$omp&   o_4k, &
+    !$omp&   o_5k, &
+    !$omp&   o_6k, &
+    !$omp&   o_7k, &
+    !$omp&   o_8k, &
+    !$omp&   o_9k, &
+    !$omp&   o_10k, &
+    !$omp&   o_11k, &
+    !$omp&   o_12k, &
+    !$omp&   o_13k, &
+    !$omp&   o_14k, &
+    !$omp&   o_15k, &
+    !$omp&   o_0l, &
+    !$omp&   o_1l, &
+    !$omp&   o_2l, &
+    !$omp&   o_3l, &
+    !$omp&   o_4l, &
+    !$omp&   o_5l, &
+    !$omp&   o_6l, &
+    !$omp&   o_7l, &
+    !$omp&   o_8l, &
+    !$omp&   o_9l, &
+    !$omp&   o_10l, &
+    !$omp&   o_11l, &
+    !$omp&   o_12l, &
+    !$omp&   o_13l, &
+    !$omp&   o_14l, &
+    !$omp&   o_15l, &
+    !$omp&   rowdot_0, &
+    !$omp&   rowdot_1, &
+    !$omp&   rowdot_2, &
+    !$omp&   rowdot_3, &
+    !$omp&   rowdot_4, &
+    !$omp&   rowdot_5)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 6) - 1
@@ -5296,8 +6167,22 @@ contains
     !$omp end parallel do
     ! forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
     ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, dO_row, K_row, V_row, &
-    !$omp& row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t, rowdot)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j, &
+    !$omp&   dO_row, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max, &
+    !$omp&   row_sum, &
+    !$omp&   qk, &
+    !$omp&   block_max, &
+    !$omp&   new_max, &
+    !$omp&   rescale, &
+    !$omp&   block_sum, &
+    !$omp&   t, &
+    !$omp&   rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 6*((n) / 6), n - 1
@@ -5462,48 +6347,425 @@ contains
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
     !     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
-    !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
-    !$omp& i_tile, i, c_tile, Q_row, dO_row, dQ_part_row, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, &
-    !$omp& qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_0b_8, qk_0b_9, qk_0b_10, qk_0b_11, qk_0b_12, &
-    !$omp& qk_0b_13, qk_0b_14, qk_0b_15, qk_1b_0, qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, qk_1b_5, &
-    !$omp& qk_1b_6, qk_1b_7, qk_1b_8, qk_1b_9, qk_1b_10, qk_1b_11, qk_1b_12, qk_1b_13, qk_1b_14, &
-    !$omp& qk_1b_15, qk_2b_0, qk_2b_1, qk_2b_2, qk_2b_3, qk_2b_4, qk_2b_5, qk_2b_6, qk_2b_7, &
-    !$omp& qk_2b_8, qk_2b_9, qk_2b_10, qk_2b_11, qk_2b_12, qk_2b_13, qk_2b_14, qk_2b_15, qk_3b_0, &
-    !$omp& qk_3b_1, qk_3b_2, qk_3b_3, qk_3b_4, qk_3b_5, qk_3b_6, qk_3b_7, qk_3b_8, qk_3b_9, &
-    !$omp& qk_3b_10, qk_3b_11, qk_3b_12, qk_3b_13, qk_3b_14, qk_3b_15, qk_4b_0, qk_4b_1, qk_4b_2, &
-    !$omp& qk_4b_3, qk_4b_4, qk_4b_5, qk_4b_6, qk_4b_7, qk_4b_8, qk_4b_9, qk_4b_10, qk_4b_11, &
-    !$omp& qk_4b_12, qk_4b_13, qk_4b_14, qk_4b_15, qk_5b_0, qk_5b_1, qk_5b_2, qk_5b_3, qk_5b_4, &
-    !$omp& qk_5b_5, qk_5b_6, qk_5b_7, qk_5b_8, qk_5b_9, qk_5b_10, qk_5b_11, qk_5b_12, qk_5b_13, &
-    !$omp& qk_5b_14, qk_5b_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, &
-    !$omp& dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, dov_0_14, dov_0_15, &
-    !$omp& dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, dov_1_8, &
-    !$omp& dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, dov_2_0, dov_2_1, &
-    !$omp& dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, dov_2_9, dov_2_10, &
-    !$omp& dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, dov_3_2, dov_3_3, &
-    !$omp& dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, dov_3_11, dov_3_12, &
-    !$omp& dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, &
-    !$omp& dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, dov_4_13, dov_4_14, &
-    !$omp& dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, &
-    !$omp& dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, dov_5_15, qk_0b, &
-    !$omp& qk_1b, qk_2b, qk_3b, qk_4b, qk_5b, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t3_0, &
-    !$omp& t3_1, t3_2, t3_3, t3_4, t3_5, t2_0, t2_1, t2_2, t2_3, t2_4, t2_5, dk_0, dk_1, dk_2, &
-    !$omp& dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, &
-    !$omp& dk_0b, dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, &
-    !$omp& dk_12b, dk_13b, dk_14b, dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, &
-    !$omp& dk_7c, dk_8c, dk_9c, dk_10c, dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, &
-    !$omp& dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, &
-    !$omp& dk_13d, dk_14d, dk_15d, dk_0e, dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, &
-    !$omp& dk_9e, dk_10e, dk_11e, dk_12e, dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, &
-    !$omp& dk_4f, dk_5f, dk_6f, dk_7f, dk_8f, dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, &
-    !$omp& dk_15f, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_8, dv_9, dv_10, dv_11, &
-    !$omp& dv_12, dv_13, dv_14, dv_15, dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, &
-    !$omp& dv_8b, dv_9b, dv_10b, dv_11b, dv_12b, dv_13b, dv_14b, dv_15b, dv_0c, dv_1c, dv_2c, &
-    !$omp& dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_8c, dv_9c, dv_10c, dv_11c, dv_12c, dv_13c, &
-    !$omp& dv_14c, dv_15c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_8d, dv_9d, &
-    !$omp& dv_10d, dv_11d, dv_12d, dv_13d, dv_14d, dv_15d, dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, &
-    !$omp& dv_5e, dv_6e, dv_7e, dv_8e, dv_9e, dv_10e, dv_11e, dv_12e, dv_13e, dv_14e, dv_15e, &
-    !$omp& dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, dv_9f, dv_10f, dv_11f, &
-    !$omp& dv_12f, dv_13f, dv_14f, dv_15f)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in_tile_blk, &
+    !$omp&   j_in_tile, &
+    !$omp&   c, &
+    !$omp&   i_blk, &
+    !$omp&   i_tile, &
+    !$omp&   i, &
+    !$omp&   c_tile, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk_0b_0, &
+    !$omp&   qk_0b_1, &
+    !$omp&   qk_0b_2, &
+    !$omp&   qk_0b_3, &
+    !$omp&   qk_0b_4, &
+    !$omp&   qk_0b_5, &
+    !$omp&   qk_0b_6, &
+    !$omp&   qk_0b_7, &
+    !$omp&   qk_0b_8, &
+    !$omp&   qk_0b_9, &
+    !$omp&   qk_0b_10, &
+    !$omp&   qk_0b_11, &
+    !$omp&   qk_0b_12, &
+    !$omp&   qk_0b_13, &
+    !$omp&   qk_0b_14, &
+    !$omp&   qk_0b_15, &
+    !$omp&   qk_1b_0, &
+    !$omp&   qk_1b_1, &
+    !$omp&   qk_1b_2, &
+    !$omp&   qk_1b_3, &
+    !$omp&   qk_1b_4, &
+    !$omp&   qk_1b_5, &
+    !$omp&   qk_1b_6, &
+    !$omp&   qk_1b_7, &
+    !$omp&   qk_1b_8, &
+    !$omp&   qk_1b_9, &
+    !$omp&   qk_1b_10, &
+    !$omp&   qk_1b_11, &
+    !$omp&   qk_1b_12, &
+    !$omp&   qk_1b_13, &
+    !$omp&   qk_1b_14, &
+    !$omp&   qk_1b_15, &
+    !$omp&   qk_2b_0, &
+    !$omp&   qk_2b_1, &
+    !$omp&   qk_2b_2, &
+    !$omp&   qk_2b_3, &
+    !$omp&   qk_2b_4, &
+    !$omp&   qk_2b_5, &
+    !$omp&   qk_2b_6, &
+    !$omp&   qk_2b_7, &
+    !$omp&   qk_2b_8, &
+    !$omp&   qk_2b_9, &
+    !$omp&   qk_2b_10, &
+    !$omp&   qk_2b_11, &
+    !$omp&   qk_2b_12, &
+    !$omp&   qk_2b_13, &
+    !$omp&   qk_2b_14, &
+    !$omp&   qk_2b_15, &
+    !$omp&   qk_3b_0, &
+    !$omp&   qk_3b_1, &
+    !$omp&   qk_3b_2, &
+    !$omp&   qk_3b_3, &
+    !$omp&   qk_3b_4, &
+    !$omp&   qk_3b_5, &
+    !$omp&   qk_3b_6, &
+    !$omp&   qk_3b_7, &
+    !$omp&   qk_3b_8, &
+    !$omp&   qk_3b_9, &
+    !$omp&   qk_3b_10, &
+    !$omp&   qk_3b_11, &
+    !$omp&   qk_3b_12, &
+    !$omp&   qk_3b_13, &
+    !$omp&   qk_3b_14, &
+    !$omp&   qk_3b_15, &
+    !$omp&   qk_4b_0, &
+    !$omp&   qk_4b_1, &
+    !$omp&   qk_4b_2, &
+    !$omp&   qk_4b_3, &
+    !$omp&   qk_4b_4, &
+    !$omp&   qk_4b_5, &
+    !$omp&   qk_4b_6, &
+    !$omp&   qk_4b_7, &
+    !$omp&   qk_4b_8, &
+    !$omp&   qk_4b_9, &
+    !$omp&   qk_4b_10, &
+    !$omp&   qk_4b_11, &
+    !$omp&   qk_4b_12, &
+    !$omp&   qk_4b_13, &
+    !$omp&   qk_4b_14, &
+    !$omp&   qk_4b_15, &
+    !$omp&   qk_5b_0, &
+    !$omp&   qk_5b_1, &
+    !$omp&   qk_5b_2, &
+    !$omp&   qk_5b_3, &
+    !$omp&   qk_5b_4, &
+    !$omp&   qk_5b_5, &
+    !$omp&   qk_5b_6, &
+    !$omp&   qk_5b_7, &
+    !$omp&   qk_5b_8, &
+    !$omp&   qk_5b_9, &
+    !$omp&   qk_5b_10, &
+    !$omp&   qk_5b_11, &
+    !$omp&   qk_5b_12, &
+    !$omp&   qk_5b_13, &
+    !$omp&   qk_5b_14, &
+    !$omp&   qk_5b_15, &
+    !$omp&   dov_0_0, &
+    !$omp&   dov_0_1, &
+    !$omp&   dov_0_2, &
+    !$omp&   dov_0_3, &
+    !$omp&   dov_0_4, &
+    !$omp&   dov_0_5, &
+    !$omp&   dov_0_6, &
+    !$omp&   dov_0_7, &
+    !$omp&   dov_0_8, &
+    !$omp&   dov_0_9, &
+    !$omp&   dov_0_10, &
+    !$omp&   dov_0_11, &
+    !$omp&   dov_0_12, &
+    !$omp&   dov_0_13, &
+    !$omp&   dov_0_14, &
+    !$omp&   dov_0_15, &
+    !$omp&   dov_1_0, &
+    !$omp&   dov_1_1, &
+    !$omp&   dov_1_2, &
+    !$omp&   dov_1_3, &
+    !$omp&   dov_1_4, &
+    !$omp&   dov_1_5, &
+    !$omp&   dov_1_6, &
+    !$omp&   dov_1_7, &
+    !$omp&   dov_1_8, &
+    !$omp&   dov_1_9, &
+    !$omp&   dov_1_10, &
+    !$omp&   dov_1_11, &
+    !$omp&   dov_1_12, &
+    !$omp&   dov_1_13, &
+    !$omp&   dov_1_14, &
+    !$omp&   dov_1_15, &
+    !$omp&   dov_2_0, &
+    !$omp&   dov_2_1, &
+    !$omp&   dov_2_2, &
+    !$omp&   dov_2_3, &
+    !$omp&   dov_2_4, &
+    !$omp&   dov_2_5, &
+    !$omp&   dov_2_6, &
+    !$omp&   dov_2_7, &
+    !$omp&   dov_2_8, &
+    !$omp&   dov_2_9, &
+    !$omp&   dov_2_10, &
+    !$omp&   dov_2_11, &
+    !$omp&   dov_2_12, &
+    !$omp&   dov_2_13, &
+    !$omp&   dov_2_14, &
+    !$omp&   dov_2_15, &
+    !$omp&   dov_3_0, &
+    !$omp&   dov_3_1, &
+    !$omp&   dov_3_2, &
+    !$omp&   dov_3_3, &
+    !$omp&   dov_3_4, &
+    !$omp&   dov_3_5, &
+    !$omp&   dov_3_6, &
+    !$omp&   dov_3_7, &
+    !$omp&   dov_3_8, &
+    !$omp&   dov_3_9, &
+    !$omp&   dov_3_10, &
+    !$omp&   dov_3_11, &
+    !$omp&   dov_3_12, &
+    !$omp&   dov_3_13, &
+    !$omp&   dov_3_14, &
+    !$omp&   dov_3_15, &
+    !$omp&   dov_4_0, &
+    !$omp&   dov_4_1, &
+    !$omp&   dov_4_2, &
+    !$omp&   dov_4_3, &
+    !$omp&   dov_4_4, &
+    !$omp&   dov_4_5, &
+    !$omp&   dov_4_6, &
+    !$omp&   dov_4_7, &
+    !$omp&   dov_4_8, &
+    !$omp&   dov_4_9, &
+    !$omp&   dov_4_10, &
+    !$omp&   dov_4_11, &
+    !$omp&   dov_4_12, &
+    !$omp&   dov_4_13, &
+    !$omp&   dov_4_14, &
+    !$omp&   dov_4_15, &
+    !$omp&   dov_5_0, &
+    !$omp&   dov_5_1, &
+    !$omp&   dov_5_2, &
+    !$omp&   dov_5_3, &
+    !$omp&   dov_5_4, &
+    !$omp&   dov_5_5, &
+    !$omp&   dov_5_6, &
+    !$omp&   dov_5_7, &
+    !$omp&   dov_5_8, &
+    !$omp&   dov_5_9, &
+    !$omp&   dov_5_10, &
+    !$omp&   dov_5_11, &
+    !$omp&   dov_5_12, &
+    !$omp&   dov_5_13, &
+    !$omp&   dov_5_14, &
+    !$omp&   dov_5_15, &
+    !$omp&   qk_0b, &
+    !$omp&   qk_1b, &
+    !$omp&   qk_2b, &
+    !$omp&   qk_3b, &
+    !$omp&   qk_4b, &
+    !$omp&   qk_5b, &
+    !$omp&   dov_0, &
+    !$omp&   dov_1, &
+    !$omp&   dov_2, &
+    !$omp&   dov_3, &
+    !$omp&   dov_4, &
+    !$omp&   dov_5, &
+    !$omp&   t3_0, &
+    !$omp&   t3_1, &
+    !$omp&   t3_2, &
+    !$omp&   t3_3, &
+    !$omp&   t3_4, &
+    !$omp&   t3_5, &
+    !$omp&   t2_0, &
+    !$omp&   t2_1, &
+    !$omp&   t2_2, &
+    !$omp&   t2_3, &
+    !$omp&   t2_4, &
+    !$omp&   t2_5, &
+    !$omp&   dk_0, &
+    !$omp&   dk_1, &
+    !$omp&   dk_2, &
+    !$omp&   dk_3, &
+    !$omp&   dk_4, &
+    !$omp&   dk_5, &
+    !$omp&   dk_6, &
+    !$omp&   dk_7, &
+    !$omp&   dk_8, &
+    !$omp&   dk_9, &
+    !$omp&   dk_10, &
+    !$omp&   dk_11, &
+    !$omp&   dk_12, &
+    !$omp&   dk_13, &
+    !$omp&   dk_14, &
+    !$omp&   dk_15, &
+    !$omp&   dk_0b, &
+    !$omp&   dk_1b, &
+    !$omp&   dk_2b, &
+    !$omp&   dk_3b, &
+    !$omp&   dk_4b, &
+    !$omp&   dk_5b, &
+    !$omp&   dk_6b, &
+    !$omp&   dk_7b, &
+    !$omp&   dk_8b, &
+    !$omp&   dk_9b, &
+    !$omp&   dk_10b, &
+    !$omp&   dk_11b, &
+    !$omp&   dk_12b, &
+    !$omp&   dk_13b, &
+    !$omp&   dk_14b, &
+    !$omp&   dk_15b, &
+    !$omp&   dk_0c, &
+    !$omp&   dk_1c, &
+    !$omp&   dk_2c, &
+    !$omp&   dk_3c, &
+    !$omp&   dk_4c, &
+    !$omp&   dk_5c, &
+    !$omp&   dk_6c, &
+    !$omp&   dk_7c, &
+    !$omp&   dk_8c, &
+    !$omp&   dk_9c, &
+    !$omp&   dk_10c, &
+    !$omp&   dk_11c, &
+    !$omp&   dk_12c, &
+    !$omp&   dk_13c, &
+    !$omp&   dk_14c, &
+    !$omp&   dk_15c, &
+    !$omp&   dk_0d, &
+    !$omp&   dk_1d, &
+    !$omp&   dk_2d, &
+    !$omp&   dk_3d, &
+    !$omp&   dk_4d, &
+    !$omp&   dk_5d, &
+    !$omp&   dk_6d, &
+    !$omp&   dk_7d, &
+    !$omp&   dk_8d, &
+    !$omp&   dk_9d, &
+    !$omp&   dk_10d, &
+    !$omp&   dk_11d, &
+    !$omp&   dk_12d, &
+    !$omp&   dk_13d, &
+    !$omp&   dk_14d, &
+    !$omp&   dk_15d, &
+    !$omp&   dk_0e, &
+    !$omp&   dk_1e, &
+    !$omp&   dk_2e, &
+    !$omp&   dk_3e, &
+    !$omp&   dk_4e, &
+    !$omp&   dk_5e, &
+    !$omp&   dk_6e, &
+    !$omp&   dk_7e, &
+    !$omp&   dk_8e, &
+    !$omp&   dk_9e, &
+    !$omp&   dk_10e, &
+    !$omp&   dk_11e, &
+    !$omp&   dk_12e, &
+    !$omp&   dk_13e, &
+    !$omp&   dk_14e, &
+    !$omp&   dk_15e, &
+    !$omp&   dk_0f, &
+    !$omp&   dk_1f, &
+    !$omp&   dk_2f, &
+    !$omp&   dk_3f, &
+    !$omp&   dk_4f, &
+    !$omp&   dk_5f, &
+    !$omp&   dk_6f, &
+    !$omp&   dk_7f, &
+    !$omp&   dk_8f, &
+    !$omp&   dk_9f, &
+    !$omp&   dk_10f, &
+    !$omp&   dk_11f, &
+    !$omp&   dk_12f, &
+    !$omp&   dk_13f, &
+    !$omp&   dk_14f, &
+    !$omp&   dk_15f, &
+    !$omp&   dv_0, &
+    !$omp&   dv_1, &
+    !$omp&   dv_2, &
+    !$omp&   dv_3, &
+    !$omp&   dv_4, &
+    !$omp&   dv_5, &
+    !$omp&   dv_6, &
+    !$omp&   dv_7, &
+    !$omp&   dv_8, &
+    !$omp&   dv_9, &
+    !$omp&   dv_10, &
+    !$omp&   dv_11, &
+    !$omp&   dv_12, &
+    !$omp&   dv_13, &
+    !$omp&   dv_14, &
+    !$omp&   dv_15, &
+    !$omp&   dv_0b, &
+    !$omp&   dv_1b, &
+    !$omp&   dv_2b, &
+    !$omp&   dv_3b, &
+    !$omp&   dv_4b, &
+    !$omp&   dv_5b, &
+    !$omp&   dv_6b, &
+    !$omp&   dv_7b, &
+    !$omp&   dv_8b, &
+    !$omp&   dv_9b, &
+    !$omp&   dv_10b, &
+    !$omp&   dv_11b, &
+    !$omp&   dv_12b, &
+    !$omp&   dv_13b, &
+    !$omp&   dv_14b, &
+    !$omp&   dv_15b, &
+    !$omp&   dv_0c, &
+    !$omp&   dv_1c, &
+    !$omp&   dv_2c, &
+    !$omp&   dv_3c, &
+    !$omp&   dv_4c, &
+    !$omp&   dv_5c, &
+    !$omp&   dv_6c, &
+    !$omp&   dv_7c, &
+    !$omp&   dv_8c, &
+    !$omp&   dv_9c, &
+    !$omp&   dv_10c, &
+    !$omp&   dv_11c, &
+    !$omp&   dv_12c, &
+    !$omp&   dv_13c, &
+    !$omp&   dv_14c, &
+    !$omp&   dv_15c, &
+    !$omp&   dv_0d, &
+    !$omp&   dv_1d, &
+    !$omp&   dv_2d, &
+    !$omp&   dv_3d, &
+    !$omp&   dv_4d, &
+    !$omp&   dv_5d, &
+    !$omp&   dv_6d, &
+    !$omp&   dv_7d, &
+    !$omp&   dv_8d, &
+    !$omp&   dv_9d, &
+    !$omp&   dv_10d, &
+    !$omp&   dv_11d, &
+    !$omp&   dv_12d, &
+    !$omp&   dv_13d, &
+    !$omp&   dv_14d, &
+    !$omp&   dv_15d, &
+    !$omp&   dv_0e, &
+    !$omp&   dv_1e, &
+    !$omp&   dv_2e, &
+    !$omp&   dv_3e, &
+    !$omp&   dv_4e, &
+    !$omp&   dv_5e, &
+    !$omp&   dv_6e, &
+    !$omp&   dv_7e, &
+    !$omp&   dv_8e, &
+    !$omp&   dv_9e, &
+    !$omp&   dv_10e, &
+    !$omp&   dv_11e, &
+    !$omp&   dv_12e, &
+    !$omp&   dv_13e, &
+    !$omp&   dv_14e, &
+    !$omp&   dv_15e, &
+    !$omp&   dv_0f, &
+    !$omp&   dv_1f, &
+    !$omp&   dv_2f, &
+    !$omp&   dv_3f, &
+    !$omp&   dv_4f, &
+    !$omp&   dv_5f, &
+    !$omp&   dv_6f, &
+    !$omp&   dv_7f, &
+    !$omp&   dv_8f, &
+    !$omp&   dv_9f, &
+    !$omp&   dv_10f, &
+    !$omp&   dv_11f, &
+    !$omp&   dv_12f, &
+    !$omp&   dv_13f, &
+    !$omp&   dv_14f, &
+    !$omp&   dv_15f)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -7695,8 +8957,18 @@ contains
     !$omp end parallel do
     ! keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
     ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, Q_row, dO_row, &
-    !$omp& dQ_part_row, qk, dov, t3, t2)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in, &
+    !$omp&   c, &
+    !$omp&   i_blk, &
+    !$omp&   i, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk, &
+    !$omp&   dov, &
+    !$omp&   t3, &
+    !$omp&   t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0

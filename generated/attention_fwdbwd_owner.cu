@@ -92,18 +92,8 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     const double *__restrict__ dO,
     double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -278,18 +268,8 @@ __global__ void attention_fwdbwd_owner_f64_forward_edge(
     const double *__restrict__ dO,
     double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -375,20 +355,12 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -518,20 +490,12 @@ __global__ void attention_fwdbwd_owner_f64_dQ_edge(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t2_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t3_block,
-    double *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -601,16 +565,10 @@ __global__ void attention_fwdbwd_owner_f64_keys(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t3_block,
@@ -785,16 +743,10 @@ __global__ void attention_fwdbwd_owner_f64_keys_edge(
     const double *__restrict__ K,
     const double *__restrict__ V,
     const double *__restrict__ dO,
-    double *__restrict__ O,
     double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ probs,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t2_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t3_block,
@@ -912,7 +864,7 @@ extern "C" int attention_fwdbwd_owner_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -921,7 +873,7 @@ extern "C" int attention_fwdbwd_owner_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -930,7 +882,7 @@ extern "C" int attention_fwdbwd_owner_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -939,7 +891,7 @@ extern "C" int attention_fwdbwd_owner_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -948,7 +900,7 @@ extern "C" int attention_fwdbwd_owner_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -957,7 +909,7 @@ extern "C" int attention_fwdbwd_owner_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -975,18 +927,8 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     const float *__restrict__ dO,
     float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1161,18 +1103,8 @@ __global__ void attention_fwdbwd_owner_f32_forward_edge(
     const float *__restrict__ dO,
     float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1258,20 +1190,12 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1401,20 +1325,12 @@ __global__ void attention_fwdbwd_owner_f32_dQ_edge(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t2_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t3_block,
-    float *__restrict__ t4_block,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -1484,16 +1400,10 @@ __global__ void attention_fwdbwd_owner_f32_keys(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t3_block,
@@ -1668,16 +1578,10 @@ __global__ void attention_fwdbwd_owner_f32_keys_edge(
     const float *__restrict__ K,
     const float *__restrict__ V,
     const float *__restrict__ dO,
-    float *__restrict__ O,
     float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ probs,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t2_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t3_block,
@@ -1795,7 +1699,7 @@ extern "C" int attention_fwdbwd_owner_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1804,7 +1708,7 @@ extern "C" int attention_fwdbwd_owner_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, O, lse, delta, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1813,7 +1717,7 @@ extern "C" int attention_fwdbwd_owner_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1822,7 +1726,7 @@ extern "C" int attention_fwdbwd_owner_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t2_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1831,7 +1735,7 @@ extern "C" int attention_fwdbwd_owner_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1840,7 +1744,7 @@ extern "C" int attention_fwdbwd_owner_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -54,29 +54,14 @@
  * for b, g, r, i (parallel) / c (simd)
  */
 __global__ void attention_gqa_bwd_causal_flash_f64_delta(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
     const double *__restrict__ O,
     const double *__restrict__ dO,
-    const double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t2_block,
-    double *__restrict__ t3_block,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -102,20 +87,13 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t2_block,
-    double *__restrict__ t3_block,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
@@ -246,20 +224,13 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ_edge(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
     double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
     double *__restrict__ delta,
     double *__restrict__ qk_block,
     double *__restrict__ dov_block,
     double *__restrict__ t_block,
-    double *__restrict__ qk_block2,
-    double *__restrict__ dov_block2,
-    double *__restrict__ t2_block,
-    double *__restrict__ t3_block,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
@@ -330,16 +301,11 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t2_block,
@@ -516,16 +482,11 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys_edge(
     const double *__restrict__ Q,
     const double *__restrict__ K,
     const double *__restrict__ V,
-    const double *__restrict__ O,
     const double *__restrict__ dO,
     const double *__restrict__ lse,
-    double *__restrict__ dQ,
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ delta,
-    double *__restrict__ qk_block,
-    double *__restrict__ dov_block,
-    double *__restrict__ t_block,
     double *__restrict__ qk_block2,
     double *__restrict__ dov_block2,
     double *__restrict__ t2_block,
@@ -646,7 +607,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
         const int64_t count = batch*group*kv_heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          O, dO, delta, batch, kv_heads, group, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -655,7 +616,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -664,7 +625,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -673,7 +634,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
         const int64_t count = batch*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -682,7 +643,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
         const int64_t count = batch*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -694,29 +655,14 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
  * for b, g, r, i (parallel) / c (simd)
  */
 __global__ void attention_gqa_bwd_causal_flash_f32_delta(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
     const float *__restrict__ O,
     const float *__restrict__ dO,
-    const float *__restrict__ lse,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t2_block,
-    float *__restrict__ t3_block,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -742,20 +688,13 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t2_block,
-    float *__restrict__ t3_block,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
@@ -886,20 +825,13 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ_edge(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
     float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
     float *__restrict__ delta,
     float *__restrict__ qk_block,
     float *__restrict__ dov_block,
     float *__restrict__ t_block,
-    float *__restrict__ qk_block2,
-    float *__restrict__ dov_block2,
-    float *__restrict__ t2_block,
-    float *__restrict__ t3_block,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
@@ -970,16 +902,11 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t2_block,
@@ -1156,16 +1083,11 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys_edge(
     const float *__restrict__ Q,
     const float *__restrict__ K,
     const float *__restrict__ V,
-    const float *__restrict__ O,
     const float *__restrict__ dO,
     const float *__restrict__ lse,
-    float *__restrict__ dQ,
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ delta,
-    float *__restrict__ qk_block,
-    float *__restrict__ dov_block,
-    float *__restrict__ t_block,
     float *__restrict__ qk_block2,
     float *__restrict__ dov_block2,
     float *__restrict__ t2_block,
@@ -1286,7 +1208,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
         const int64_t count = batch*group*kv_heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          O, dO, delta, batch, kv_heads, group, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1295,7 +1217,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1304,7 +1226,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1313,7 +1235,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
         const int64_t count = batch*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1322,7 +1244,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
         const int64_t count = batch*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, qk_block, dov_block, t_block, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

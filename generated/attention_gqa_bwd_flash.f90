@@ -179,28 +179,234 @@ contains
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
     !     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
-    !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, r, i_blk, &
-    !$omp& i_tile, i, c_tile, Q_row, dO_row, dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, &
-    !$omp& qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, &
-    !$omp& qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_3_0, &
-    !$omp& qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, qk_4_2, &
-    !$omp& qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
-    !$omp& qk_5_5, qk_5_6, qk_5_7, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, &
-    !$omp& dov_0_7, dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, &
-    !$omp& dov_2_0, dov_2_1, dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_3_0, &
-    !$omp& dov_3_1, dov_3_2, dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_4_0, dov_4_1, &
-    !$omp& dov_4_2, dov_4_3, dov_4_4, dov_4_5, dov_4_6, dov_4_7, dov_5_0, dov_5_1, dov_5_2, &
-    !$omp& dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, &
-    !$omp& dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t2_0, t2_1, t2_2, t2_3, t2_4, t2_5, t_0, &
-    !$omp& t_1, t_2, t_3, t_4, t_5, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_0b, dk_1b, &
-    !$omp& dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, &
-    !$omp& dk_6c, dk_7c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, dk_7d, dk_0e, dk_1e, &
-    !$omp& dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, &
-    !$omp& dk_6f, dk_7f, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_0b, dv_1b, dv_2b, &
-    !$omp& dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, &
-    !$omp& dv_7c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_0e, dv_1e, dv_2e, &
-    !$omp& dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, &
-    !$omp& dv_7f)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in_tile_blk, &
+    !$omp&   j_in_tile, &
+    !$omp&   c, &
+    !$omp&   r, &
+    !$omp&   i_blk, &
+    !$omp&   i_tile, &
+    !$omp&   i, &
+    !$omp&   c_tile, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   dov_0_0, &
+    !$omp&   dov_0_1, &
+    !$omp&   dov_0_2, &
+    !$omp&   dov_0_3, &
+    !$omp&   dov_0_4, &
+    !$omp&   dov_0_5, &
+    !$omp&   dov_0_6, &
+    !$omp&   dov_0_7, &
+    !$omp&   dov_1_0, &
+    !$omp&   dov_1_1, &
+    !$omp&   dov_1_2, &
+    !$omp&   dov_1_3, &
+    !$omp&   dov_1_4, &
+    !$omp&   dov_1_5, &
+    !$omp&   dov_1_6, &
+    !$omp&   dov_1_7, &
+    !$omp&   dov_2_0, &
+    !$omp&   dov_2_1, &
+    !$omp&   dov_2_2, &
+    !$omp&   dov_2_3, &
+    !$omp&   dov_2_4, &
+    !$omp&   dov_2_5, &
+    !$omp&   dov_2_6, &
+    !$omp&   dov_2_7, &
+    !$omp&   dov_3_0, &
+    !$omp&   dov_3_1, &
+    !$omp&   dov_3_2, &
+    !$omp&   dov_3_3, &
+    !$omp&   dov_3_4, &
+    !$omp&   dov_3_5, &
+    !$omp&   dov_3_6, &
+    !$omp&   dov_3_7, &
+    !$omp&   dov_4_0, &
+    !$omp&   dov_4_1, &
+    !$omp&   dov_4_2, &
+    !$omp&   dov_4_3, &
+    !$omp&   dov_4_4, &
+    !$omp&   dov_4_5, &
+    !$omp&   dov_4_6, &
+    !$omp&   dov_4_7, &
+    !$omp&   dov_5_0, &
+    !$omp&   dov_5_1, &
+    !$omp&   dov_5_2, &
+    !$omp&   dov_5_3, &
+    !$omp&   dov_5_4, &
+    !$omp&   dov_5_5, &
+    !$omp&   dov_5_6, &
+    !$omp&   dov_5_7, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   dov_0, &
+    !$omp&   dov_1, &
+    !$omp&   dov_2, &
+    !$omp&   dov_3, &
+    !$omp&   dov_4, &
+    !$omp&   dov_5, &
+    !$omp&   t2_0, &
+    !$omp&   t2_1, &
+    !$omp&   t2_2, &
+    !$omp&   t2_3, &
+    !$omp&   t2_4, &
+    !$omp&   t2_5, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   dk_0, &
+    !$omp&   dk_1, &
+    !$omp&   dk_2, &
+    !$omp&   dk_3, &
+    !$omp&   dk_4, &
+    !$omp&   dk_5, &
+    !$omp&   dk_6, &
+    !$omp&   dk_7, &
+    !$omp&   dk_0b, &
+    !$omp&   dk_1b, &
+    !$omp&   dk_2b, &
+    !$omp&   dk_3b, &
+    !$omp&   dk_4b, &
+    !$omp&   dk_5b, &
+    !$omp&   dk_6b, &
+    !$omp&   dk_7b, &
+    !$omp&   dk_0c, &
+    !$omp&   dk_1c, &
+    !$omp&   dk_2c, &
+    !$omp&   dk_3c, &
+    !$omp&   dk_4c, &
+    !$omp&   dk_5c, &
+    !$omp&   dk_6c, &
+    !$omp&   dk_7c, &
+    !$omp&   dk_0d, &
+    !$omp&   dk_1d, &
+    !$omp&   dk_2d, &
+    !$omp&   dk_3d, &
+    !$omp&   dk_4d, &
+    !$omp&   dk_5d, &
+    !$omp&   dk_6d, &
+    !$omp&   dk_7d, &
+    !$omp&   dk_0e, &
+    !$omp&   dk_1e, &
+    !$omp&   dk_2e, &
+    !$omp&   dk_3e, &
+    !$omp&   dk_4e, &
+    !$omp&   dk_5e, &
+    !$omp&   dk_6e, &
+    !$omp&   dk_7e, &
+    !$omp&   dk_0f, &
+    !$omp&   dk_1f, &
+    !$omp&   dk_2f, &
+    !$omp&   dk_3f, &
+    !$omp&   dk_4f, &
+    !$omp&   dk_5f, &
+    !$omp&   dk_6f, &
+    !$omp&   dk_7f, &
+    !$omp&   dv_0, &
+    !$omp&   dv_1, &
+    !$omp&   dv_2, &
+    !$omp&   dv_3, &
+    !$omp&   dv_4, &
+    !$omp&   dv_5, &
+    !$omp&   dv_6, &
+    !$omp&   dv_7, &
+    !$omp&   dv_0b, &
+    !$omp&   dv_1b, &
+    !$omp&   dv_2b, &
+    !$omp&   dv_3b, &
+    !$omp&   dv_4b, &
+    !$omp&   dv_5b, &
+    !$omp&   dv_6b, &
+    !$omp&   dv_7b, &
+    !$omp&   dv_0c, &
+    !$omp&   dv_1c, &
+    !$omp&   dv_2c, &
+    !$omp&   dv_3c, &
+    !$omp&   dv_4c, &
+    !$omp&   dv_5c, &
+    !$omp&   dv_6c, &
+    !$omp&   dv_7c, &
+    !$omp&   dv_0d, &
+    !$omp&   dv_1d, &
+    !$omp&   dv_2d, &
+    !$omp&   dv_3d, &
+    !$omp&   dv_4d, &
+    !$omp&   dv_5d, &
+    !$omp&   dv_6d, &
+    !$omp&   dv_7d, &
+    !$omp&   dv_0e, &
+    !$omp&   dv_1e, &
+    !$omp&   dv_2e, &
+    !$omp&   dv_3e, &
+    !$omp&   dv_4e, &
+    !$omp&   dv_5e, &
+    !$omp&   dv_6e, &
+    !$omp&   dv_7e, &
+    !$omp&   dv_0f, &
+    !$omp&   dv_1f, &
+    !$omp&   dv_2f, &
+    !$omp&   dv_3f, &
+    !$omp&   dv_4f, &
+    !$omp&   dv_5f, &
+    !$omp&   dv_6f, &
+    !$omp&   dv_7f)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j_part = 0, 0
@@ -1677,8 +1883,19 @@ contains
     !$omp end parallel do
     ! keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, delta
     ! for b, g, j_part (parallel) / j_in / c (simd), r / i_blk / i, i (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, r, i_blk, i, Q_row, dO_row, &
-    !$omp& dQ_part_row, qk, dov, t2, t)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in, &
+    !$omp&   c, &
+    !$omp&   r, &
+    !$omp&   i_blk, &
+    !$omp&   i, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk, &
+    !$omp&   dov, &
+    !$omp&   t2, &
+    !$omp&   t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j_part = 0, 0
@@ -1930,46 +2147,426 @@ contains
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
     !     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
-    !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, r, i_blk, &
-    !$omp& i_tile, i, c_tile, Q_row, dO_row, dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, &
-    !$omp& qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, &
-    !$omp& qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, &
-    !$omp& qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, &
-    !$omp& qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, &
-    !$omp& qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, &
-    !$omp& qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, &
-    !$omp& qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, &
-    !$omp& qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
-    !$omp& qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, &
-    !$omp& qk_5_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, dov_0_7, &
-    !$omp& dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, dov_0_14, dov_0_15, dov_1_0, &
-    !$omp& dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, dov_1_8, dov_1_9, &
-    !$omp& dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, dov_2_0, dov_2_1, dov_2_2, &
-    !$omp& dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, dov_2_9, dov_2_10, dov_2_11, &
-    !$omp& dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, dov_3_2, dov_3_3, dov_3_4, &
-    !$omp& dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, dov_3_11, dov_3_12, dov_3_13, &
-    !$omp& dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, dov_4_6, &
-    !$omp& dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, dov_4_13, dov_4_14, dov_4_15, &
-    !$omp& dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, dov_5_8, &
-    !$omp& dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, dov_5_15, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, qk_4, qk_5, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, t2_0, t2_1, t2_2, t2_3, &
-    !$omp& t2_4, t2_5, t_0, t_1, t_2, t_3, t_4, t_5, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, &
-    !$omp& dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, dk_1b, dk_2b, &
-    !$omp& dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, dk_13b, &
-    !$omp& dk_14b, dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, dk_9c, &
-    !$omp& dk_10c, dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, &
-    !$omp& dk_5d, dk_6d, dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, dk_15d, &
-    !$omp& dk_0e, dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, dk_11e, &
-    !$omp& dk_12e, dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, dk_6f, &
-    !$omp& dk_7f, dk_8f, dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dv_0, dv_1, dv_2, &
-    !$omp& dv_3, dv_4, dv_5, dv_6, dv_7, dv_8, dv_9, dv_10, dv_11, dv_12, dv_13, dv_14, dv_15, &
-    !$omp& dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, dv_6b, dv_7b, dv_8b, dv_9b, dv_10b, dv_11b, &
-    !$omp& dv_12b, dv_13b, dv_14b, dv_15b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, &
-    !$omp& dv_7c, dv_8c, dv_9c, dv_10c, dv_11c, dv_12c, dv_13c, dv_14c, dv_15c, dv_0d, dv_1d, &
-    !$omp& dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_8d, dv_9d, dv_10d, dv_11d, dv_12d, &
-    !$omp& dv_13d, dv_14d, dv_15d, dv_0e, dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_8e, &
-    !$omp& dv_9e, dv_10e, dv_11e, dv_12e, dv_13e, dv_14e, dv_15e, dv_0f, dv_1f, dv_2f, dv_3f, &
-    !$omp& dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, dv_9f, dv_10f, dv_11f, dv_12f, dv_13f, dv_14f, dv_15f)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in_tile_blk, &
+    !$omp&   j_in_tile, &
+    !$omp&   c, &
+    !$omp&   r, &
+    !$omp&   i_blk, &
+    !$omp&   i_tile, &
+    !$omp&   i, &
+    !$omp&   c_tile, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk_0_0, &
+    !$omp&   qk_0_1, &
+    !$omp&   qk_0_2, &
+    !$omp&   qk_0_3, &
+    !$omp&   qk_0_4, &
+    !$omp&   qk_0_5, &
+    !$omp&   qk_0_6, &
+    !$omp&   qk_0_7, &
+    !$omp&   qk_0_8, &
+    !$omp&   qk_0_9, &
+    !$omp&   qk_0_10, &
+    !$omp&   qk_0_11, &
+    !$omp&   qk_0_12, &
+    !$omp&   qk_0_13, &
+    !$omp&   qk_0_14, &
+    !$omp&   qk_0_15, &
+    !$omp&   qk_1_0, &
+    !$omp&   qk_1_1, &
+    !$omp&   qk_1_2, &
+    !$omp&   qk_1_3, &
+    !$omp&   qk_1_4, &
+    !$omp&   qk_1_5, &
+    !$omp&   qk_1_6, &
+    !$omp&   qk_1_7, &
+    !$omp&   qk_1_8, &
+    !$omp&   qk_1_9, &
+    !$omp&   qk_1_10, &
+    !$omp&   qk_1_11, &
+    !$omp&   qk_1_12, &
+    !$omp&   qk_1_13, &
+    !$omp&   qk_1_14, &
+    !$omp&   qk_1_15, &
+    !$omp&   qk_2_0, &
+    !$omp&   qk_2_1, &
+    !$omp&   qk_2_2, &
+    !$omp&   qk_2_3, &
+    !$omp&   qk_2_4, &
+    !$omp&   qk_2_5, &
+    !$omp&   qk_2_6, &
+    !$omp&   qk_2_7, &
+    !$omp&   qk_2_8, &
+    !$omp&   qk_2_9, &
+    !$omp&   qk_2_10, &
+    !$omp&   qk_2_11, &
+    !$omp&   qk_2_12, &
+    !$omp&   qk_2_13, &
+    !$omp&   qk_2_14, &
+    !$omp&   qk_2_15, &
+    !$omp&   qk_3_0, &
+    !$omp&   qk_3_1, &
+    !$omp&   qk_3_2, &
+    !$omp&   qk_3_3, &
+    !$omp&   qk_3_4, &
+    !$omp&   qk_3_5, &
+    !$omp&   qk_3_6, &
+    !$omp&   qk_3_7, &
+    !$omp&   qk_3_8, &
+    !$omp&   qk_3_9, &
+    !$omp&   qk_3_10, &
+    !$omp&   qk_3_11, &
+    !$omp&   qk_3_12, &
+    !$omp&   qk_3_13, &
+    !$omp&   qk_3_14, &
+    !$omp&   qk_3_15, &
+    !$omp&   qk_4_0, &
+    !$omp&   qk_4_1, &
+    !$omp&   qk_4_2, &
+    !$omp&   qk_4_3, &
+    !$omp&   qk_4_4, &
+    !$omp&   qk_4_5, &
+    !$omp&   qk_4_6, &
+    !$omp&   qk_4_7, &
+    !$omp&   qk_4_8, &
+    !$omp&   qk_4_9, &
+    !$omp&   qk_4_10, &
+    !$omp&   qk_4_11, &
+    !$omp&   qk_4_12, &
+    !$omp&   qk_4_13, &
+    !$omp&   qk_4_14, &
+    !$omp&   qk_4_15, &
+    !$omp&   qk_5_0, &
+    !$omp&   qk_5_1, &
+    !$omp&   qk_5_2, &
+    !$omp&   qk_5_3, &
+    !$omp&   qk_5_4, &
+    !$omp&   qk_5_5, &
+    !$omp&   qk_5_6, &
+    !$omp&   qk_5_7, &
+    !$omp&   qk_5_8, &
+    !$omp&   qk_5_9, &
+    !$omp&   qk_5_10, &
+    !$omp&   qk_5_11, &
+    !$omp&   qk_5_12, &
+    !$omp&   qk_5_13, &
+    !$omp&   qk_5_14, &
+    !$omp&   qk_5_15, &
+    !$omp&   dov_0_0, &
+    !$omp&   dov_0_1, &
+    !$omp&   dov_0_2, &
+    !$omp&   dov_0_3, &
+    !$omp&   dov_0_4, &
+    !$omp&   dov_0_5, &
+    !$omp&   dov_0_6, &
+    !$omp&   dov_0_7, &
+    !$omp&   dov_0_8, &
+    !$omp&   dov_0_9, &
+    !$omp&   dov_0_10, &
+    !$omp&   dov_0_11, &
+    !$omp&   dov_0_12, &
+    !$omp&   dov_0_13, &
+    !$omp&   dov_0_14, &
+    !$omp&   dov_0_15, &
+    !$omp&   dov_1_0, &
+    !$omp&   dov_1_1, &
+    !$omp&   dov_1_2, &
+    !$omp&   dov_1_3, &
+    !$omp&   dov_1_4, &
+    !$omp&   dov_1_5, &
+    !$omp&   dov_1_6, &
+    !$omp&   dov_1_7, &
+    !$omp&   dov_1_8, &
+    !$omp&   dov_1_9, &
+    !$omp&   dov_1_10, &
+    !$omp&   dov_1_11, &
+    !$omp&   dov_1_12, &
+    !$omp&   dov_1_13, &
+    !$omp&   dov_1_14, &
+    !$omp&   dov_1_15, &
+    !$omp&   dov_2_0, &
+    !$omp&   dov_2_1, &
+    !$omp&   dov_2_2, &
+    !$omp&   dov_2_3, &
+    !$omp&   dov_2_4, &
+    !$omp&   dov_2_5, &
+    !$omp&   dov_2_6, &
+    !$omp&   dov_2_7, &
+    !$omp&   dov_2_8, &
+    !$omp&   dov_2_9, &
+    !$omp&   dov_2_10, &
+    !$omp&   dov_2_11, &
+    !$omp&   dov_2_12, &
+    !$omp&   dov_2_13, &
+    !$omp&   dov_2_14, &
+    !$omp&   dov_2_15, &
+    !$omp&   dov_3_0, &
+    !$omp&   dov_3_1, &
+    !$omp&   dov_3_2, &
+    !$omp&   dov_3_3, &
+    !$omp&   dov_3_4, &
+    !$omp&   dov_3_5, &
+    !$omp&   dov_3_6, &
+    !$omp&   dov_3_7, &
+    !$omp&   dov_3_8, &
+    !$omp&   dov_3_9, &
+    !$omp&   dov_3_10, &
+    !$omp&   dov_3_11, &
+    !$omp&   dov_3_12, &
+    !$omp&   dov_3_13, &
+    !$omp&   dov_3_14, &
+    !$omp&   dov_3_15, &
+    !$omp&   dov_4_0, &
+    !$omp&   dov_4_1, &
+    !$omp&   dov_4_2, &
+    !$omp&   dov_4_3, &
+    !$omp&   dov_4_4, &
+    !$omp&   dov_4_5, &
+    !$omp&   dov_4_6, &
+    !$omp&   dov_4_7, &
+    !$omp&   dov_4_8, &
+    !$omp&   dov_4_9, &
+    !$omp&   dov_4_10, &
+    !$omp&   dov_4_11, &
+    !$omp&   dov_4_12, &
+    !$omp&   dov_4_13, &
+    !$omp&   dov_4_14, &
+    !$omp&   dov_4_15, &
+    !$omp&   dov_5_0, &
+    !$omp&   dov_5_1, &
+    !$omp&   dov_5_2, &
+    !$omp&   dov_5_3, &
+    !$omp&   dov_5_4, &
+    !$omp&   dov_5_5, &
+    !$omp&   dov_5_6, &
+    !$omp&   dov_5_7, &
+    !$omp&   dov_5_8, &
+    !$omp&   dov_5_9, &
+    !$omp&   dov_5_10, &
+    !$omp&   dov_5_11, &
+    !$omp&   dov_5_12, &
+    !$omp&   dov_5_13, &
+    !$omp&   dov_5_14, &
+    !$omp&   dov_5_15, &
+    !$omp&   qk_0, &
+    !$omp&   qk_1, &
+    !$omp&   qk_2, &
+    !$omp&   qk_3, &
+    !$omp&   qk_4, &
+    !$omp&   qk_5, &
+    !$omp&   dov_0, &
+    !$omp&   dov_1, &
+    !$omp&   dov_2, &
+    !$omp&   dov_3, &
+    !$omp&   dov_4, &
+    !$omp&   dov_5, &
+    !$omp&   t2_0, &
+    !$omp&   t2_1, &
+    !$omp&   t2_2, &
+    !$omp&   t2_3, &
+    !$omp&   t2_4, &
+    !$omp&   t2_5, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
+    !$omp&   dk_0, &
+    !$omp&   dk_1, &
+    !$omp&   dk_2, &
+    !$omp&   dk_3, &
+    !$omp&   dk_4, &
+    !$omp&   dk_5, &
+    !$omp&   dk_6, &
+    !$omp&   dk_7, &
+    !$omp&   dk_8, &
+    !$omp&   dk_9, &
+    !$omp&   dk_10, &
+    !$omp&   dk_11, &
+    !$omp&   dk_12, &
+    !$omp&   dk_13, &
+    !$omp&   dk_14, &
+    !$omp&   dk_15, &
+    !$omp&   dk_0b, &
+    !$omp&   dk_1b, &
+    !$omp&   dk_2b, &
+    !$omp&   dk_3b, &
+    !$omp&   dk_4b, &
+    !$omp&   dk_5b, &
+    !$omp&   dk_6b, &
+    !$omp&   dk_7b, &
+    !$omp&   dk_8b, &
+    !$omp&   dk_9b, &
+    !$omp&   dk_10b, &
+    !$omp&   dk_11b, &
+    !$omp&   dk_12b, &
+    !$omp&   dk_13b, &
+    !$omp&   dk_14b, &
+    !$omp&   dk_15b, &
+    !$omp&   dk_0c, &
+    !$omp&   dk_1c, &
+    !$omp&   dk_2c, &
+    !$omp&   dk_3c, &
+    !$omp&   dk_4c, &
+    !$omp&   dk_5c, &
+    !$omp&   dk_6c, &
+    !$omp&   dk_7c, &
+    !$omp&   dk_8c, &
+    !$omp&   dk_9c, &
+    !$omp&   dk_10c, &
+    !$omp&   dk_11c, &
+    !$omp&   dk_12c, &
+    !$omp&   dk_13c, &
+    !$omp&   dk_14c, &
+    !$omp&   dk_15c, &
+    !$omp&   dk_0d, &
+    !$omp&   dk_1d, &
+    !$omp&   dk_2d, &
+    !$omp&   dk_3d, &
+    !$omp&   dk_4d, &
+    !$omp&   dk_5d, &
+    !$omp&   dk_6d, &
+    !$omp&   dk_7d, &
+    !$omp&   dk_8d, &
+    !$omp&   dk_9d, &
+    !$omp&   dk_10d, &
+    !$omp&   dk_11d, &
+    !$omp&   dk_12d, &
+    !$omp&   dk_13d, &
+    !$omp&   dk_14d, &
+    !$omp&   dk_15d, &
+    !$omp&   dk_0e, &
+    !$omp&   dk_1e, &
+    !$omp&   dk_2e, &
+    !$omp&   dk_3e, &
+    !$omp&   dk_4e, &
+    !$omp&   dk_5e, &
+    !$omp&   dk_6e, &
+    !$omp&   dk_7e, &
+    !$omp&   dk_8e, &
+    !$omp&   dk_9e, &
+    !$omp&   dk_10e, &
+    !$omp&   dk_11e, &
+    !$omp&   dk_12e, &
+    !$omp&   dk_13e, &
+    !$omp&   dk_14e, &
+    !$omp&   dk_15e, &
+    !$omp&   dk_0f, &
+    !$omp&   dk_1f, &
+    !$omp&   dk_2f, &
+    !$omp&   dk_3f, &
+    !$omp&   dk_4f, &
+    !$omp&   dk_5f, &
+    !$omp&   dk_6f, &
+    !$omp&   dk_7f, &
+    !$omp&   dk_8f, &
+    !$omp&   dk_9f, &
+    !$omp&   dk_10f, &
+    !$omp&   dk_11f, &
+    !$omp&   dk_12f, &
+    !$omp&   dk_13f, &
+    !$omp&   dk_14f, &
+    !$omp&   dk_15f, &
+    !$omp&   dv_0, &
+    !$omp&   dv_1, &
+    !$omp&   dv_2, &
+    !$omp&   dv_3, &
+    !$omp&   dv_4, &
+    !$omp&   dv_5, &
+    !$omp&   dv_6, &
+    !$omp&   dv_7, &
+    !$omp&   dv_8, &
+    !$omp&   dv_9, &
+    !$omp&   dv_10, &
+    !$omp&   dv_11, &
+    !$omp&   dv_12, &
+    !$omp&   dv_13, &
+    !$omp&   dv_14, &
+    !$omp&   dv_15, &
+    !$omp&   dv_0b, &
+    !$omp&   dv_1b, &
+    !$omp&   dv_2b, &
+    !$omp&   dv_3b, &
+    !$omp&   dv_4b, &
+    !$omp&   dv_5b, &
+    !$omp&   dv_6b, &
+    !$omp&   dv_7b, &
+    !$omp&   dv_8b, &
+    !$omp&   dv_9b, &
+    !$omp&   dv_10b, &
+    !$omp&   dv_11b, &
+    !$omp&   dv_12b, &
+    !$omp&   dv_13b, &
+    !$omp&   dv_14b, &
+    !$omp&   dv_15b, &
+    !$omp&   dv_0c, &
+    !$omp&   dv_1c, &
+    !$omp&   dv_2c, &
+    !$omp&   dv_3c, &
+    !$omp&   dv_4c, &
+    !$omp&   dv_5c, &
+    !$omp&   dv_6c, &
+    !$omp&   dv_7c, &
+    !$omp&   dv_8c, &
+    !$omp&   dv_9c, &
+    !$omp&   dv_10c, &
+    !$omp&   dv_11c, &
+    !$omp&   dv_12c, &
+    !$omp&   dv_13c, &
+    !$omp&   dv_14c, &
+    !$omp&   dv_15c, &
+    !$omp&   dv_0d, &
+    !$omp&   dv_1d, &
+    !$omp&   dv_2d, &
+    !$omp&   dv_3d, &
+    !$omp&   dv_4d, &
+    !$omp&   dv_5d, &
+    !$omp&   dv_6d, &
+    !$omp&   dv_7d, &
+    !$omp&   dv_8d, &
+    !$omp&   dv_9d, &
+    !$omp&   dv_10d, &
+    !$omp&   dv_11d, &
+    !$omp&   dv_12d, &
+    !$omp&   dv_13d, &
+    !$omp&   dv_14d, &
+    !$omp&   dv_15d, &
+    !$omp&   dv_0e, &
+    !$omp&   dv_1e, &
+    !$omp&   dv_2e, &
+    !$omp&   dv_3e, &
+    !$omp&   dv_4e, &
+    !$omp&   dv_5e, &
+    !$omp&   dv_6e, &
+    !$omp&   dv_7e, &
+    !$omp&   dv_8e, &
+    !$omp&   dv_9e, &
+    !$omp&   dv_10e, &
+    !$omp&   dv_11e, &
+    !$omp&   dv_12e, &
+    !$omp&   dv_13e, &
+    !$omp&   dv_14e, &
+    !$omp&   dv_15e, &
+    !$omp&   dv_0f, &
+    !$omp&   dv_1f, &
+    !$omp&   dv_2f, &
+    !$omp&   dv_3f, &
+    !$omp&   dv_4f, &
+    !$omp&   dv_5f, &
+    !$omp&   dv_6f, &
+    !$omp&   dv_7f, &
+    !$omp&   dv_8f, &
+    !$omp&   dv_9f, &
+    !$omp&   dv_10f, &
+    !$omp&   dv_11f, &
+    !$omp&   dv_12f, &
+    !$omp&   dv_13f, &
+    !$omp&   dv_14f, &
+    !$omp&   dv_15f)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j_part = 0, 0
@@ -4598,8 +5195,19 @@ contains
     !$omp end parallel do
     ! keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, delta
     ! for b, g, j_part (parallel) / j_in / c (simd), r / i_blk / i, i (simd) / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, r, i_blk, i, Q_row, dO_row, &
-    !$omp& dQ_part_row, qk, dov, t2, t)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   j_in, &
+    !$omp&   c, &
+    !$omp&   r, &
+    !$omp&   i_blk, &
+    !$omp&   i, &
+    !$omp&   Q_row, &
+    !$omp&   dO_row, &
+    !$omp&   dQ_part_row, &
+    !$omp&   qk, &
+    !$omp&   dov, &
+    !$omp&   t2, &
+    !$omp&   t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j_part = 0, 0

@@ -52,20 +52,12 @@
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void attention_gqa_fwd_causal_flash_f64_rows_pack_K(
-    const double *__restrict__ Q,
     const double *__restrict__ K,
-    const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ probs,
     double *__restrict__ K_panel,
-    double *__restrict__ V_panel,
     int64_t batch,
     int64_t kv_heads,
-    int64_t group,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -85,20 +77,12 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void attention_gqa_fwd_causal_flash_f64_rows_pack_V(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
     const double *__restrict__ V,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ probs,
-    double *__restrict__ K_panel,
     double *__restrict__ V_panel,
     int64_t batch,
     int64_t kv_heads,
-    int64_t group,
     int64_t n,
-    int64_t d,
-    double scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -738,8 +722,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows_edge(
     double *__restrict__ O,
     double *__restrict__ lse,
     double *__restrict__ probs,
-    double *__restrict__ K_panel,
-    double *__restrict__ V_panel,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
@@ -862,7 +844,7 @@ extern "C" int attention_gqa_fwd_causal_flash_f64(
         const int64_t count = batch*kv_heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_fwd_causal_flash_f64_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
+                          K, K_panel, batch, kv_heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -871,7 +853,7 @@ extern "C" int attention_gqa_fwd_causal_flash_f64(
         const int64_t count = batch*kv_heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_fwd_causal_flash_f64_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
+                          V, V_panel, batch, kv_heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -889,7 +871,7 @@ extern "C" int attention_gqa_fwd_causal_flash_f64(
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_fwd_causal_flash_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, O, lse, probs, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -901,20 +883,12 @@ extern "C" int attention_gqa_fwd_causal_flash_f64(
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void attention_gqa_fwd_causal_flash_f32_rows_pack_K(
-    const float *__restrict__ Q,
     const float *__restrict__ K,
-    const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ probs,
     float *__restrict__ K_panel,
-    float *__restrict__ V_panel,
     int64_t batch,
     int64_t kv_heads,
-    int64_t group,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -934,20 +908,12 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void attention_gqa_fwd_causal_flash_f32_rows_pack_V(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
     const float *__restrict__ V,
-    float *__restrict__ O,
-    float *__restrict__ lse,
-    float *__restrict__ probs,
-    float *__restrict__ K_panel,
     float *__restrict__ V_panel,
     int64_t batch,
     int64_t kv_heads,
-    int64_t group,
     int64_t n,
-    int64_t d,
-    float scale
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1587,8 +1553,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows_edge(
     float *__restrict__ O,
     float *__restrict__ lse,
     float *__restrict__ probs,
-    float *__restrict__ K_panel,
-    float *__restrict__ V_panel,
     int64_t batch,
     int64_t kv_heads,
     int64_t group,
@@ -1711,7 +1675,7 @@ extern "C" int attention_gqa_fwd_causal_flash_f32(
         const int64_t count = batch*kv_heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_fwd_causal_flash_f32_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
+                          K, K_panel, batch, kv_heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1720,7 +1684,7 @@ extern "C" int attention_gqa_fwd_causal_flash_f32(
         const int64_t count = batch*kv_heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_fwd_causal_flash_f32_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
+                          V, V_panel, batch, kv_heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1738,7 +1702,7 @@ extern "C" int attention_gqa_fwd_causal_flash_f32(
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(attention_gqa_fwd_causal_flash_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          Q, K, V, O, lse, probs, K_panel, V_panel, batch, kv_heads, group, n, d, scale);
+                          Q, K, V, O, lse, probs, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

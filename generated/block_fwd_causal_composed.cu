@@ -98,47 +98,12 @@ struct moagen_max {
 __global__ void block_fwd_causal_composed_f64_norm1_rows(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
     double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    double eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -163,49 +128,11 @@ __global__ void block_fwd_causal_composed_f64_norm1_rows(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_Q_pack_Wq(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
     double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -226,49 +153,14 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_pack_Wq(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_Q(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
     double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -311,49 +203,14 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_Q_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -375,49 +232,11 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_K_pack_Wk(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -438,49 +257,14 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_pack_Wk(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_K(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -523,49 +307,14 @@ __global__ void block_fwd_causal_composed_f64_qkv_K(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_K_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -587,49 +336,11 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_V_pack_Wv(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -650,49 +361,14 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_pack_Wv(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -735,49 +411,14 @@ __global__ void block_fwd_causal_composed_f64_qkv_V(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_causal_composed_f64_qkv_V_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -799,49 +440,12 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_edge(
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_attn_rows_pack_K(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -861,49 +465,12 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void block_fwd_causal_composed_f64_attn_rows_pack_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
     double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -925,48 +492,18 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_pack_V(
  *     (register tile), c (simd), j (register tile), c
  */
 __global__ void block_fwd_causal_composed_f64_attn_rows(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
     double *__restrict__ K,
     double *__restrict__ V,
     double *__restrict__ attn,
     double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
     double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    double eps,
     double scale
 )
 {
@@ -1565,48 +1102,16 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
  * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
  */
 __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
     double *__restrict__ K,
     double *__restrict__ V,
     double *__restrict__ attn,
     double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    double eps,
     double scale
 )
 {
@@ -1700,49 +1205,11 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_out_Y_pack_Wo(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1763,49 +1230,14 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pack_Wo(
  * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_out_Y(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
     double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1850,48 +1282,10 @@ __global__ void block_fwd_causal_composed_f64_out_Y(
  */
 __global__ void block_fwd_causal_composed_f64_out_Y_pointwise(
     const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1909,48 +1303,14 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pointwise(
  */
 __global__ void block_fwd_causal_composed_f64_out_Y_edge(
     const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
     double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1975,49 +1335,14 @@ __global__ void block_fwd_causal_composed_f64_out_Y_edge(
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_causal_composed_f64_norm2_rows(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
     const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    double eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -2042,49 +1367,10 @@ __global__ void block_fwd_causal_composed_f64_norm2_rows(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_U_pack_Wg(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2102,49 +1388,13 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_pack_Wg(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_U(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
     double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2186,49 +1436,13 @@ __global__ void block_fwd_causal_composed_f64_mlp_U(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_U_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
     double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2248,49 +1462,10 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_edge(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_V_pack_Wu(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
     double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2308,49 +1483,13 @@ __global__ void block_fwd_causal_composed_f64_mlp_V_pack_Wu(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
     double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
     double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2392,49 +1531,13 @@ __global__ void block_fwd_causal_composed_f64_mlp_V(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_V_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
     double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2454,49 +1557,12 @@ __global__ void block_fwd_causal_composed_f64_mlp_V_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_H(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
     double *__restrict__ U,
     double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2513,49 +1579,10 @@ __global__ void block_fwd_causal_composed_f64_mlp_H(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_F_pack_Wd(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2573,49 +1600,13 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_pack_Wd(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_F(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
     double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2657,49 +1648,13 @@ __global__ void block_fwd_causal_composed_f64_mlp_F(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_fwd_causal_composed_f64_mlp_F_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
     double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2719,49 +1674,12 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_edge(
  * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_causal_composed_f64_add_y(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
     double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2828,7 +1746,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, inv_rms1, xn1, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2837,7 +1755,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, qkv_Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2846,7 +1764,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, xn1, qkv_Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2855,7 +1773,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, Q, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2864,7 +1782,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, qkv_Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2873,7 +1791,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, xn1, qkv_Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2882,7 +1800,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, K, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2891,7 +1809,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, qkv_Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2900,7 +1818,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, xn1, qkv_Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2909,7 +1827,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, V, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2918,7 +1836,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, attn_K_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2927,7 +1845,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, attn_V_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2936,7 +1854,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, attn_K_panel, attn_V_panel, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2945,7 +1863,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2954,7 +1872,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wo, out_Wo_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2963,7 +1881,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          attn, resid, out_Wo_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2972,7 +1890,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, resid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2981,7 +1899,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, Wo, attn, resid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2990,7 +1908,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          norm2, resid, inv_rms2, xn2, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2999,7 +1917,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, mlp_Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3008,7 +1926,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, xn2, mlp_Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3017,7 +1935,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, U, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3026,7 +1944,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, mlp_Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3035,7 +1953,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Vu, xn2, mlp_Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3044,7 +1962,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, Vu, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3053,7 +1971,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, Vu, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3062,7 +1980,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3071,7 +1989,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          mlp_out, mlp_H, mlp_Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3080,7 +1998,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_out, mlp_H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3089,7 +2007,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          y, resid, mlp_out, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3103,47 +2021,12 @@ extern "C" int block_fwd_causal_composed_f64(
 __global__ void block_fwd_causal_composed_f32_norm1_rows(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
     float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    float eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -3168,49 +2051,11 @@ __global__ void block_fwd_causal_composed_f32_norm1_rows(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_Q_pack_Wq(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
     float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3231,49 +2076,14 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_pack_Wq(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_Q(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
     float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3316,49 +2126,14 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_Q_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3380,49 +2155,11 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_K_pack_Wk(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3443,49 +2180,14 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_pack_Wk(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_K(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3528,49 +2230,14 @@ __global__ void block_fwd_causal_composed_f32_qkv_K(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_K_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3592,49 +2259,11 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_V_pack_Wv(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3655,49 +2284,14 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_pack_Wv(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3740,49 +2334,14 @@ __global__ void block_fwd_causal_composed_f32_qkv_V(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_causal_composed_f32_qkv_V_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3804,49 +2363,12 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_edge(
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_attn_rows_pack_K(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3866,49 +2388,12 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void block_fwd_causal_composed_f32_attn_rows_pack_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
     float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3930,48 +2415,18 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_pack_V(
  *     (register tile), c (simd), j (register tile), c
  */
 __global__ void block_fwd_causal_composed_f32_attn_rows(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
     float *__restrict__ K,
     float *__restrict__ V,
     float *__restrict__ attn,
     float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
     float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    float eps,
     float scale
 )
 {
@@ -4570,48 +3025,16 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
  * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
  */
 __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
     float *__restrict__ K,
     float *__restrict__ V,
     float *__restrict__ attn,
     float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    float eps,
     float scale
 )
 {
@@ -4705,49 +3128,11 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_out_Y_pack_Wo(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4768,49 +3153,14 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pack_Wo(
  * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_out_Y(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
     float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4855,48 +3205,10 @@ __global__ void block_fwd_causal_composed_f32_out_Y(
  */
 __global__ void block_fwd_causal_composed_f32_out_Y_pointwise(
     const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4914,48 +3226,14 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pointwise(
  */
 __global__ void block_fwd_causal_composed_f32_out_Y_edge(
     const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
     float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4980,49 +3258,14 @@ __global__ void block_fwd_causal_composed_f32_out_Y_edge(
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_causal_composed_f32_norm2_rows(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
     const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    float eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -5047,49 +3290,10 @@ __global__ void block_fwd_causal_composed_f32_norm2_rows(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_U_pack_Wg(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5107,49 +3311,13 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_pack_Wg(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_U(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
     float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5191,49 +3359,13 @@ __global__ void block_fwd_causal_composed_f32_mlp_U(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_U_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
     float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5253,49 +3385,10 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_edge(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_V_pack_Wu(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
     float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5313,49 +3406,13 @@ __global__ void block_fwd_causal_composed_f32_mlp_V_pack_Wu(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
     float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
     float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5397,49 +3454,13 @@ __global__ void block_fwd_causal_composed_f32_mlp_V(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_V_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
     float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5459,49 +3480,12 @@ __global__ void block_fwd_causal_composed_f32_mlp_V_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_H(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
     float *__restrict__ U,
     float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5518,49 +3502,10 @@ __global__ void block_fwd_causal_composed_f32_mlp_H(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_F_pack_Wd(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5578,49 +3523,13 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_pack_Wd(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_F(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
     float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5662,49 +3571,13 @@ __global__ void block_fwd_causal_composed_f32_mlp_F(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_fwd_causal_composed_f32_mlp_F_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
     float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5724,49 +3597,12 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_edge(
  * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_causal_composed_f32_add_y(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
     float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5833,7 +3669,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, inv_rms1, xn1, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5842,7 +3678,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, qkv_Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5851,7 +3687,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, xn1, qkv_Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5860,7 +3696,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, Q, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5869,7 +3705,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, qkv_Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5878,7 +3714,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, xn1, qkv_Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5887,7 +3723,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, K, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5896,7 +3732,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, qkv_Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5905,7 +3741,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, xn1, qkv_Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5914,7 +3750,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, V, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5923,7 +3759,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, attn_K_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5932,7 +3768,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, attn_V_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5941,7 +3777,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, attn_K_panel, attn_V_panel, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5950,7 +3786,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5959,7 +3795,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wo, out_Wo_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5968,7 +3804,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          attn, resid, out_Wo_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5977,7 +3813,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, resid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5986,7 +3822,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, Wo, attn, resid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5995,7 +3831,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          norm2, resid, inv_rms2, xn2, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6004,7 +3840,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, mlp_Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6013,7 +3849,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, xn2, mlp_Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6022,7 +3858,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, U, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6031,7 +3867,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, mlp_Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6040,7 +3876,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Vu, xn2, mlp_Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6049,7 +3885,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, Vu, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6058,7 +3894,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, Vu, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6067,7 +3903,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6076,7 +3912,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          mlp_out, mlp_H, mlp_Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6085,7 +3921,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_out, mlp_H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6094,7 +3930,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          y, resid, mlp_out, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -102,47 +102,12 @@ struct moagen_max {
 __global__ void block_fwd_composed_f64_norm1_rows(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
     double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    double eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -167,49 +132,11 @@ __global__ void block_fwd_composed_f64_norm1_rows(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
     double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -230,49 +157,14 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_Q(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
     double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -315,49 +207,14 @@ __global__ void block_fwd_composed_f64_qkv_Q(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_Q_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -379,49 +236,11 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -442,49 +261,14 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_K(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -527,49 +311,14 @@ __global__ void block_fwd_composed_f64_qkv_K(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_K_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -591,49 +340,11 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -654,49 +365,14 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -739,49 +415,14 @@ __global__ void block_fwd_composed_f64_qkv_V(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_V_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
     double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -803,49 +444,12 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void block_fwd_composed_f64_attn_rows_pack_K(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -865,49 +469,12 @@ __global__ void block_fwd_composed_f64_attn_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void block_fwd_composed_f64_attn_rows_pack_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
     double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -929,48 +496,18 @@ __global__ void block_fwd_composed_f64_attn_rows_pack_V(
  *     (register tile), c (simd), j (register tile), c
  */
 __global__ void block_fwd_composed_f64_attn_rows(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
     double *__restrict__ K,
     double *__restrict__ V,
     double *__restrict__ attn,
     double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
     double *__restrict__ attn_K_panel,
     double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    double eps,
     double scale
 )
 {
@@ -1289,48 +826,16 @@ __global__ void block_fwd_composed_f64_attn_rows(
  * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
  */
 __global__ void block_fwd_composed_f64_attn_rows_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
     double *__restrict__ Q,
     double *__restrict__ K,
     double *__restrict__ V,
     double *__restrict__ attn,
     double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
     double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    double eps,
     double scale
 )
 {
@@ -1389,49 +894,11 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1452,49 +919,14 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
  * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_out_Y(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
     double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
     double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1539,48 +971,10 @@ __global__ void block_fwd_composed_f64_out_Y(
  */
 __global__ void block_fwd_composed_f64_out_Y_pointwise(
     const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1598,48 +992,14 @@ __global__ void block_fwd_composed_f64_out_Y_pointwise(
  */
 __global__ void block_fwd_composed_f64_out_Y_edge(
     const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
     double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1664,49 +1024,14 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_composed_f64_norm2_rows(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
     const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    double eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -1731,49 +1056,10 @@ __global__ void block_fwd_composed_f64_norm2_rows(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1791,49 +1077,13 @@ __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_U(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
     double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1875,49 +1125,13 @@ __global__ void block_fwd_composed_f64_mlp_U(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_U_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
     double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1937,49 +1151,10 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_V_pack_Wu(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
     double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1997,49 +1172,13 @@ __global__ void block_fwd_composed_f64_mlp_V_pack_Wu(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
     double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
     double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2081,49 +1220,13 @@ __global__ void block_fwd_composed_f64_mlp_V(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_V_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
     double *__restrict__ Vu,
-    double *__restrict__ xn1,
     double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2143,49 +1246,12 @@ __global__ void block_fwd_composed_f64_mlp_V_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_H(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
     double *__restrict__ U,
     double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2202,49 +1268,10 @@ __global__ void block_fwd_composed_f64_mlp_H(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2262,49 +1289,13 @@ __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_F(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
     double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2346,49 +1337,13 @@ __global__ void block_fwd_composed_f64_mlp_F(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_F_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
     double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2408,49 +1363,12 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
  * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_composed_f64_add_y(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
     double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ Vu,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
     double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ attn_V_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2517,7 +1435,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, inv_rms1, xn1, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2526,7 +1444,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, qkv_Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2535,7 +1453,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, xn1, qkv_Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2544,7 +1462,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, Q, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2553,7 +1471,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, qkv_Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2562,7 +1480,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, xn1, qkv_Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2571,7 +1489,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, K, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2580,7 +1498,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, qkv_Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2589,7 +1507,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, xn1, qkv_Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2598,7 +1516,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, V, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2607,7 +1525,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, attn_K_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2616,7 +1534,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, attn_V_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2625,7 +1543,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, attn_K_panel, attn_V_panel, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2634,7 +1552,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2643,7 +1561,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wo, out_Wo_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2652,7 +1570,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          attn, resid, out_Wo_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2661,7 +1579,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, resid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2670,7 +1588,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, Wo, attn, resid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2679,7 +1597,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          norm2, resid, inv_rms2, xn2, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2688,7 +1606,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, mlp_Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2697,7 +1615,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, xn2, mlp_Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2706,7 +1624,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, U, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2715,7 +1633,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, mlp_Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2724,7 +1642,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Vu, xn2, mlp_Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2733,7 +1651,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, Vu, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2742,7 +1660,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, Vu, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2751,7 +1669,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2760,7 +1678,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          mlp_out, mlp_H, mlp_Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2769,7 +1687,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_out, mlp_H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2778,7 +1696,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          y, resid, mlp_out, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2792,47 +1710,12 @@ extern "C" int block_fwd_composed_f64(
 __global__ void block_fwd_composed_f32_norm1_rows(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
     float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    float eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -2857,49 +1740,11 @@ __global__ void block_fwd_composed_f32_norm1_rows(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
     float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2920,49 +1765,14 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_Q(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
     float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3005,49 +1815,14 @@ __global__ void block_fwd_composed_f32_qkv_Q(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_Q_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3069,49 +1844,11 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3132,49 +1869,14 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_K(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3217,49 +1919,14 @@ __global__ void block_fwd_composed_f32_qkv_K(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_K_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3281,49 +1948,11 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3344,49 +1973,14 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3429,49 +2023,14 @@ __global__ void block_fwd_composed_f32_qkv_V(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_V_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
     float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3493,49 +2052,12 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
  * for a0, a1, a2 (parallel) / a3 / lane (simd)
  */
 __global__ void block_fwd_composed_f32_attn_rows_pack_K(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3555,49 +2077,12 @@ __global__ void block_fwd_composed_f32_attn_rows_pack_K(
  * for a0b, a1b, a2b (parallel) / a3b / lane2 (simd)
  */
 __global__ void block_fwd_composed_f32_attn_rows_pack_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
     float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3619,48 +2104,18 @@ __global__ void block_fwd_composed_f32_attn_rows_pack_V(
  *     (register tile), c (simd), j (register tile), c
  */
 __global__ void block_fwd_composed_f32_attn_rows(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
     float *__restrict__ K,
     float *__restrict__ V,
     float *__restrict__ attn,
     float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
     float *__restrict__ attn_K_panel,
     float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    float eps,
     float scale
 )
 {
@@ -3979,48 +2434,16 @@ __global__ void block_fwd_composed_f32_attn_rows(
  * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
  */
 __global__ void block_fwd_composed_f32_attn_rows_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
     float *__restrict__ Q,
     float *__restrict__ K,
     float *__restrict__ V,
     float *__restrict__ attn,
     float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
     float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh,
-    int64_t dff,
-    float eps,
     float scale
 )
 {
@@ -4079,49 +2502,11 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4142,49 +2527,14 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
  * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_out_Y(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
     float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
     float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4229,48 +2579,10 @@ __global__ void block_fwd_composed_f32_out_Y(
  */
 __global__ void block_fwd_composed_f32_out_Y_pointwise(
     const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4288,48 +2600,14 @@ __global__ void block_fwd_composed_f32_out_Y_pointwise(
  */
 __global__ void block_fwd_composed_f32_out_Y_edge(
     const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
     float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
     int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dh
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4354,49 +2632,14 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_composed_f32_norm2_rows(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
     const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    float eps
 )
 {
     const int64_t blk = blockIdx.x;
@@ -4421,49 +2664,10 @@ __global__ void block_fwd_composed_f32_norm2_rows(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4481,49 +2685,13 @@ __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_U(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
     float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4565,49 +2733,13 @@ __global__ void block_fwd_composed_f32_mlp_U(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_U_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
     float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4627,49 +2759,10 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_V_pack_Wu(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
     float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4687,49 +2780,13 @@ __global__ void block_fwd_composed_f32_mlp_V_pack_Wu(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
     float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
     float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4771,49 +2828,13 @@ __global__ void block_fwd_composed_f32_mlp_V(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_V_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
     float *__restrict__ Vu,
-    float *__restrict__ xn1,
     float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4833,49 +2854,12 @@ __global__ void block_fwd_composed_f32_mlp_V_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_H(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
     float *__restrict__ U,
     float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4892,49 +2876,10 @@ __global__ void block_fwd_composed_f32_mlp_H(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4952,49 +2897,13 @@ __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_F(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
     float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5036,49 +2945,13 @@ __global__ void block_fwd_composed_f32_mlp_F(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_F_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
     float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dff
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5098,49 +2971,12 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
  * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_composed_f32_add_y(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
     float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ Vu,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
     float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ attn_V_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -5207,7 +3043,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, inv_rms1, xn1, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5216,7 +3052,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, qkv_Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5225,7 +3061,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, xn1, qkv_Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5234,7 +3070,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wq, Q, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5243,7 +3079,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, qkv_Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5252,7 +3088,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, xn1, qkv_Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5261,7 +3097,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wk, K, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5270,7 +3106,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, qkv_Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5279,7 +3115,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, xn1, qkv_Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5288,7 +3124,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wv, V, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5297,7 +3133,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          K, attn_K_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5306,7 +3142,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          V, attn_V_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5315,7 +3151,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, attn_K_panel, attn_V_panel, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5324,7 +3160,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Q, K, V, attn, lse, attn_probs, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5333,7 +3169,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wo, out_Wo_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5342,7 +3178,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          attn, resid, out_Wo_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5351,7 +3187,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, resid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5360,7 +3196,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, Wo, attn, resid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5369,7 +3205,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          norm2, resid, inv_rms2, xn2, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5378,7 +3214,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, mlp_Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5387,7 +3223,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, xn2, mlp_Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5396,7 +3232,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wg, U, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5405,7 +3241,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, mlp_Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5414,7 +3250,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Vu, xn2, mlp_Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5423,7 +3259,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wu, Vu, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5432,7 +3268,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          U, Vu, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5441,7 +3277,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5450,7 +3286,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          mlp_out, mlp_H, mlp_Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5459,7 +3295,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          Wd, mlp_out, mlp_H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -5468,7 +3304,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, attn_V_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          y, resid, mlp_out, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -25,9 +25,7 @@
  */
 __global__ void kv_append_dnf_f64_K(
     double *__restrict__ K,
-    double *__restrict__ V,
     const double *__restrict__ k_new,
-    const double *__restrict__ v_new,
     int64_t batch,
     int64_t kv_heads,
     int64_t cap,
@@ -49,9 +47,7 @@ __global__ void kv_append_dnf_f64_K(
  * for b, g (parallel) / c (simd)
  */
 __global__ void kv_append_dnf_f64_V(
-    double *__restrict__ K,
     double *__restrict__ V,
-    const double *__restrict__ k_new,
     const double *__restrict__ v_new,
     int64_t batch,
     int64_t kv_heads,
@@ -91,7 +87,7 @@ extern "C" int kv_append_dnf_f64(
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(kv_append_dnf_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+                          K, k_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -100,7 +96,7 @@ extern "C" int kv_append_dnf_f64(
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(kv_append_dnf_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+                          V, v_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -113,9 +109,7 @@ extern "C" int kv_append_dnf_f64(
  */
 __global__ void kv_append_dnf_f32_K(
     float *__restrict__ K,
-    float *__restrict__ V,
     const float *__restrict__ k_new,
-    const float *__restrict__ v_new,
     int64_t batch,
     int64_t kv_heads,
     int64_t cap,
@@ -137,9 +131,7 @@ __global__ void kv_append_dnf_f32_K(
  * for b, g (parallel) / c (simd)
  */
 __global__ void kv_append_dnf_f32_V(
-    float *__restrict__ K,
     float *__restrict__ V,
-    const float *__restrict__ k_new,
     const float *__restrict__ v_new,
     int64_t batch,
     int64_t kv_heads,
@@ -179,7 +171,7 @@ extern "C" int kv_append_dnf_f32(
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(kv_append_dnf_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+                          K, k_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -188,7 +180,7 @@ extern "C" int kv_append_dnf_f32(
         const int64_t count = batch*kv_heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(kv_append_dnf_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+                          V, v_new, batch, kv_heads, cap, d, n);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -36,28 +36,8 @@
  * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_WdT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
     double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -74,26 +54,9 @@ __global__ void mlp_bwd_naive_f64_WdT(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_dH(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
     const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
     double *__restrict__ WdT,
     double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -117,29 +80,12 @@ __global__ void mlp_bwd_naive_f64_dH(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_dU(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     const double *__restrict__ U,
     const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
     double *__restrict__ dH,
     double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -159,28 +105,8 @@ __global__ void mlp_bwd_naive_f64_dU(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_WgT(
-    const double *__restrict__ X,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
     double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -197,29 +123,11 @@ __global__ void mlp_bwd_naive_f64_WgT(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_dV(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
     double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
     double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -237,28 +145,8 @@ __global__ void mlp_bwd_naive_f64_dV(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_WuT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
     double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -275,26 +163,11 @@ __global__ void mlp_bwd_naive_f64_WuT(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_dX(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
     double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
     double *__restrict__ dU,
     double *__restrict__ WgT,
     double *__restrict__ dV,
     double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -323,29 +196,10 @@ __global__ void mlp_bwd_naive_f64_dX(
  */
 __global__ void mlp_bwd_naive_f64_XT(
     const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t dff
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -361,26 +215,9 @@ __global__ void mlp_bwd_naive_f64_XT(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_dWg(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
     double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
     double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -407,26 +244,9 @@ __global__ void mlp_bwd_naive_f64_dWg(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_dWu(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
     double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
     double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -453,29 +273,11 @@ __global__ void mlp_bwd_naive_f64_dWu(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_H(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     const double *__restrict__ U,
     const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
     double *__restrict__ H,
-    double *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -493,29 +295,10 @@ __global__ void mlp_bwd_naive_f64_H(
  * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_HT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
     double *__restrict__ H,
     double *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -532,25 +315,8 @@ __global__ void mlp_bwd_naive_f64_HT(
  * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_dWd(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
     const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
     double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
     double *__restrict__ HT,
     int64_t batch,
     int64_t n,
@@ -610,7 +376,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          Wd, WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -619,7 +385,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dF, WdT, dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -628,7 +394,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          U, V, dH, dU, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -637,7 +403,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          Wg, WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -646,7 +412,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          U, dH, dV, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -655,7 +421,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          Wu, WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -664,7 +430,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dX, dU, WgT, dV, WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -673,7 +439,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -682,7 +448,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dWg, dU, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -691,7 +457,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dWu, dV, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -700,7 +466,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -709,7 +475,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          H, HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -718,7 +484,7 @@ extern "C" int mlp_bwd_naive_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dF, dWd, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -730,28 +496,8 @@ extern "C" int mlp_bwd_naive_f64(
  * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_WdT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
     float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -768,26 +514,9 @@ __global__ void mlp_bwd_naive_f32_WdT(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_dH(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
     const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
     float *__restrict__ WdT,
     float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -811,29 +540,12 @@ __global__ void mlp_bwd_naive_f32_dH(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_dU(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     const float *__restrict__ U,
     const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
     float *__restrict__ dH,
     float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -853,28 +565,8 @@ __global__ void mlp_bwd_naive_f32_dU(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_WgT(
-    const float *__restrict__ X,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
     float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -891,29 +583,11 @@ __global__ void mlp_bwd_naive_f32_WgT(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_dV(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
     float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
     float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -931,28 +605,8 @@ __global__ void mlp_bwd_naive_f32_dV(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_WuT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
     float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -969,26 +623,11 @@ __global__ void mlp_bwd_naive_f32_WuT(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_dX(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
     float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
     float *__restrict__ dU,
     float *__restrict__ WgT,
     float *__restrict__ dV,
     float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1017,29 +656,10 @@ __global__ void mlp_bwd_naive_f32_dX(
  */
 __global__ void mlp_bwd_naive_f32_XT(
     const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t dff
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1055,26 +675,9 @@ __global__ void mlp_bwd_naive_f32_XT(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_dWg(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
     float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
     float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1101,26 +704,9 @@ __global__ void mlp_bwd_naive_f32_dWg(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_dWu(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
     float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
     float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1147,29 +733,11 @@ __global__ void mlp_bwd_naive_f32_dWu(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_H(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     const float *__restrict__ U,
     const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
     float *__restrict__ H,
-    float *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -1187,29 +755,10 @@ __global__ void mlp_bwd_naive_f32_H(
  * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_HT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
     float *__restrict__ H,
     float *__restrict__ HT,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -1226,25 +775,8 @@ __global__ void mlp_bwd_naive_f32_HT(
  * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_dWd(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
     const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
     float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
     float *__restrict__ HT,
     int64_t batch,
     int64_t n,
@@ -1304,7 +836,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          Wd, WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1313,7 +845,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dF, WdT, dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1322,7 +854,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          U, V, dH, dU, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1331,7 +863,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          Wg, WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1340,7 +872,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          U, dH, dV, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1349,7 +881,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          Wu, WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1358,7 +890,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dX, dU, WgT, dV, WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1367,7 +899,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1376,7 +908,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dWg, dU, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1385,7 +917,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dWu, dV, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1394,7 +926,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1403,7 +935,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          H, HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1412,7 +944,7 @@ extern "C" int mlp_bwd_naive_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_naive_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, batch, n, dm, dff);
+                          dF, dWd, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

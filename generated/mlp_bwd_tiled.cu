@@ -36,34 +36,8 @@
  * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_WdT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
     double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -80,34 +54,8 @@ __global__ void mlp_bwd_tiled_f64_WdT(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dH_pack_WdT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
     double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -127,32 +75,9 @@ __global__ void mlp_bwd_tiled_f64_dH_pack_WdT(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dH(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
     const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
     double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
     double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -198,32 +123,9 @@ __global__ void mlp_bwd_tiled_f64_dH(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dH_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
     const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
     double *__restrict__ WdT,
     double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -247,35 +149,14 @@ __global__ void mlp_bwd_tiled_f64_dH_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dU_dV_H(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     const double *__restrict__ U,
     const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
     double *__restrict__ dH,
     double *__restrict__ dU,
-    double *__restrict__ WgT,
     double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
     double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -300,34 +181,8 @@ __global__ void mlp_bwd_tiled_f64_dU_dV_H(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_WgT(
-    const double *__restrict__ X,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
     double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -344,34 +199,8 @@ __global__ void mlp_bwd_tiled_f64_WgT(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_WuT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
     double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -388,34 +217,8 @@ __global__ void mlp_bwd_tiled_f64_WuT(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dX_pack_WgT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
     double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
     double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -435,34 +238,8 @@ __global__ void mlp_bwd_tiled_f64_dX_pack_WgT(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dX_pack_WuT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
     double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
     double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -482,32 +259,11 @@ __global__ void mlp_bwd_tiled_f64_dX_pack_WuT(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dX(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
     double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
     double *__restrict__ dU,
-    double *__restrict__ WgT,
     double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
     double *__restrict__ WgT_panel,
     double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -565,32 +321,11 @@ __global__ void mlp_bwd_tiled_f64_dX(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dX_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
     double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
     double *__restrict__ dU,
     double *__restrict__ WgT,
     double *__restrict__ dV,
     double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -615,35 +350,10 @@ __global__ void mlp_bwd_tiled_f64_dX_edge(
  */
 __global__ void mlp_bwd_tiled_f64_XT(
     const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t dff
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -659,35 +369,10 @@ __global__ void mlp_bwd_tiled_f64_XT(
  * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWg_pack_dU(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
     double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
     double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -709,32 +394,9 @@ __global__ void mlp_bwd_tiled_f64_dWg_pack_dU(
  * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dWg(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
     double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
     double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -781,32 +443,9 @@ __global__ void mlp_bwd_tiled_f64_dWg(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWg_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
     double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
     double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -833,35 +472,10 @@ __global__ void mlp_bwd_tiled_f64_dWg_edge(
  * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWu_pack_dV(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
     double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
     double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -883,32 +497,9 @@ __global__ void mlp_bwd_tiled_f64_dWu_pack_dV(
  * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dWu(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
     double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
     double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -955,32 +546,9 @@ __global__ void mlp_bwd_tiled_f64_dWu(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWu_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
     double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
     double *__restrict__ dV,
-    double *__restrict__ WuT,
     double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1007,35 +575,10 @@ __global__ void mlp_bwd_tiled_f64_dWu_edge(
  * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_HT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
     double *__restrict__ H,
     double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -1052,36 +595,11 @@ __global__ void mlp_bwd_tiled_f64_HT(
  * for c_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWd_pack_dF(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
     const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
-    double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
     double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t dff
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1102,31 +620,8 @@ __global__ void mlp_bwd_tiled_f64_dWd_pack_dF(
  * for c_tile, e_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dWd(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
-    const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
     double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
     double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
     double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
@@ -1174,32 +669,9 @@ __global__ void mlp_bwd_tiled_f64_dWd(
  * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWd_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ U,
-    const double *__restrict__ V,
     const double *__restrict__ dF,
-    double *__restrict__ dX,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
     double *__restrict__ dWd,
-    double *__restrict__ WdT,
-    double *__restrict__ dH,
-    double *__restrict__ dU,
-    double *__restrict__ WgT,
-    double *__restrict__ dV,
-    double *__restrict__ WuT,
-    double *__restrict__ XT,
-    double *__restrict__ H,
     double *__restrict__ HT,
-    double *__restrict__ WdT_panel,
-    double *__restrict__ WgT_panel,
-    double *__restrict__ WuT_panel,
-    double *__restrict__ dU_panel,
-    double *__restrict__ dV_panel,
-    double *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1264,7 +736,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          Wd, WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1273,7 +745,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          WdT, WdT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1282,7 +754,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, dH, WdT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1291,7 +763,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, WdT, dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1300,7 +772,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          U, V, dH, dU, dV, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1309,7 +781,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          Wg, WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1318,7 +790,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          Wu, WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1327,7 +799,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          WgT, WgT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1336,7 +808,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          WuT, WuT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1345,7 +817,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dX, dU, dV, WgT_panel, WuT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1354,7 +826,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dX, dU, WgT, dV, WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1363,7 +835,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1372,7 +844,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dU, dU_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1381,7 +853,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWg, XT, dU_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1390,7 +862,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWg, dU, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1399,7 +871,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dV, dV_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1408,7 +880,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWu, XT, dV_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1417,7 +889,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWu, dV, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1426,7 +898,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          H, HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1435,7 +907,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, dF_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1444,7 +916,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWd, HT, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1453,7 +925,7 @@ extern "C" int mlp_bwd_tiled_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, dWd, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1465,34 +937,8 @@ extern "C" int mlp_bwd_tiled_f64(
  * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_WdT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
     float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -1509,34 +955,8 @@ __global__ void mlp_bwd_tiled_f32_WdT(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dH_pack_WdT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
     float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -1556,32 +976,9 @@ __global__ void mlp_bwd_tiled_f32_dH_pack_WdT(
  * for b, e_tile, i_tile (parallel) / c (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dH(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
     const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
     float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
     float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1627,32 +1024,9 @@ __global__ void mlp_bwd_tiled_f32_dH(
  * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dH_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
     const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
     float *__restrict__ WdT,
     float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1676,35 +1050,14 @@ __global__ void mlp_bwd_tiled_f32_dH_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dU_dV_H(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     const float *__restrict__ U,
     const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
     float *__restrict__ dH,
     float *__restrict__ dU,
-    float *__restrict__ WgT,
     float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
     float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -1729,34 +1082,8 @@ __global__ void mlp_bwd_tiled_f32_dU_dV_H(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_WgT(
-    const float *__restrict__ X,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
     float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -1773,34 +1100,8 @@ __global__ void mlp_bwd_tiled_f32_WgT(
  * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_WuT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
     float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -1817,34 +1118,8 @@ __global__ void mlp_bwd_tiled_f32_WuT(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dX_pack_WgT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
     float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
     float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -1864,34 +1139,8 @@ __global__ void mlp_bwd_tiled_f32_dX_pack_WgT(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dX_pack_WuT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
     float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
     float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -1911,32 +1160,11 @@ __global__ void mlp_bwd_tiled_f32_dX_pack_WuT(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dX(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
     float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
     float *__restrict__ dU,
-    float *__restrict__ WgT,
     float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
     float *__restrict__ WgT_panel,
     float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1994,32 +1222,11 @@ __global__ void mlp_bwd_tiled_f32_dX(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dX_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
     float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
     float *__restrict__ dU,
     float *__restrict__ WgT,
     float *__restrict__ dV,
     float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2044,35 +1251,10 @@ __global__ void mlp_bwd_tiled_f32_dX_edge(
  */
 __global__ void mlp_bwd_tiled_f32_XT(
     const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t dff
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2088,35 +1270,10 @@ __global__ void mlp_bwd_tiled_f32_XT(
  * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWg_pack_dU(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
     float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
     float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -2138,32 +1295,9 @@ __global__ void mlp_bwd_tiled_f32_dWg_pack_dU(
  * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dWg(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
     float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
     float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2210,32 +1344,9 @@ __global__ void mlp_bwd_tiled_f32_dWg(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWg_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
     float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
     float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2262,35 +1373,10 @@ __global__ void mlp_bwd_tiled_f32_dWg_edge(
  * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWu_pack_dV(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
     float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
     float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -2312,32 +1398,9 @@ __global__ void mlp_bwd_tiled_f32_dWu_pack_dV(
  * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dWu(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
     float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
     float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2384,32 +1447,9 @@ __global__ void mlp_bwd_tiled_f32_dWu(
  * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWu_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
     float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
     float *__restrict__ dV,
-    float *__restrict__ WuT,
     float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2436,35 +1476,10 @@ __global__ void mlp_bwd_tiled_f32_dWu_edge(
  * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_HT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
     float *__restrict__ H,
     float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -2481,36 +1496,11 @@ __global__ void mlp_bwd_tiled_f32_HT(
  * for c_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWd_pack_dF(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
     const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
-    float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
     float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t dff
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2531,31 +1521,8 @@ __global__ void mlp_bwd_tiled_f32_dWd_pack_dF(
  * for c_tile, e_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dWd(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
-    const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
     float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
     float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
     float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
@@ -2603,32 +1570,9 @@ __global__ void mlp_bwd_tiled_f32_dWd(
  * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWd_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ U,
-    const float *__restrict__ V,
     const float *__restrict__ dF,
-    float *__restrict__ dX,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
     float *__restrict__ dWd,
-    float *__restrict__ WdT,
-    float *__restrict__ dH,
-    float *__restrict__ dU,
-    float *__restrict__ WgT,
-    float *__restrict__ dV,
-    float *__restrict__ WuT,
-    float *__restrict__ XT,
-    float *__restrict__ H,
     float *__restrict__ HT,
-    float *__restrict__ WdT_panel,
-    float *__restrict__ WgT_panel,
-    float *__restrict__ WuT_panel,
-    float *__restrict__ dU_panel,
-    float *__restrict__ dV_panel,
-    float *__restrict__ dF_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2693,7 +1637,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          Wd, WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2702,7 +1646,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          WdT, WdT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2711,7 +1655,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, dH, WdT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2720,7 +1664,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, WdT, dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2729,7 +1673,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          U, V, dH, dU, dV, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2738,7 +1682,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          Wg, WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2747,7 +1691,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          Wu, WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2756,7 +1700,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          WgT, WgT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2765,7 +1709,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          WuT, WuT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2774,7 +1718,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dX, dU, dV, WgT_panel, WuT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2783,7 +1727,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dX, dU, WgT, dV, WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2792,7 +1736,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2801,7 +1745,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dU, dU_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2810,7 +1754,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWg, XT, dU_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2819,7 +1763,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWg, dU, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2828,7 +1772,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dV, dV_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2837,7 +1781,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWu, XT, dV_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2846,7 +1790,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWu, dV, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2855,7 +1799,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          H, HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2864,7 +1808,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, dF_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2873,7 +1817,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dWd, HT, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2882,7 +1826,7 @@ extern "C" int mlp_bwd_tiled_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, U, V, dF, dX, dWg, dWu, dWd, WdT, dH, dU, WgT, dV, WuT, XT, H, HT, WdT_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+                          dF, dWd, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -95,13 +95,64 @@ contains
     !$omp end parallel do
     ! dH: reads dF; scratch dH, WdT_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, dF_row0, dF_row1, &
-    !$omp& dF_row2, dF_row3, dF_row4, dF_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   i_tile, &
+    !$omp&   c, &
+    !$omp&   dF_row0, &
+    !$omp&   dF_row1, &
+    !$omp&   dF_row2, &
+    !$omp&   dF_row3, &
+    !$omp&   dF_row4, &
+    !$omp&   dF_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do e_tile = 0, ((dff) / 8) - 1
@@ -348,14 +399,70 @@ contains
     !$omp end parallel do
     ! dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
     ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, dU_row0, dU_row1, &
-    !$omp& dU_row2, dU_row3, dU_row4, dU_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, &
-    !$omp& dV_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
-    !$omp& acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-    !$omp& acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
-    !$omp& acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-    !$omp& acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   i_tile, &
+    !$omp&   e, &
+    !$omp&   dU_row0, &
+    !$omp&   dU_row1, &
+    !$omp&   dU_row2, &
+    !$omp&   dU_row3, &
+    !$omp&   dU_row4, &
+    !$omp&   dU_row5, &
+    !$omp&   dV_row0, &
+    !$omp&   dV_row1, &
+    !$omp&   dV_row2, &
+    !$omp&   dV_row3, &
+    !$omp&   dV_row4, &
+    !$omp&   dV_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do c_tile = 0, ((dm) / 8) - 1
@@ -622,13 +729,64 @@ contains
     !$omp end parallel do
     ! dWg: writes dWg; scratch XT, dU_panel
     ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(1) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
@@ -826,13 +984,64 @@ contains
     !$omp end parallel do
     ! dWu: writes dWu; scratch XT, dV_panel
     ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(1) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
@@ -1042,13 +1251,64 @@ contains
     !$omp end parallel do
     ! dWd: writes dWd; scratch HT, dF_panel
     ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, HT_row0, HT_row1, &
-    !$omp& HT_row2, HT_row3, HT_row4, HT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(1) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   HT_row0, &
+    !$omp&   HT_row1, &
+    !$omp&   HT_row2, &
+    !$omp&   HT_row3, &
+    !$omp&   HT_row4, &
+    !$omp&   HT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do c_tile = 0, ((dm) / 8) - 1
       do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
@@ -1305,19 +1565,112 @@ contains
     !$omp end parallel do
     ! dH: reads dF; scratch dH, WdT_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, dF_row0, dF_row1, &
-    !$omp& dF_row2, dF_row3, dF_row4, dF_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   i_tile, &
+    !$omp&   c, &
+    !$omp&   dF_row0, &
+    !$omp&   dF_row1, &
+    !$omp&   dF_row2, &
+    !$omp&   dF_row3, &
+    !$omp&   dF_row4, &
+    !$omp&   dF_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do e_tile = 0, ((dff) / 16) - 1
@@ -1708,19 +2061,118 @@ contains
     !$omp end parallel do
     ! dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
     ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, dU_row0, dU_row1, &
-    !$omp& dU_row2, dU_row3, dU_row4, dU_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, &
-    !$omp& dV_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
-    !$omp& acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, &
-    !$omp& acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, &
-    !$omp& acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, &
-    !$omp& acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, &
-    !$omp& acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, &
-    !$omp& acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, &
-    !$omp& acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, &
-    !$omp& acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   i_tile, &
+    !$omp&   e, &
+    !$omp&   dU_row0, &
+    !$omp&   dU_row1, &
+    !$omp&   dU_row2, &
+    !$omp&   dU_row3, &
+    !$omp&   dU_row4, &
+    !$omp&   dU_row5, &
+    !$omp&   dV_row0, &
+    !$omp&   dV_row1, &
+    !$omp&   dV_row2, &
+    !$omp&   dV_row3, &
+    !$omp&   dV_row4, &
+    !$omp&   dV_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do c_tile = 0, ((dm) / 16) - 1
@@ -2179,19 +2631,112 @@ contains
     !$omp end parallel do
     ! dWg: writes dWg; scratch XT, dU_panel
     ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(1) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do e_tile = 0, ((dff) / 16) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
@@ -2533,19 +3078,112 @@ contains
     !$omp end parallel do
     ! dWu: writes dWu; scratch XT, dV_panel
     ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(1) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do e_tile = 0, ((dff) / 16) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
@@ -2899,19 +3537,112 @@ contains
     !$omp end parallel do
     ! dWd: writes dWd; scratch HT, dF_panel
     ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, HT_row0, HT_row1, &
-    !$omp& HT_row2, HT_row3, HT_row4, HT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(1) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   HT_row0, &
+    !$omp&   HT_row1, &
+    !$omp&   HT_row2, &
+    !$omp&   HT_row3, &
+    !$omp&   HT_row4, &
+    !$omp&   HT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do c_tile = 0, ((dm) / 16) - 1
       do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_float

@@ -28,12 +28,7 @@
 __global__ void mlp_fwd_naive_f64_U(
     const double *__restrict__ X,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
     double *__restrict__ U,
-    double *__restrict__ V,
-    double *__restrict__ H,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -58,13 +53,8 @@ __global__ void mlp_fwd_naive_f64_U(
  */
 __global__ void mlp_fwd_naive_f64_V(
     const double *__restrict__ X,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
-    double *__restrict__ U,
     double *__restrict__ V,
-    double *__restrict__ H,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -88,17 +78,11 @@ __global__ void mlp_fwd_naive_f64_V(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_fwd_naive_f64_H(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
     double *__restrict__ U,
     double *__restrict__ V,
     double *__restrict__ H,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -116,13 +100,8 @@ __global__ void mlp_fwd_naive_f64_H(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_naive_f64_F(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
     double *__restrict__ F,
-    double *__restrict__ U,
-    double *__restrict__ V,
     double *__restrict__ H,
     int64_t batch,
     int64_t n,
@@ -167,7 +146,7 @@ extern "C" int mlp_fwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          X, Wg, U, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -176,7 +155,7 @@ extern "C" int mlp_fwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          X, Wu, V, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -185,7 +164,7 @@ extern "C" int mlp_fwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -194,7 +173,7 @@ extern "C" int mlp_fwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          Wd, F, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -208,12 +187,7 @@ extern "C" int mlp_fwd_naive_f64(
 __global__ void mlp_fwd_naive_f32_U(
     const float *__restrict__ X,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
     float *__restrict__ U,
-    float *__restrict__ V,
-    float *__restrict__ H,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -238,13 +212,8 @@ __global__ void mlp_fwd_naive_f32_U(
  */
 __global__ void mlp_fwd_naive_f32_V(
     const float *__restrict__ X,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
-    float *__restrict__ U,
     float *__restrict__ V,
-    float *__restrict__ H,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -268,17 +237,11 @@ __global__ void mlp_fwd_naive_f32_V(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_fwd_naive_f32_H(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
     float *__restrict__ U,
     float *__restrict__ V,
     float *__restrict__ H,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -296,13 +259,8 @@ __global__ void mlp_fwd_naive_f32_H(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_naive_f32_F(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
     float *__restrict__ F,
-    float *__restrict__ U,
-    float *__restrict__ V,
     float *__restrict__ H,
     int64_t batch,
     int64_t n,
@@ -347,7 +305,7 @@ extern "C" int mlp_fwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          X, Wg, U, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -356,7 +314,7 @@ extern "C" int mlp_fwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          X, Wu, V, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -365,7 +323,7 @@ extern "C" int mlp_fwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -374,7 +332,7 @@ extern "C" int mlp_fwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_naive_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, batch, n, dm, dff);
+                          Wd, F, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -26,19 +26,8 @@
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_fwd_tiled_f64_U_pack_Wg(
-    const double *__restrict__ X,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
-    double *__restrict__ U,
-    double *__restrict__ V,
-    double *__restrict__ H,
     double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -59,16 +48,8 @@ __global__ void mlp_fwd_tiled_f64_U_pack_Wg(
  */
 __global__ void mlp_fwd_tiled_f64_U(
     const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
     double *__restrict__ U,
-    double *__restrict__ V,
-    double *__restrict__ H,
     double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -116,15 +97,7 @@ __global__ void mlp_fwd_tiled_f64_U(
 __global__ void mlp_fwd_tiled_f64_U_edge(
     const double *__restrict__ X,
     const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
     double *__restrict__ U,
-    double *__restrict__ V,
-    double *__restrict__ H,
-    double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -148,19 +121,8 @@ __global__ void mlp_fwd_tiled_f64_U_edge(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_fwd_tiled_f64_V_pack_Wu(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
-    double *__restrict__ U,
-    double *__restrict__ V,
-    double *__restrict__ H,
-    double *__restrict__ Wg_panel,
     double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -181,16 +143,8 @@ __global__ void mlp_fwd_tiled_f64_V_pack_Wu(
  */
 __global__ void mlp_fwd_tiled_f64_V(
     const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
-    double *__restrict__ U,
     double *__restrict__ V,
-    double *__restrict__ H,
-    double *__restrict__ Wg_panel,
     double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -237,16 +191,8 @@ __global__ void mlp_fwd_tiled_f64_V(
  */
 __global__ void mlp_fwd_tiled_f64_V_edge(
     const double *__restrict__ X,
-    const double *__restrict__ Wg,
     const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
-    double *__restrict__ U,
     double *__restrict__ V,
-    double *__restrict__ H,
-    double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -270,20 +216,11 @@ __global__ void mlp_fwd_tiled_f64_V_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_fwd_tiled_f64_H(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ F,
     double *__restrict__ U,
     double *__restrict__ V,
     double *__restrict__ H,
-    double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -301,19 +238,8 @@ __global__ void mlp_fwd_tiled_f64_H(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_fwd_tiled_f64_F_pack_Wd(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
-    double *__restrict__ F,
-    double *__restrict__ U,
-    double *__restrict__ V,
-    double *__restrict__ H,
-    double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
     double *__restrict__ Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -333,16 +259,8 @@ __global__ void mlp_fwd_tiled_f64_F_pack_Wd(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void mlp_fwd_tiled_f64_F(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
     double *__restrict__ F,
-    double *__restrict__ U,
-    double *__restrict__ V,
     double *__restrict__ H,
-    double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
     double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
@@ -389,17 +307,9 @@ __global__ void mlp_fwd_tiled_f64_F(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_tiled_f64_F_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
     const double *__restrict__ Wd,
     double *__restrict__ F,
-    double *__restrict__ U,
-    double *__restrict__ V,
     double *__restrict__ H,
-    double *__restrict__ Wg_panel,
-    double *__restrict__ Wu_panel,
-    double *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -446,7 +356,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wg, Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -455,7 +365,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, U, Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -464,7 +374,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, Wg, U, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -473,7 +383,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wu, Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -482,7 +392,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, V, Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -491,7 +401,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, Wu, V, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -500,7 +410,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -509,7 +419,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wd, Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -518,7 +428,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          F, H, Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -527,7 +437,7 @@ extern "C" int mlp_fwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wd, F, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -539,19 +449,8 @@ extern "C" int mlp_fwd_tiled_f64(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_fwd_tiled_f32_U_pack_Wg(
-    const float *__restrict__ X,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
-    float *__restrict__ U,
-    float *__restrict__ V,
-    float *__restrict__ H,
     float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -572,16 +471,8 @@ __global__ void mlp_fwd_tiled_f32_U_pack_Wg(
  */
 __global__ void mlp_fwd_tiled_f32_U(
     const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
     float *__restrict__ U,
-    float *__restrict__ V,
-    float *__restrict__ H,
     float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -629,15 +520,7 @@ __global__ void mlp_fwd_tiled_f32_U(
 __global__ void mlp_fwd_tiled_f32_U_edge(
     const float *__restrict__ X,
     const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
     float *__restrict__ U,
-    float *__restrict__ V,
-    float *__restrict__ H,
-    float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -661,19 +544,8 @@ __global__ void mlp_fwd_tiled_f32_U_edge(
  * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_fwd_tiled_f32_V_pack_Wu(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
-    float *__restrict__ U,
-    float *__restrict__ V,
-    float *__restrict__ H,
-    float *__restrict__ Wg_panel,
     float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -694,16 +566,8 @@ __global__ void mlp_fwd_tiled_f32_V_pack_Wu(
  */
 __global__ void mlp_fwd_tiled_f32_V(
     const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
-    float *__restrict__ U,
     float *__restrict__ V,
-    float *__restrict__ H,
-    float *__restrict__ Wg_panel,
     float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -750,16 +614,8 @@ __global__ void mlp_fwd_tiled_f32_V(
  */
 __global__ void mlp_fwd_tiled_f32_V_edge(
     const float *__restrict__ X,
-    const float *__restrict__ Wg,
     const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
-    float *__restrict__ U,
     float *__restrict__ V,
-    float *__restrict__ H,
-    float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -783,20 +639,11 @@ __global__ void mlp_fwd_tiled_f32_V_edge(
  * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_fwd_tiled_f32_H(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ F,
     float *__restrict__ U,
     float *__restrict__ V,
     float *__restrict__ H,
-    float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t dff
 )
 {
@@ -814,19 +661,8 @@ __global__ void mlp_fwd_tiled_f32_H(
  * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_fwd_tiled_f32_F_pack_Wd(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
-    float *__restrict__ F,
-    float *__restrict__ U,
-    float *__restrict__ V,
-    float *__restrict__ H,
-    float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
     float *__restrict__ Wd_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t dff
 )
@@ -846,16 +682,8 @@ __global__ void mlp_fwd_tiled_f32_F_pack_Wd(
  * for b, c_tile, i_tile (parallel) / e (register tile)
  */
 __global__ void mlp_fwd_tiled_f32_F(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
     float *__restrict__ F,
-    float *__restrict__ U,
-    float *__restrict__ V,
     float *__restrict__ H,
-    float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
     float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
@@ -902,17 +730,9 @@ __global__ void mlp_fwd_tiled_f32_F(
  * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_tiled_f32_F_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
     const float *__restrict__ Wd,
     float *__restrict__ F,
-    float *__restrict__ U,
-    float *__restrict__ V,
     float *__restrict__ H,
-    float *__restrict__ Wg_panel,
-    float *__restrict__ Wu_panel,
-    float *__restrict__ Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -959,7 +779,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wg, Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -968,7 +788,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, U, Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -977,7 +797,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, Wg, U, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -986,7 +806,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wu, Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -995,7 +815,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, V, Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1004,7 +824,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          X, Wu, V, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1013,7 +833,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1022,7 +842,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wd, Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1031,7 +851,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          F, H, Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1040,7 +860,7 @@ extern "C" int mlp_fwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wg, Wu, Wd, F, U, V, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+                          Wd, F, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -56,13 +56,64 @@ contains
     !$omp end parallel do
     ! U: writes U; reads X; scratch Wg_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, X_row0, X_row1, &
-    !$omp& X_row2, X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   i_tile, &
+    !$omp&   c, &
+    !$omp&   X_row0, &
+    !$omp&   X_row1, &
+    !$omp&   X_row2, &
+    !$omp&   X_row3, &
+    !$omp&   X_row4, &
+    !$omp&   X_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do e_tile = 0, ((dff) / 8) - 1
@@ -256,13 +307,64 @@ contains
     !$omp end parallel do
     ! V: writes V; reads X; scratch Wu_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, X_row0, X_row1, &
-    !$omp& X_row2, X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   i_tile, &
+    !$omp&   c, &
+    !$omp&   X_row0, &
+    !$omp&   X_row1, &
+    !$omp&   X_row2, &
+    !$omp&   X_row3, &
+    !$omp&   X_row4, &
+    !$omp&   X_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do e_tile = 0, ((dff) / 8) - 1
@@ -470,13 +572,64 @@ contains
     !$omp end parallel do
     ! F: writes F; scratch H, Wd_panel
     ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, H_row0, H_row1, &
-    !$omp& H_row2, H_row3, H_row4, H_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   i_tile, &
+    !$omp&   e, &
+    !$omp&   H_row0, &
+    !$omp&   H_row1, &
+    !$omp&   H_row2, &
+    !$omp&   H_row3, &
+    !$omp&   H_row4, &
+    !$omp&   H_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do c_tile = 0, ((dm) / 8) - 1
@@ -702,18 +855,112 @@ contains
     !$omp end parallel do
     ! U: writes U; reads X; scratch Wg_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, X_row0, X_row1, &
-    !$omp& X_row2, X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, &
-    !$omp& acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-    !$omp& acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, &
-    !$omp& acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, &
-    !$omp& acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, &
-    !$omp& acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, &
-    !$omp& acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, &
-    !$omp& acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, &
-    !$omp& acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, &
-    !$omp& acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   i_tile, &
+    !$omp&   c, &
+    !$omp&   X_row0, &
+    !$omp&   X_row1, &
+    !$omp&   X_row2, &
+    !$omp&   X_row3, &
+    !$omp&   X_row4, &
+    !$omp&   X_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do e_tile = 0, ((dff) / 16) - 1
@@ -1051,18 +1298,112 @@ contains
     !$omp end parallel do
     ! V: writes V; reads X; scratch Wu_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, X_row0, X_row1, &
-    !$omp& X_row2, X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, &
-    !$omp& acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-    !$omp& acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, &
-    !$omp& acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, &
-    !$omp& acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, &
-    !$omp& acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, &
-    !$omp& acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, &
-    !$omp& acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, &
-    !$omp& acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, &
-    !$omp& acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   e_tile, &
+    !$omp&   i_tile, &
+    !$omp&   c, &
+    !$omp&   X_row0, &
+    !$omp&   X_row1, &
+    !$omp&   X_row2, &
+    !$omp&   X_row3, &
+    !$omp&   X_row4, &
+    !$omp&   X_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do e_tile = 0, ((dff) / 16) - 1
@@ -1414,18 +1755,112 @@ contains
     !$omp end parallel do
     ! F: writes F; scratch H, Wd_panel
     ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, H_row0, H_row1, &
-    !$omp& H_row2, H_row3, H_row4, H_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, &
-    !$omp& acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-    !$omp& acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, &
-    !$omp& acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, &
-    !$omp& acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, &
-    !$omp& acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, &
-    !$omp& acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, &
-    !$omp& acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, &
-    !$omp& acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, &
-    !$omp& acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   i_tile, &
+    !$omp&   e, &
+    !$omp&   H_row0, &
+    !$omp&   H_row1, &
+    !$omp&   H_row2, &
+    !$omp&   H_row3, &
+    !$omp&   H_row4, &
+    !$omp&   H_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
         do c_tile = 0, ((dm) / 16) - 1

@@ -25,17 +25,9 @@
  * for h (parallel) / m / c (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_WoT(
-    const double *__restrict__ O,
     const double *__restrict__ Wo,
-    const double *__restrict__ dY,
-    double *__restrict__ dO,
-    double *__restrict__ dWo,
     double *__restrict__ WoT,
-    double *__restrict__ WoT_panel,
-    double *__restrict__ dY_panel,
-    int64_t batch,
     int64_t heads,
-    int64_t n,
     int64_t dh,
     int64_t dm
 )
@@ -54,17 +46,9 @@ __global__ void out_proj_bwd_tiled_f64_WoT(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dO_pack_WoT(
-    const double *__restrict__ O,
-    const double *__restrict__ Wo,
-    const double *__restrict__ dY,
-    double *__restrict__ dO,
-    double *__restrict__ dWo,
     double *__restrict__ WoT,
     double *__restrict__ WoT_panel,
-    double *__restrict__ dY_panel,
-    int64_t batch,
     int64_t heads,
-    int64_t n,
     int64_t dh,
     int64_t dm
 )
@@ -87,14 +71,9 @@ __global__ void out_proj_bwd_tiled_f64_dO_pack_WoT(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void out_proj_bwd_tiled_f64_dO(
-    const double *__restrict__ O,
-    const double *__restrict__ Wo,
     const double *__restrict__ dY,
     double *__restrict__ dO,
-    double *__restrict__ dWo,
-    double *__restrict__ WoT,
     double *__restrict__ WoT_panel,
-    double *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -142,14 +121,9 @@ __global__ void out_proj_bwd_tiled_f64_dO(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dO_edge(
-    const double *__restrict__ O,
-    const double *__restrict__ Wo,
     const double *__restrict__ dY,
     double *__restrict__ dO,
-    double *__restrict__ dWo,
     double *__restrict__ WoT,
-    double *__restrict__ WoT_panel,
-    double *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -176,18 +150,10 @@ __global__ void out_proj_bwd_tiled_f64_dO_edge(
  * for m_tile (parallel) / b / i / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dWo_pack_dY(
-    const double *__restrict__ O,
-    const double *__restrict__ Wo,
     const double *__restrict__ dY,
-    double *__restrict__ dO,
-    double *__restrict__ dWo,
-    double *__restrict__ WoT,
-    double *__restrict__ WoT_panel,
     double *__restrict__ dY_panel,
     int64_t batch,
-    int64_t heads,
     int64_t n,
-    int64_t dh,
     int64_t dm
 )
 {
@@ -210,12 +176,7 @@ __global__ void out_proj_bwd_tiled_f64_dWo_pack_dY(
  */
 __global__ void out_proj_bwd_tiled_f64_dWo(
     const double *__restrict__ O,
-    const double *__restrict__ Wo,
-    const double *__restrict__ dY,
-    double *__restrict__ dO,
     double *__restrict__ dWo,
-    double *__restrict__ WoT,
-    double *__restrict__ WoT_panel,
     double *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
@@ -264,13 +225,8 @@ __global__ void out_proj_bwd_tiled_f64_dWo(
  */
 __global__ void out_proj_bwd_tiled_f64_dWo_edge(
     const double *__restrict__ O,
-    const double *__restrict__ Wo,
     const double *__restrict__ dY,
-    double *__restrict__ dO,
     double *__restrict__ dWo,
-    double *__restrict__ WoT,
-    double *__restrict__ WoT_panel,
-    double *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -320,7 +276,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          Wo, WoT, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -329,7 +285,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          WoT, WoT_panel, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -338,7 +294,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          dY, dO, WoT_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -347,7 +303,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          dY, dO, WoT, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -356,7 +312,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          dY, dY_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -365,7 +321,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = heads*((dm) / 4)*((dh + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          O, dWo, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -374,7 +330,7 @@ extern "C" int out_proj_bwd_tiled_f64(
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          O, dY, dWo, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -386,17 +342,9 @@ extern "C" int out_proj_bwd_tiled_f64(
  * for h (parallel) / m / c (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_WoT(
-    const float *__restrict__ O,
     const float *__restrict__ Wo,
-    const float *__restrict__ dY,
-    float *__restrict__ dO,
-    float *__restrict__ dWo,
     float *__restrict__ WoT,
-    float *__restrict__ WoT_panel,
-    float *__restrict__ dY_panel,
-    int64_t batch,
     int64_t heads,
-    int64_t n,
     int64_t dh,
     int64_t dm
 )
@@ -415,17 +363,9 @@ __global__ void out_proj_bwd_tiled_f32_WoT(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dO_pack_WoT(
-    const float *__restrict__ O,
-    const float *__restrict__ Wo,
-    const float *__restrict__ dY,
-    float *__restrict__ dO,
-    float *__restrict__ dWo,
     float *__restrict__ WoT,
     float *__restrict__ WoT_panel,
-    float *__restrict__ dY_panel,
-    int64_t batch,
     int64_t heads,
-    int64_t n,
     int64_t dh,
     int64_t dm
 )
@@ -448,14 +388,9 @@ __global__ void out_proj_bwd_tiled_f32_dO_pack_WoT(
  * for b, h, c_tile, i_tile (parallel) / m (register tile)
  */
 __global__ void out_proj_bwd_tiled_f32_dO(
-    const float *__restrict__ O,
-    const float *__restrict__ Wo,
     const float *__restrict__ dY,
     float *__restrict__ dO,
-    float *__restrict__ dWo,
-    float *__restrict__ WoT,
     float *__restrict__ WoT_panel,
-    float *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -503,14 +438,9 @@ __global__ void out_proj_bwd_tiled_f32_dO(
  * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dO_edge(
-    const float *__restrict__ O,
-    const float *__restrict__ Wo,
     const float *__restrict__ dY,
     float *__restrict__ dO,
-    float *__restrict__ dWo,
     float *__restrict__ WoT,
-    float *__restrict__ WoT_panel,
-    float *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -537,18 +467,10 @@ __global__ void out_proj_bwd_tiled_f32_dO_edge(
  * for m_tile (parallel) / b / i / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dWo_pack_dY(
-    const float *__restrict__ O,
-    const float *__restrict__ Wo,
     const float *__restrict__ dY,
-    float *__restrict__ dO,
-    float *__restrict__ dWo,
-    float *__restrict__ WoT,
-    float *__restrict__ WoT_panel,
     float *__restrict__ dY_panel,
     int64_t batch,
-    int64_t heads,
     int64_t n,
-    int64_t dh,
     int64_t dm
 )
 {
@@ -571,12 +493,7 @@ __global__ void out_proj_bwd_tiled_f32_dWo_pack_dY(
  */
 __global__ void out_proj_bwd_tiled_f32_dWo(
     const float *__restrict__ O,
-    const float *__restrict__ Wo,
-    const float *__restrict__ dY,
-    float *__restrict__ dO,
     float *__restrict__ dWo,
-    float *__restrict__ WoT,
-    float *__restrict__ WoT_panel,
     float *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
@@ -625,13 +542,8 @@ __global__ void out_proj_bwd_tiled_f32_dWo(
  */
 __global__ void out_proj_bwd_tiled_f32_dWo_edge(
     const float *__restrict__ O,
-    const float *__restrict__ Wo,
     const float *__restrict__ dY,
-    float *__restrict__ dO,
     float *__restrict__ dWo,
-    float *__restrict__ WoT,
-    float *__restrict__ WoT_panel,
-    float *__restrict__ dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -681,7 +593,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          Wo, WoT, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -690,7 +602,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          WoT, WoT_panel, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -699,7 +611,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          dY, dO, WoT_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -708,7 +620,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          dY, dO, WoT, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -717,7 +629,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          dY, dY_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -726,7 +638,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = heads*((dm) / 4)*((dh + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          O, dWo, dY_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -735,7 +647,7 @@ extern "C" int out_proj_bwd_tiled_f32(
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+                          O, dY, dWo, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -66,13 +66,63 @@ contains
     !$omp end parallel do
     ! dO: writes dO; reads dY; scratch WoT_panel
     ! for b, h, c_tile (parallel) / i_tile / m (register tile)
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dY_row0, dY_row1, dY_row2, &
-    !$omp& dY_row3, dY_row4, dY_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   i_tile, &
+    !$omp&   m, &
+    !$omp&   dY_row0, &
+    !$omp&   dY_row1, &
+    !$omp&   dY_row2, &
+    !$omp&   dY_row3, &
+    !$omp&   dY_row4, &
+    !$omp&   dY_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
@@ -314,12 +364,58 @@ contains
     !$omp end parallel do
     ! dWo: writes dWo; reads O; scratch dY_panel
     ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do h = 0, heads - 1
       do m_tile = 0, ((dm) / 8) - 1
         do c_tile = 0, ((dh + 5) / 6) - 1
@@ -603,18 +699,111 @@ contains
     !$omp end parallel do
     ! dO: writes dO; reads dY; scratch WoT_panel
     ! for b, h, c_tile (parallel) / i_tile / m (register tile)
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dY_row0, dY_row1, dY_row2, &
-    !$omp& dY_row3, dY_row4, dY_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, &
-    !$omp& acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-    !$omp& acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, &
-    !$omp& acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, &
-    !$omp& acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, &
-    !$omp& acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, &
-    !$omp& acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, &
-    !$omp& acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, &
-    !$omp& acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, &
-    !$omp& acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(3) schedule(static) private( &
+    !$omp&   i_tile, &
+    !$omp&   m, &
+    !$omp&   dY_row0, &
+    !$omp&   dY_row1, &
+    !$omp&   dY_row2, &
+    !$omp&   dY_row3, &
+    !$omp&   dY_row4, &
+    !$omp&   dY_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 16) - 1
@@ -1048,18 +1237,106 @@ contains
     !$omp end parallel do
     ! dWo: writes dWo; reads O; scratch dY_panel
     ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
-    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
-    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
-    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
-    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
-    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
-    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
-    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   c_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do h = 0, heads - 1
       do m_tile = 0, ((dm) / 16) - 1
         do c_tile = 0, ((dh + 5) / 6) - 1

@@ -24,14 +24,9 @@
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void out_proj_tiled_f64_Y_pack_Wo(
-    const double *__restrict__ O,
     const double *__restrict__ Wo,
-    const double *__restrict__ R,
-    double *__restrict__ Y,
     double *__restrict__ Wo_panel,
-    int64_t batch,
     int64_t heads,
-    int64_t n,
     int64_t dh,
     int64_t dm
 )
@@ -55,8 +50,6 @@ __global__ void out_proj_tiled_f64_Y_pack_Wo(
  */
 __global__ void out_proj_tiled_f64_Y(
     const double *__restrict__ O,
-    const double *__restrict__ Wo,
-    const double *__restrict__ R,
     double *__restrict__ Y,
     double *__restrict__ Wo_panel,
     int64_t batch,
@@ -107,15 +100,10 @@ __global__ void out_proj_tiled_f64_Y(
  * for b, i (parallel) / m (simd)
  */
 __global__ void out_proj_tiled_f64_Y_pointwise(
-    const double *__restrict__ O,
-    const double *__restrict__ Wo,
     const double *__restrict__ R,
     double *__restrict__ Y,
-    double *__restrict__ Wo_panel,
     int64_t batch,
-    int64_t heads,
     int64_t n,
-    int64_t dh,
     int64_t dm
 )
 {
@@ -137,7 +125,6 @@ __global__ void out_proj_tiled_f64_Y_edge(
     const double *__restrict__ Wo,
     const double *__restrict__ R,
     double *__restrict__ Y,
-    double *__restrict__ Wo_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -185,7 +172,7 @@ extern "C" int out_proj_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          Wo, Wo_panel, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -194,7 +181,7 @@ extern "C" int out_proj_tiled_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f64_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          O, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -203,7 +190,7 @@ extern "C" int out_proj_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          R, Y, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -212,7 +199,7 @@ extern "C" int out_proj_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f64_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          O, Wo, R, Y, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -224,14 +211,9 @@ extern "C" int out_proj_tiled_f64(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void out_proj_tiled_f32_Y_pack_Wo(
-    const float *__restrict__ O,
     const float *__restrict__ Wo,
-    const float *__restrict__ R,
-    float *__restrict__ Y,
     float *__restrict__ Wo_panel,
-    int64_t batch,
     int64_t heads,
-    int64_t n,
     int64_t dh,
     int64_t dm
 )
@@ -255,8 +237,6 @@ __global__ void out_proj_tiled_f32_Y_pack_Wo(
  */
 __global__ void out_proj_tiled_f32_Y(
     const float *__restrict__ O,
-    const float *__restrict__ Wo,
-    const float *__restrict__ R,
     float *__restrict__ Y,
     float *__restrict__ Wo_panel,
     int64_t batch,
@@ -307,15 +287,10 @@ __global__ void out_proj_tiled_f32_Y(
  * for b, i (parallel) / m (simd)
  */
 __global__ void out_proj_tiled_f32_Y_pointwise(
-    const float *__restrict__ O,
-    const float *__restrict__ Wo,
     const float *__restrict__ R,
     float *__restrict__ Y,
-    float *__restrict__ Wo_panel,
     int64_t batch,
-    int64_t heads,
     int64_t n,
-    int64_t dh,
     int64_t dm
 )
 {
@@ -337,7 +312,6 @@ __global__ void out_proj_tiled_f32_Y_edge(
     const float *__restrict__ Wo,
     const float *__restrict__ R,
     float *__restrict__ Y,
-    float *__restrict__ Wo_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -385,7 +359,7 @@ extern "C" int out_proj_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          Wo, Wo_panel, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -394,7 +368,7 @@ extern "C" int out_proj_tiled_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f32_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          O, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -403,7 +377,7 @@ extern "C" int out_proj_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          R, Y, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -412,7 +386,7 @@ extern "C" int out_proj_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(out_proj_tiled_f32_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+                          O, Wo, R, Y, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -34,29 +34,8 @@
  * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_WqT(
-    const double *__restrict__ X,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
     double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -76,29 +55,8 @@ __global__ void qkv_proj_bwd_tiled_f64_WqT(
  * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_WkT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
     double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -118,29 +76,8 @@ __global__ void qkv_proj_bwd_tiled_f64_WkT(
  * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_WvT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
     double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -160,29 +97,8 @@ __global__ void qkv_proj_bwd_tiled_f64_WvT(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WqT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
     double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
     double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -206,29 +122,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WqT(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WkT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
     double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
     double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -252,29 +147,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WkT(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WvT(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
     double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
     double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -298,27 +172,13 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WvT(
  * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ dQ,
     const double *__restrict__ dK,
     const double *__restrict__ dV,
     double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
     double *__restrict__ WqT_panel,
     double *__restrict__ WkT_panel,
     double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -395,27 +255,13 @@ __global__ void qkv_proj_bwd_tiled_f64_dX(
  * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ dQ,
     const double *__restrict__ dK,
     const double *__restrict__ dV,
     double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
     double *__restrict__ WqT,
     double *__restrict__ WkT,
     double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -448,31 +294,10 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_edge(
  */
 __global__ void qkv_proj_bwd_tiled_f64_XT(
     const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -488,30 +313,10 @@ __global__ void qkv_proj_bwd_tiled_f64_XT(
  * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWq_pack_dQ(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
     double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh
 )
@@ -536,27 +341,9 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq_pack_dQ(
  * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWq(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
     double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
     double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -605,27 +392,9 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq(
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWq_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
     double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -654,30 +423,10 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq_edge(
  * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWk_pack_dK(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
     const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
     double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh
 )
@@ -702,27 +451,9 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk_pack_dK(
  * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWk(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
     double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
     double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -771,27 +502,9 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk(
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWk_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
     const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
     double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -820,30 +533,10 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk_edge(
  * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWv_pack_dV(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
     const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
-    double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
     double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh
 )
@@ -868,26 +561,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dWv_pack_dV(
  * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWv(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
-    const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
     double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
     double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
@@ -937,27 +612,9 @@ __global__ void qkv_proj_bwd_tiled_f64_dWv(
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWv_edge(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ dQ,
-    const double *__restrict__ dK,
     const double *__restrict__ dV,
-    double *__restrict__ dX,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
     double *__restrict__ dWv,
-    double *__restrict__ WqT,
-    double *__restrict__ WkT,
-    double *__restrict__ WvT,
     double *__restrict__ XT,
-    double *__restrict__ WqT_panel,
-    double *__restrict__ WkT_panel,
-    double *__restrict__ WvT_panel,
-    double *__restrict__ dQ_panel,
-    double *__restrict__ dK_panel,
-    double *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1020,7 +677,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          Wq, WqT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1029,7 +686,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          Wk, WkT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1038,7 +695,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          Wv, WvT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1047,7 +704,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          WqT, WqT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1056,7 +713,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          WkT, WkT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1065,7 +722,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          WvT, WvT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1074,7 +731,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dK, dV, dX, WqT_panel, WkT_panel, WvT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1083,7 +740,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dK, dV, dX, WqT, WkT, WvT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1092,7 +749,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1101,7 +758,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dQ_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1110,7 +767,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dWq, XT, dQ_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1119,7 +776,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dWq, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1128,7 +785,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dK, dK_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1137,7 +794,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dWk, XT, dK_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1146,7 +803,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dK, dWk, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1155,7 +812,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dV, dV_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1164,7 +821,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dWv, XT, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1173,7 +830,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dV, dWv, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -1185,29 +842,8 @@ extern "C" int qkv_proj_bwd_tiled_f64(
  * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_WqT(
-    const float *__restrict__ X,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
     float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -1227,29 +863,8 @@ __global__ void qkv_proj_bwd_tiled_f32_WqT(
  * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_WkT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
     float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -1269,29 +884,8 @@ __global__ void qkv_proj_bwd_tiled_f32_WkT(
  * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_WvT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
     float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -1311,29 +905,8 @@ __global__ void qkv_proj_bwd_tiled_f32_WvT(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WqT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
     float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
     float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -1357,29 +930,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WqT(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WkT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
     float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
     float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -1403,29 +955,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WkT(
  * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WvT(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
     float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
     float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -1449,27 +980,13 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WvT(
  * for b, m_tile, i_tile (parallel) / h (register tile) / c (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ dQ,
     const float *__restrict__ dK,
     const float *__restrict__ dV,
     float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
     float *__restrict__ WqT_panel,
     float *__restrict__ WkT_panel,
     float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1546,27 +1063,13 @@ __global__ void qkv_proj_bwd_tiled_f32_dX(
  * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ dQ,
     const float *__restrict__ dK,
     const float *__restrict__ dV,
     float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
     float *__restrict__ WqT,
     float *__restrict__ WkT,
     float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1599,31 +1102,10 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_edge(
  */
 __global__ void qkv_proj_bwd_tiled_f32_XT(
     const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
+    int64_t dm
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1639,30 +1121,10 @@ __global__ void qkv_proj_bwd_tiled_f32_XT(
  * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWq_pack_dQ(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
     float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh
 )
@@ -1687,27 +1149,9 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq_pack_dQ(
  * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWq(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
     float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
     float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1756,27 +1200,9 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq(
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWq_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
     float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1805,30 +1231,10 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq_edge(
  * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWk_pack_dK(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
     const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
     float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh
 )
@@ -1853,27 +1259,9 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk_pack_dK(
  * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWk(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
     float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
     float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1922,27 +1310,9 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk(
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWk_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
     const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
     float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1971,30 +1341,10 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk_edge(
  * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWv_pack_dV(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
     const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
-    float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
     float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
-    int64_t dm,
     int64_t heads,
     int64_t dh
 )
@@ -2019,26 +1369,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dWv_pack_dV(
  * for h, c_tile, m_tile (parallel) / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWv(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
-    const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
     float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
     float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
@@ -2088,27 +1420,9 @@ __global__ void qkv_proj_bwd_tiled_f32_dWv(
  * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWv_edge(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ dQ,
-    const float *__restrict__ dK,
     const float *__restrict__ dV,
-    float *__restrict__ dX,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
     float *__restrict__ dWv,
-    float *__restrict__ WqT,
-    float *__restrict__ WkT,
-    float *__restrict__ WvT,
     float *__restrict__ XT,
-    float *__restrict__ WqT_panel,
-    float *__restrict__ WkT_panel,
-    float *__restrict__ WvT_panel,
-    float *__restrict__ dQ_panel,
-    float *__restrict__ dK_panel,
-    float *__restrict__ dV_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2171,7 +1485,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          Wq, WqT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2180,7 +1494,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          Wk, WkT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2189,7 +1503,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          Wv, WvT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2198,7 +1512,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          WqT, WqT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2207,7 +1521,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          WkT, WkT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2216,7 +1530,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          WvT, WvT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2225,7 +1539,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dK, dV, dX, WqT_panel, WkT_panel, WvT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2234,7 +1548,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dK, dV, dX, WqT, WkT, WvT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2243,7 +1557,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2252,7 +1566,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dQ_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2261,7 +1575,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dWq, XT, dQ_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2270,7 +1584,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dQ, dWq, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2279,7 +1593,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dK, dK_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2288,7 +1602,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dWk, XT, dK_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2297,7 +1611,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dK, dWk, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2306,7 +1620,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dV, dV_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2315,7 +1629,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dWv, XT, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -2324,7 +1638,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, XT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+                          dV, dWv, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

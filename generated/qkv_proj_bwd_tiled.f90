@@ -148,14 +148,76 @@ contains
     !$omp end parallel do
     ! dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
     ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
-    !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
-    !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   i_tile, &
+    !$omp&   h, &
+    !$omp&   c, &
+    !$omp&   dQ_row0, &
+    !$omp&   dQ_row1, &
+    !$omp&   dQ_row2, &
+    !$omp&   dQ_row3, &
+    !$omp&   dQ_row4, &
+    !$omp&   dQ_row5, &
+    !$omp&   dK_row0, &
+    !$omp&   dK_row1, &
+    !$omp&   dK_row2, &
+    !$omp&   dK_row3, &
+    !$omp&   dK_row4, &
+    !$omp&   dK_row5, &
+    !$omp&   dV_row0, &
+    !$omp&   dV_row1, &
+    !$omp&   dV_row2, &
+    !$omp&   dV_row3, &
+    !$omp&   dV_row4, &
+    !$omp&   dV_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
@@ -441,8 +503,15 @@ contains
     !$omp end parallel do
     ! dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
     ! for b, i (parallel) / m / h / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
-    !$omp& over_h, dqwq)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m, &
+    !$omp&   h, &
+    !$omp&   c, &
+    !$omp&   dQ_row, &
+    !$omp&   dK_row, &
+    !$omp&   dV_row, &
+    !$omp&   over_h, &
+    !$omp&   dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
@@ -496,13 +565,64 @@ contains
     !$omp end parallel do
     ! dWq: writes dWq; scratch XT, dQ_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
@@ -754,13 +874,64 @@ contains
     !$omp end parallel do
     ! dWk: writes dWk; scratch XT, dK_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
@@ -1012,13 +1183,64 @@ contains
     !$omp end parallel do
     ! dWv: writes dWv; scratch XT, dV_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
@@ -1382,20 +1604,124 @@ contains
     !$omp end parallel do
     ! dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
     ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
-    !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
-    !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
-    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
-    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
-    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
-    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
-    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
-    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
-    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   i_tile, &
+    !$omp&   h, &
+    !$omp&   c, &
+    !$omp&   dQ_row0, &
+    !$omp&   dQ_row1, &
+    !$omp&   dQ_row2, &
+    !$omp&   dQ_row3, &
+    !$omp&   dQ_row4, &
+    !$omp&   dQ_row5, &
+    !$omp&   dK_row0, &
+    !$omp&   dK_row1, &
+    !$omp&   dK_row2, &
+    !$omp&   dK_row3, &
+    !$omp&   dK_row4, &
+    !$omp&   dK_row5, &
+    !$omp&   dV_row0, &
+    !$omp&   dV_row1, &
+    !$omp&   dV_row2, &
+    !$omp&   dV_row3, &
+    !$omp&   dV_row4, &
+    !$omp&   dV_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 16) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
@@ -2029,8 +2355,15 @@ contains
     !$omp end parallel do
     ! dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
     ! for b, i (parallel) / m / h / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
-    !$omp& over_h, dqwq)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m, &
+    !$omp&   h, &
+    !$omp&   c, &
+    !$omp&   dQ_row, &
+    !$omp&   dK_row, &
+    !$omp&   dV_row, &
+    !$omp&   over_h, &
+    !$omp&   dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 16*((dm) / 16), dm - 1
@@ -2084,19 +2417,112 @@ contains
     !$omp end parallel do
     ! dWq: writes dWq; scratch XT, dQ_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 16) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
@@ -2540,19 +2966,112 @@ contains
     !$omp end parallel do
     ! dWk: writes dWk; scratch XT, dK_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 16) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1
@@ -2996,19 +3515,112 @@ contains
     !$omp end parallel do
     ! dWv: writes dWv; scratch XT, dV_panel
     ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, XT_row0, XT_row1, &
-    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
+    !$omp parallel do collapse(2) schedule(static) private( &
+    !$omp&   m_tile, &
+    !$omp&   b, &
+    !$omp&   i, &
+    !$omp&   XT_row0, &
+    !$omp&   XT_row1, &
+    !$omp&   XT_row2, &
+    !$omp&   XT_row3, &
+    !$omp&   XT_row4, &
+    !$omp&   XT_row5, &
+    !$omp&   acc_0_0, &
+    !$omp&   acc_0_1, &
+    !$omp&   acc_0_2, &
+    !$omp&   acc_0_3, &
+    !$omp&   acc_0_4, &
+    !$omp&   acc_0_5, &
+    !$omp&   acc_0_6, &
+    !$omp&   acc_0_7, &
+    !$omp&   acc_0_8, &
+    !$omp&   acc_0_9, &
+    !$omp&   acc_0_10, &
+    !$omp&   acc_0_11, &
+    !$omp&   acc_0_12, &
+    !$omp&   acc_0_13, &
+    !$omp&   acc_0_14, &
+    !$omp&   acc_0_15, &
+    !$omp&   acc_1_0, &
+    !$omp&   acc_1_1, &
+    !$omp&   acc_1_2, &
+    !$omp&   acc_1_3, &
+    !$omp&   acc_1_4, &
+    !$omp&   acc_1_5, &
+    !$omp&   acc_1_6, &
+    !$omp&   acc_1_7, &
+    !$omp&   acc_1_8, &
+    !$omp&   acc_1_9, &
+    !$omp&   acc_1_10, &
+    !$omp&   acc_1_11, &
+    !$omp&   acc_1_12, &
+    !$omp&   acc_1_13, &
+    !$omp&   acc_1_14, &
+    !$omp&   acc_1_15, &
+    !$omp&   acc_2_0, &
+    !$omp&   acc_2_1, &
+    !$omp&   acc_2_2, &
+    !$omp&   acc_2_3, &
+    !$omp&   acc_2_4, &
+    !$omp&   acc_2_5, &
+    !$omp&   acc_2_6, &
+    !$omp&   acc_2_7, &
+    !$omp&   acc_2_8, &
+    !$omp&   acc_2_9, &
+    !$omp&   acc_2_10, &
+    !$omp&   acc_2_11, &
+    !$omp&   acc_2_12, &
+    !$omp&   acc_2_13, &
+    !$omp&   acc_2_14, &
+    !$omp&   acc_2_15, &
+    !$omp&   acc_3_0, &
+    !$omp&   acc_3_1, &
+    !$omp&   acc_3_2, &
+    !$omp&   acc_3_3, &
+    !$omp&   acc_3_4, &
+    !$omp&   acc_3_5, &
+    !$omp&   acc_3_6, &
+    !$omp&   acc_3_7, &
+    !$omp&   acc_3_8, &
+    !$omp&   acc_3_9, &
+    !$omp&   acc_3_10, &
+    !$omp&   acc_3_11, &
+    !$omp&   acc_3_12, &
+    !$omp&   acc_3_13, &
+    !$omp&   acc_3_14, &
+    !$omp&   acc_3_15, &
+    !$omp&   acc_4_0, &
+    !$omp&   acc_4_1, &
+    !$omp&   acc_4_2, &
+    !$omp&   acc_4_3, &
+    !$omp&   acc_4_4, &
+    !$omp&   acc_4_5, &
+    !$omp&   acc_4_6, &
+    !$omp&   acc_4_7, &
+    !$omp&   acc_4_8, &
+    !$omp&   acc_4_9, &
+    !$omp&   acc_4_10, &
+    !$omp&   acc_4_11, &
+    !$omp&   acc_4_12, &
+    !$omp&   acc_4_13, &
+    !$omp&   acc_4_14, &
+    !$omp&   acc_4_15, &
+    !$omp&   acc_5_0, &
+    !$omp&   acc_5_1, &
+    !$omp&   acc_5_2, &
+    !$omp&   acc_5_3, &
+    !$omp&   acc_5_4, &
+    !$omp&   acc_5_5, &
+    !$omp&   acc_5_6, &
+    !$omp&   acc_5_7, &
+    !$omp&   acc_5_8, &
+    !$omp&   acc_5_9, &
+    !$omp&   acc_5_10, &
+    !$omp&   acc_5_11, &
+    !$omp&   acc_5_12, &
+    !$omp&   acc_5_13, &
+    !$omp&   acc_5_14, &
+    !$omp&   acc_5_15)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 16) - 1
         do m_tile = 0, ((dm + 5) / 6) - 1

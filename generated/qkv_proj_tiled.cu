@@ -25,18 +25,8 @@
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f64_Q_pack_Wq(
-    const double *__restrict__ X,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
     double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -61,15 +51,8 @@ __global__ void qkv_proj_tiled_f64_Q_pack_Wq(
  */
 __global__ void qkv_proj_tiled_f64_Q(
     const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
     double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -119,14 +102,7 @@ __global__ void qkv_proj_tiled_f64_Q(
 __global__ void qkv_proj_tiled_f64_Q_edge(
     const double *__restrict__ X,
     const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
     double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -153,18 +129,8 @@ __global__ void qkv_proj_tiled_f64_Q_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f64_K_pack_Wk(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ Wq_panel,
     double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -189,15 +155,8 @@ __global__ void qkv_proj_tiled_f64_K_pack_Wk(
  */
 __global__ void qkv_proj_tiled_f64_K(
     const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ Wq_panel,
     double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -246,15 +205,8 @@ __global__ void qkv_proj_tiled_f64_K(
  */
 __global__ void qkv_proj_tiled_f64_K_edge(
     const double *__restrict__ X,
-    const double *__restrict__ Wq,
     const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    double *__restrict__ Q,
     double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -281,18 +233,8 @@ __global__ void qkv_proj_tiled_f64_K_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f64_V_pack_Wv(
-    const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
     double *__restrict__ Wv_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -317,14 +259,7 @@ __global__ void qkv_proj_tiled_f64_V_pack_Wv(
  */
 __global__ void qkv_proj_tiled_f64_V(
     const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
     double *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
@@ -374,15 +309,8 @@ __global__ void qkv_proj_tiled_f64_V(
  */
 __global__ void qkv_proj_tiled_f64_V_edge(
     const double *__restrict__ X,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
     const double *__restrict__ Wv,
-    double *__restrict__ Q,
-    double *__restrict__ K,
     double *__restrict__ V,
-    double *__restrict__ Wq_panel,
-    double *__restrict__ Wk_panel,
-    double *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -432,7 +360,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          Wq, Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -441,7 +369,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Q, Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -450,7 +378,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Wq, Q, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -459,7 +387,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          Wk, Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -468,7 +396,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, K, Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -477,7 +405,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Wk, K, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -486,7 +414,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          Wv, Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -495,7 +423,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, V, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -504,7 +432,7 @@ extern "C" int qkv_proj_tiled_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Wv, V, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -516,18 +444,8 @@ extern "C" int qkv_proj_tiled_f64(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f32_Q_pack_Wq(
-    const float *__restrict__ X,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
     float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -552,15 +470,8 @@ __global__ void qkv_proj_tiled_f32_Q_pack_Wq(
  */
 __global__ void qkv_proj_tiled_f32_Q(
     const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
     float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -610,14 +521,7 @@ __global__ void qkv_proj_tiled_f32_Q(
 __global__ void qkv_proj_tiled_f32_Q_edge(
     const float *__restrict__ X,
     const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
     float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -644,18 +548,8 @@ __global__ void qkv_proj_tiled_f32_Q_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f32_K_pack_Wk(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ Wq_panel,
     float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -680,15 +574,8 @@ __global__ void qkv_proj_tiled_f32_K_pack_Wk(
  */
 __global__ void qkv_proj_tiled_f32_K(
     const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ Wq_panel,
     float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -737,15 +624,8 @@ __global__ void qkv_proj_tiled_f32_K(
  */
 __global__ void qkv_proj_tiled_f32_K_edge(
     const float *__restrict__ X,
-    const float *__restrict__ Wq,
     const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    float *__restrict__ Q,
     float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -772,18 +652,8 @@ __global__ void qkv_proj_tiled_f32_K_edge(
  * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f32_V_pack_Wv(
-    const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
     float *__restrict__ Wv_panel,
-    int64_t batch,
-    int64_t n,
     int64_t dm,
     int64_t heads,
     int64_t dh
@@ -808,14 +678,7 @@ __global__ void qkv_proj_tiled_f32_V_pack_Wv(
  */
 __global__ void qkv_proj_tiled_f32_V(
     const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
     float *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
@@ -865,15 +728,8 @@ __global__ void qkv_proj_tiled_f32_V(
  */
 __global__ void qkv_proj_tiled_f32_V_edge(
     const float *__restrict__ X,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
     const float *__restrict__ Wv,
-    float *__restrict__ Q,
-    float *__restrict__ K,
     float *__restrict__ V,
-    float *__restrict__ Wq_panel,
-    float *__restrict__ Wk_panel,
-    float *__restrict__ Wv_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -923,7 +779,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          Wq, Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -932,7 +788,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Q, Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -941,7 +797,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Wq, Q, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -950,7 +806,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          Wk, Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -959,7 +815,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, K, Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -968,7 +824,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Wk, K, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -977,7 +833,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          Wv, Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -986,7 +842,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, V, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -995,7 +851,7 @@ extern "C" int qkv_proj_tiled_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+                          X, Wv, V, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -37,7 +37,6 @@ __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
     const double *__restrict__ inv_rms,
     const double *__restrict__ dz,
     double *__restrict__ dx,
-    double *__restrict__ dweight,
     double *__restrict__ dweight_part,
     int64_t batch,
     int64_t n,
@@ -71,15 +70,8 @@ __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
  * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_dnf_f64_dweight(
-    const double *__restrict__ x,
-    const double *__restrict__ weight,
-    const double *__restrict__ inv_rms,
-    const double *__restrict__ dz,
-    double *__restrict__ dx,
     double *__restrict__ dweight,
     double *__restrict__ dweight_part,
-    int64_t batch,
-    int64_t n,
     int64_t d
 )
 {
@@ -116,7 +108,7 @@ extern "C" int rmsnorm_bwd_dnf_f64(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_dnf_f64_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          x, weight, inv_rms, dz, dx, dweight_part, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -125,7 +117,7 @@ extern "C" int rmsnorm_bwd_dnf_f64(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_dnf_f64_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          dweight, dweight_part, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -142,7 +134,6 @@ __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
     const float *__restrict__ inv_rms,
     const float *__restrict__ dz,
     float *__restrict__ dx,
-    float *__restrict__ dweight,
     float *__restrict__ dweight_part,
     int64_t batch,
     int64_t n,
@@ -176,15 +167,8 @@ __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
  * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_dnf_f32_dweight(
-    const float *__restrict__ x,
-    const float *__restrict__ weight,
-    const float *__restrict__ inv_rms,
-    const float *__restrict__ dz,
-    float *__restrict__ dx,
     float *__restrict__ dweight,
     float *__restrict__ dweight_part,
-    int64_t batch,
-    int64_t n,
     int64_t d
 )
 {
@@ -221,7 +205,7 @@ extern "C" int rmsnorm_bwd_dnf_f32(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_dnf_f32_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          x, weight, inv_rms, dz, dx, dweight_part, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -230,7 +214,7 @@ extern "C" int rmsnorm_bwd_dnf_f32(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_dnf_f32_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          dweight, dweight_part, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -37,8 +37,6 @@ __global__ void rmsnorm_bwd_naive_f64_dx(
     const double *__restrict__ inv_rms,
     const double *__restrict__ dz,
     double *__restrict__ dx,
-    double *__restrict__ dweight,
-    double *__restrict__ dweight_part,
     int64_t batch,
     int64_t n,
     int64_t d
@@ -64,11 +62,8 @@ __global__ void rmsnorm_bwd_naive_f64_dx(
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
     const double *__restrict__ x,
-    const double *__restrict__ weight,
     const double *__restrict__ inv_rms,
     const double *__restrict__ dz,
-    double *__restrict__ dx,
-    double *__restrict__ dweight,
     double *__restrict__ dweight_part,
     int64_t batch,
     int64_t n,
@@ -95,15 +90,8 @@ __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
  * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight(
-    const double *__restrict__ x,
-    const double *__restrict__ weight,
-    const double *__restrict__ inv_rms,
-    const double *__restrict__ dz,
-    double *__restrict__ dx,
     double *__restrict__ dweight,
     double *__restrict__ dweight_part,
-    int64_t batch,
-    int64_t n,
     int64_t d
 )
 {
@@ -140,7 +128,7 @@ extern "C" int rmsnorm_bwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          x, weight, inv_rms, dz, dx, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -149,7 +137,7 @@ extern "C" int rmsnorm_bwd_naive_f64(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          x, inv_rms, dz, dweight_part, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -158,7 +146,7 @@ extern "C" int rmsnorm_bwd_naive_f64(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          dweight, dweight_part, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -175,8 +163,6 @@ __global__ void rmsnorm_bwd_naive_f32_dx(
     const float *__restrict__ inv_rms,
     const float *__restrict__ dz,
     float *__restrict__ dx,
-    float *__restrict__ dweight,
-    float *__restrict__ dweight_part,
     int64_t batch,
     int64_t n,
     int64_t d
@@ -202,11 +188,8 @@ __global__ void rmsnorm_bwd_naive_f32_dx(
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
     const float *__restrict__ x,
-    const float *__restrict__ weight,
     const float *__restrict__ inv_rms,
     const float *__restrict__ dz,
-    float *__restrict__ dx,
-    float *__restrict__ dweight,
     float *__restrict__ dweight_part,
     int64_t batch,
     int64_t n,
@@ -233,15 +216,8 @@ __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
  * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight(
-    const float *__restrict__ x,
-    const float *__restrict__ weight,
-    const float *__restrict__ inv_rms,
-    const float *__restrict__ dz,
-    float *__restrict__ dx,
     float *__restrict__ dweight,
     float *__restrict__ dweight_part,
-    int64_t batch,
-    int64_t n,
     int64_t d
 )
 {
@@ -278,7 +254,7 @@ extern "C" int rmsnorm_bwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          x, weight, inv_rms, dz, dx, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -287,7 +263,7 @@ extern "C" int rmsnorm_bwd_naive_f32(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          x, inv_rms, dz, dweight_part, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -296,7 +272,7 @@ extern "C" int rmsnorm_bwd_naive_f32(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+                          dweight, dweight_part, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -25,8 +25,6 @@
  */
 __global__ void rmsnorm_fwd_naive_f64_inv_rms(
     const double *__restrict__ x,
-    const double *__restrict__ weight,
-    double *__restrict__ z,
     double *__restrict__ inv_rms,
     int64_t batch,
     int64_t n,
@@ -56,8 +54,7 @@ __global__ void rmsnorm_fwd_naive_f64_z(
     double *__restrict__ inv_rms,
     int64_t batch,
     int64_t n,
-    int64_t d,
-    double eps
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -90,7 +87,7 @@ extern "C" int rmsnorm_fwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, z, inv_rms, batch, n, d, eps);
+                          x, inv_rms, batch, n, d, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -99,7 +96,7 @@ extern "C" int rmsnorm_fwd_naive_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, z, inv_rms, batch, n, d, eps);
+                          x, weight, z, inv_rms, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -112,8 +109,6 @@ extern "C" int rmsnorm_fwd_naive_f64(
  */
 __global__ void rmsnorm_fwd_naive_f32_inv_rms(
     const float *__restrict__ x,
-    const float *__restrict__ weight,
-    float *__restrict__ z,
     float *__restrict__ inv_rms,
     int64_t batch,
     int64_t n,
@@ -143,8 +138,7 @@ __global__ void rmsnorm_fwd_naive_f32_z(
     float *__restrict__ inv_rms,
     int64_t batch,
     int64_t n,
-    int64_t d,
-    float eps
+    int64_t d
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -177,7 +171,7 @@ extern "C" int rmsnorm_fwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, z, inv_rms, batch, n, d, eps);
+                          x, inv_rms, batch, n, d, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -186,7 +180,7 @@ extern "C" int rmsnorm_fwd_naive_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
-                          x, weight, z, inv_rms, batch, n, d, eps);
+                          x, weight, z, inv_rms, batch, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -77,7 +77,8 @@ def test_fortran_prints_the_same_regions_with_its_private_scalars():
     assert "!$acc data copyin(x, weight, inv_rms, dz) copyout(dx, dweight) create(dweight_part)" \
         in source
     assert ("!$acc parallel loop gang vector collapse(1) vector_length(128) present(dweight_part, "
-            "dz, &\n      !$acc& weight, x, inv_rms, dx) private(c, b, i, total, t2, inv_rms_at, t)") in source
+            "dz, &\n      !$acc& weight, x, inv_rms, dx) private( &\n      !$acc&   c, &\n"
+            "      !$acc&   b, &") in source
     for end in ("!$acc end parallel loop", "!$acc serial present(dweight_part, dweight)",
                 "!$acc end serial", "!$acc end data"):
         assert end in source

@@ -5,10 +5,11 @@ share the loops inside it (GpuBlocks: moagen.onf.gpu_blocks); an `extern "C"` la
 with the common ABI, over device pointers, runs the nests in order."""
 import sympy
 
+from moagen.moa import scalar as S
 from moagen.targets.c.printer import CPrinter
-from moagen.targets.printer import dnf_comment
+from moagen.targets.printer import arrays_in, dnf_comment
 from moagen.templates import render
-from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, walk
+from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, stmt_exprs, walk
 
 # threads a block where no mapping says (nests a step made parallel itself: a register
 # tile's panels)
@@ -44,11 +45,20 @@ class CudaPrinter(CPrinter):
             body = self.loop_body(chain[-1], 1) if chain else self.block(nest.body, 1)
             self.block_level = False
             threads = chain[0].threads if chain and chain[0].threads else THREADS_PER_BLOCK
+            used = names_used(nest.body)
             out.append({"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
                         "comment": self.comment(self.nest_comment(nest)), "count": count,
                         "threads": threads, "per_block": per_block,
+                        "params": [p for name, p in zip(self.arg_names(), self.params())
+                                   if name in used],
+                        "args": [name for name in self.arg_names() if name in used],
                         "prologue": prologue, "body": body})
         return out
+
+    def arg_names(self):
+        """The launcher's arguments, in the order of `params`."""
+        return ([a.name for a in self.sig.arrays] + [s.name for s in self.sig.sizes]
+                + list(self.sig.scalars))
 
     def indices(self, chain, flat_name, first):
         """Recover the parallel loops' indices from a flat index (a thread's, or a block's),
@@ -134,13 +144,25 @@ class CudaPrinter(CPrinter):
         return f"{name}({a}, {b})"
 
 
+def names_used(stmts) -> set:
+    """The arrays, size symbols and scalar parameters the statements use: what a nest's
+    kernel takes of the launcher's arguments."""
+    names = set(arrays_in(stmts))
+    for s in walk(stmts):
+        bounds = (s.start, s.stop) if isinstance(s, Loop) else getattr(s, "index", ())
+        names |= {x.name for e in bounds for x in sympy.sympify(e).free_symbols}
+        for x in stmt_exprs(s):
+            names |= S.free_names(x) | {e.name for e in S.subexpressions(x)
+                                        if isinstance(e, S.Param)}
+    return names
+
+
 def emit_cuda(onfs_by_dtype, banner):
     launchers = []
     for dtype, onf in onfs_by_dtype:
         p = CudaPrinter(onf, dtype)
-        args = [a.name for a in p.sig.arrays] + [s.name for s in p.sig.sizes] + list(p.sig.scalars)
-        launchers.append({"name": p.sig.name, "params": p.params(), "args": args,
-                          "kernels": p.kernels(), "block_reductions": p.block_reductions})
+        launchers.append({"name": p.sig.name, "params": p.params(), "kernels": p.kernels(),
+                          "block_reductions": p.block_reductions})
     dnf = CudaPrinter(onfs_by_dtype[0][1], onfs_by_dtype[0][0]).comment(
         dnf_comment([onf for _, onf in onfs_by_dtype]))
     return render("cuda/kernel.cu.j2", banner=banner, dnf=dnf, launchers=launchers,

@@ -167,13 +167,19 @@ def _check_case_insensitive(onf, printer):
 
 def wrap_statement(line):
     """Split a long statement or OpenMP / OpenACC directive with `&` continuations at
-    spaces, every continuation indented as the first line plus four."""
+    spaces, every continuation indented as the first line plus four; a long directive's
+    private list (its last clause) a name a line, which a reader can scan."""
     stripped = line.lstrip()
     sentinel = stripped[:5] if stripped[:5] in ("!$omp", "!$acc") else None
     if len(line) <= LINE or (stripped.startswith("!") and not sentinel):
         return [line]
     indent = " " * (len(line) - len(stripped))
     prefix = indent + (f"{sentinel}& " if sentinel else "    & ")
+    head, private, names = line.partition(" private(")
+    if sentinel and private and names.endswith(")"):
+        names = names[:-1].split(", ")
+        return (wrap_statement(f"{head} private( &") + [f"{prefix}  {name}, &" for name in names[:-1]]
+                + [f"{prefix}  {names[-1]})"])
     lines = []
     while len(line) > LINE:
         cut = line.rfind(" ", len(prefix) + 1, LINE - 2)
