@@ -13,13 +13,13 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.moa.dnf import psi_reduce
 from moagen.onf.count import atomic_updates
-from moagen.onf.fusion import FuseNests, Scatter
+from moagen.steps.loop.fusion import FuseNests, Scatter
 from moagen.onf.interpret import index_fn
 from moagen.onf.loops import Let, Loop, Store, Update, walk
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.partials import PartBuffers
+from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.steps.algebra.partials import PartBuffers
 from moagen.onf.realize import initial_onf
-from moagen.onf.schedule import Accumulate, Hoist
+from moagen.steps.loop.schedule import Accumulate, Hoist
 
 # attention_fwd*, attention_bwd* and attention_fwdbwd*, plain and causal
 ATTENTION = [(k.name, v) for k in KERNELS.values()

@@ -22,10 +22,10 @@ from moagen.moa import scalar as S
 from moagen.onf.interpret import run_onf
 from moagen.onf.layout import apply_layout
 from moagen.onf.loops import Let, Loop, Store, Update, stmt_exprs, walk
-from moagen.onf.partials import PartialSums
+from moagen.steps.algebra.partials import PartialSums
 from moagen.onf.realize import initial_onf
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.tiling import RegisterTile
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.tiling import RegisterTile
 
 rng = np.random.default_rng(5)
 normal = lambda *shape: rng.standard_normal(shape)

@@ -11,9 +11,9 @@ from moagen.errors import ScheduleError
 from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
-from moagen.onf.interchange import BlockInterchange
+from moagen.steps.loop.interchange import BlockInterchange
 from moagen.onf.interpret import run_onf
-from moagen.onf.keyblocks import KeyBlocks
+from moagen.steps.algebra.keyblocks import KeyBlocks
 from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, find_nest, walk
 from moagen.onf.realize import initial_onf

@@ -11,7 +11,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
-from moagen.onf.keyblocks import KeyBlocks
+from moagen.steps.algebra.keyblocks import KeyBlocks
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 
 I, J, K, C, N, M, D = (sym(s) for s in ("i", "j", "k", "c", "n", "m", "d"))

@@ -18,7 +18,7 @@ from moagen.kernels import get_kernel
 from moagen.kernels.layers import format_layers
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let
-from moagen.onf.schedule import GpuThreads
+from moagen.steps.loop.schedule import GpuThreads
 from moagen.pipeline import onf_of
 from moagen.targets import LANGS, get_target
 from moagen.targets.openacc import devices

@@ -20,8 +20,8 @@ from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.names import base_name
 from moagen.onf.realize import initial_onf, realize
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Accumulate, Hoist, Parallel, Reorder, Split
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.schedule import Accumulate, Hoist, Parallel, Reorder, Split
 
 
 def _attention_reference(Q, K, V, scale, causal=False):
@@ -426,7 +426,7 @@ def test_sibling_fusion_moves_the_earlier_loop_down_when_the_later_cannot_move_u
     """[for k: y += x;  for c: z = 0;  for k: z += x]: the second k loop reads z, zeroed
     between them, so it cannot move up; the first touches nothing the zeroing does, so it
     moves down: one k loop after the zeroing. Had the first read z, nothing fuses."""
-    from moagen.onf.fusion import fuse_siblings
+    from moagen.steps.loop.fusion import fuse_siblings
     x = S.Access("x", (sym("k"),))
     first = _loop_to_n("k", _add_at_k("y", x))
     zero = _loop_to_n("c", Store("z", (sym("c"),), S.Num(0.0)))
@@ -441,7 +441,7 @@ def test_nest_fusion_runs_where_the_first_member_ran_when_the_others_can_move_up
     """[a = x;  b = a + 1;  c = 2 x] fusing a and c: a cannot move down past b (b reads
     it), c can move up past it (they share nothing): one nest [a, c] before b, values
     unchanged (the interpreter). When c reads b, neither can move: refused."""
-    from moagen.onf.fusion import FuseNests
+    from moagen.steps.loop.fusion import FuseNests
     i, n = sym("i"), sym("n")
     x = S.Access("x", (i,))
 
@@ -469,7 +469,7 @@ def test_distribution_gives_each_array_its_loop_and_keeps_the_value():
     """for k: y += x; z += 2 x; y += z0  ->  for k: y += x; y += z0;  for k: z += 2 x,
     each array's additions in their order; run by the interpreter against numpy. Additions
     that read another's array are refused."""
-    from moagen.onf.schedule import Distribute
+    from moagen.steps.loop.schedule import Distribute
     k, n = sym("k"), sym("n")
     x = S.Access("x", (k,))
     adds = (Store("y", (k,), x, accumulate="+"),
@@ -499,7 +499,7 @@ def test_distribution_takes_each_loop_the_locals_it_reads():
     """for i: let a = x[i]; let b = 2 a; let u = w[i]; for c: y[c] += a v[c]; for c: z[c] +=
     b u  ->  one loop over i for y (with a) and one for z (with a, b, u), values unchanged;
     a local reading an array the loop adds into is refused."""
-    from moagen.onf.schedule import Distribute
+    from moagen.steps.loop.schedule import Distribute
     i, c, n, m = sym("i"), sym("c"), sym("n"), sym("m")
     lets = (Let("a", S.Access("x", (i,))), Let("b", S.Bin("*", S.Num(2.0), S.Local("a"))),
             Let("u", S.Access("w", (i,))))

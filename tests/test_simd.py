@@ -7,7 +7,7 @@ from moagen.pipeline import onf_of
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
-from moagen.onf.simd import mark_simd, simd_clauses
+from moagen.steps.loop.simd import mark_simd, simd_clauses
 
 I, N = sym("i"), sym("n")
 

@@ -14,8 +14,8 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
-from moagen.onf.schedule import Parallel
-from moagen.onf.unroll import UnrollJam, UnrollSum, keys_summed, rows_together
+from moagen.steps.loop.schedule import Parallel
+from moagen.steps.loop.unroll import UnrollJam, UnrollSum, keys_summed, rows_together
 
 I, K, N, M = sym("i"), sym("k"), sym("n"), sym("m")
 

@@ -32,8 +32,8 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.fusion import FuseNests, Scatter
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.steps.loop.fusion import FuseNests, Scatter
+from moagen.steps.loop.schedule import Accumulate, Hoist, Parallel
 
 
 def _one_head(q, k, v, do, causal):

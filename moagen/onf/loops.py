@@ -33,7 +33,7 @@ class Loop(Stmt):
     # the body is already vector code (a register tile's columns): the compiler's loop
     # vectorizer must not vectorize this loop across its iterations instead
     vector_tile: bool = False
-    simd: bool = False  # vectorized by the compiler with its reductions (moagen.onf.simd)
+    simd: bool = False  # vectorized by the compiler with its reductions (moagen.steps.loop.simd)
     threads: int = 0  # a parallel loop on a GPU: threads a thread block (GpuThreads)
     # a parallel loop on a GPU: a thread block per iteration, not a thread (GpuBlocks) ...
     per_block: bool = False

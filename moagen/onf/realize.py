@@ -10,8 +10,8 @@ from moagen.moa.dnf import DNF, format_scalar
 from moagen.onf.layout import apply_layout
 from moagen.errors import ScheduleError
 from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, walk
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.simd import mark_simd
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.simd import mark_simd
 
 
 def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:

@@ -42,8 +42,8 @@ from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, loop_vars, map_stmt_exprs,
                               scratch_row, stmt_exprs, walk)
 from moagen.onf.names import loop_role
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from moagen.moa import scalar as S
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
                               perfect_chain, stmt_exprs, walk)
 from moagen.onf.names import base_name, nest_role
-from moagen.onf.step import Step
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

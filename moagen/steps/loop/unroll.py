@@ -30,9 +30,9 @@ from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, 
                               loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
                               subs_stmts, walk)
 from moagen.onf.names import loop_role, nest_role
-from moagen.onf.reductions import require_lowered
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.steps.loop.reductions import require_lowered
+from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
                               loop_nest)
 from moagen.onf.names import Names, base_name, loop_role, nest_role
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import sympy
 
 from moagen.moa.expr import as_dim, idiv
 from moagen.onf.loops import Loop, ONF, enclose, find_nest, loop_vars, subs_stmts
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
-from moagen.onf.unroll import outer_loop
+from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.steps.step import Step
+from moagen.steps.loop.unroll import outer_loop
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.causal import MASKED, mask_sides
+from moagen.steps.algebra.causal import MASKED, mask_sides
 from moagen.onf.loops import Loop, ONF, find_nest, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
-from moagen.onf.step import Step
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
 from moagen.onf.loops import Let, Loop, ONF, find_nest, loop_vars, names_read
 from moagen.onf.names import loop_role
-from moagen.onf.schedule import claim_loop, kernel_names, rewrite_loops
-from moagen.onf.step import Step
-from moagen.onf.unroll import check_sum_only, summed_arrays
+from moagen.steps.loop.schedule import claim_loop, kernel_names, rewrite_loops
+from moagen.steps.step import Step
+from moagen.steps.loop.unroll import check_sum_only, summed_arrays
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Loop, ONF, Store, Update, find_nest, map_stmt_exprs,
                               rewrite_loops, walk)
-from moagen.onf.step import Step
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

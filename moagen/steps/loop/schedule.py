@@ -14,9 +14,9 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, simplified
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names, loop_vars,
                               map_stmt_exprs, perfect_chain, stmt_exprs, tails, walk)
-from moagen.onf.fusion import independent
+from moagen.steps.loop.fusion import independent
 from moagen.onf.names import Names, base_name, loop_role
-from moagen.onf.step import Step
+from moagen.steps.step import Step
 
 
 def kernel_names(onf: ONF) -> Names:

@@ -8,7 +8,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import ONF, Store, enclose, perfect_chain
-from moagen.onf.step import Step
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)
