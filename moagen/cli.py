@@ -130,7 +130,7 @@ def cmd_show(args):
     from moagen.kernels.compose import format_stages
     from moagen.kernels.layers import format_layers
     from moagen.moa.dnf import format_dnf
-    from moagen.onf.loops import format_onf
+    from moagen.onf.dump import format_onf
 
     kernel = get_kernel(args.kernel)
     variant = kernel.variant(args.variant)
