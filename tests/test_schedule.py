@@ -20,8 +20,12 @@ from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.names import base_name
 from moagen.onf.realize import initial_onf, realize
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.interchange import Reorder
+from moagen.steps.loop.parallel import Parallel
 from moagen.steps.loop.reductions import LowerReductions
-from moagen.steps.loop.schedule import Accumulate, Hoist, Parallel, Reorder, Split
+from moagen.steps.loop.split import Split
 
 
 def _attention_reference(Q, K, V, scale, causal=False):
@@ -469,7 +473,7 @@ def test_distribution_gives_each_array_its_loop_and_keeps_the_value():
     """for k: y += x; z += 2 x; y += z0  ->  for k: y += x; y += z0;  for k: z += 2 x,
     each array's additions in their order; run by the interpreter against numpy. Additions
     that read another's array are refused."""
-    from moagen.steps.loop.schedule import Distribute
+    from moagen.steps.loop.distribute import Distribute
     k, n = sym("k"), sym("n")
     x = S.Access("x", (k,))
     adds = (Store("y", (k,), x, accumulate="+"),
@@ -499,7 +503,7 @@ def test_distribution_takes_each_loop_the_locals_it_reads():
     """for i: let a = x[i]; let b = 2 a; let u = w[i]; for c: y[c] += a v[c]; for c: z[c] +=
     b u  ->  one loop over i for y (with a) and one for z (with a, b, u), values unchanged;
     a local reading an array the loop adds into is refused."""
-    from moagen.steps.loop.schedule import Distribute
+    from moagen.steps.loop.distribute import Distribute
     i, c, n, m = sym("i"), sym("c"), sym("n"), sym("m")
     lets = (Let("a", S.Access("x", (i,))), Let("b", S.Bin("*", S.Num(2.0), S.Local("a"))),
             Let("u", S.Access("w", (i,))))

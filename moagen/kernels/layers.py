@@ -15,7 +15,7 @@ from typing import Mapping, Tuple
 
 from moagen.errors import ScheduleError
 from moagen.onf.realize import CLOSING
-from moagen.steps.loop.schedule import GpuThreads
+from moagen.steps.loop.parallel import GpuThreads
 
 
 def gpu_threads(cpu: Tuple) -> Tuple:

@@ -27,7 +27,8 @@ from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.loop.fusion import FuseNests
-from moagen.steps.loop.schedule import Hoist, Parallel
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
 from moagen.steps.loop.tiling import RegisterTile
 
 X = array("X", "batch", "n", "dm")

@@ -25,7 +25,8 @@ from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
-from moagen.steps.loop.schedule import Parallel, Reorder
+from moagen.steps.loop.interchange import Reorder
+from moagen.steps.loop.parallel import Parallel
 from moagen.steps.loop.tiling import RegisterTile
 
 X = array("X", "batch", "n", "dm")

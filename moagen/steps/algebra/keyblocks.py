@@ -33,11 +33,10 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, loop_vars, names_read,
                               scratch_row, walk)
-from moagen.onf.names import loop_role
+from moagen.onf.names import claim_loop, kernel_names, loop_role
 from moagen.steps.loop.reductions import require_lowered
-from moagen.steps.loop.schedule import claim_loop, kernel_names
-from moagen.steps.step import Step
 from moagen.steps.loop.unroll import check_sum_only, summed_arrays
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

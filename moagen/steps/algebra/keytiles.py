@@ -56,11 +56,10 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, find_nest, loop_vars,
                               map_stmt_exprs, rewrite_loops, stmt_exprs, walk)
-from moagen.onf.names import loop_role, nest_role
+from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.reductions import require_lowered
-from moagen.steps.loop.schedule import claim_loop, kernel_names
-from moagen.steps.step import Step
 from moagen.steps.loop.unroll import check_independent, check_sum_only, copy_iteration, jam, summed_arrays
+from moagen.steps.step import Step
 
 
 def _symbols(index):

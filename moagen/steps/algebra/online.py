@@ -41,8 +41,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, loop_vars, map_stmt_exprs,
                               scratch_row, stmt_exprs, walk)
-from moagen.onf.names import loop_role
-from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.onf.names import claim_loop, kernel_names, loop_role
 from moagen.steps.step import Step
 
 

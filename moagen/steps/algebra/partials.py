@@ -24,13 +24,12 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.steps.loop.fusion import as_block, fuse_siblings, independent
 from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose, find_nest,
                               loop_nest, loop_vars, perfect_chain, subs_stmts, walk)
-from moagen.onf.names import Names, base_name, loop_role, nest_role
-from moagen.steps.loop.schedule import claim_loop, kernel_names
-from moagen.steps.step import Step
+from moagen.onf.names import Names, base_name, claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.loop.fusion import as_block, fuse_siblings, independent
 from moagen.steps.loop.unroll import outer_loop
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)

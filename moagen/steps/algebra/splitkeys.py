@@ -22,8 +22,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, loop_vars,
                               map_stmt_exprs, perfect_chain, walk)
-from moagen.onf.names import loop_role, nest_role
-from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.step import Step
 
 

@@ -25,7 +25,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, names_read, parallel_chain, walk
-from moagen.steps.loop.schedule import GpuThreads, NotApplicable
+from moagen.steps.loop.parallel import GpuThreads
+from moagen.steps.step import NotApplicable
 
 # the block-wide reduction is a tree over a power of two of threads, at most CUDA's 1024
 MAX_THREADS = 1024

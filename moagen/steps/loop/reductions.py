@@ -15,8 +15,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, ONF, Update, map_stmt_exprs, stmt_exprs, walk
-from moagen.onf.names import Names, base_name
-from moagen.steps.loop.schedule import kernel_names
+from moagen.onf.names import Names, base_name, kernel_names
 from moagen.steps.step import Step
 
 

@@ -33,7 +33,7 @@ import sympy
 from moagen.moa import scalar as S
 from moagen.moa.expr import simplified
 from moagen.onf.loops import ONF, Let, Loop, Store, Update, map_stmt_exprs, stmt_exprs
-from moagen.steps.loop.schedule import kernel_names
+from moagen.onf.names import kernel_names
 
 
 def mark_simd(onf: ONF) -> ONF:

@@ -28,8 +28,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
                               loop_nest)
-from moagen.onf.names import Names, base_name, loop_role, nest_role
-from moagen.steps.loop.schedule import claim_loop, kernel_names
+from moagen.onf.names import Names, base_name, claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.step import Step
 
 

@@ -29,9 +29,8 @@ from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose, find_nest,
                               loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
                               subs_stmts, walk)
-from moagen.onf.names import loop_role, nest_role
+from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.reductions import require_lowered
-from moagen.steps.loop.schedule import claim_loop, kernel_names
 from moagen.steps.step import Step
 
 

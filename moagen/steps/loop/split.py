@@ -1,4 +1,8 @@
-"""A loop over h in [0, outer * inner) as two, h = inner * g + r:
+"""Loops cut in two: a loop by blocks of its iterations (Split), and a loop over
+outer x inner iterations as a loop over groups holding a loop over their members
+(SplitLoop).
+
+SplitLoop: a loop over h in [0, outer * inner) as two, h = inner * g + r:
 
     for h in [0, outer * inner): B(h)  ->  for g in [0, outer): for r in [0, inner): B(inner g + r)
 
@@ -14,15 +18,59 @@ Legal when the loop runs over exactly outer * inner iterations: the kernel's val
 must ensure it at every call (decode: kv_heads divides q_heads), as it must for the quotient
 in its indices to mean a group."""
 from dataclasses import dataclass, replace
-from typing import Tuple
+from typing import Optional, Tuple
 
 import sympy
 
+from moagen.errors import ScheduleError
 from moagen.moa.expr import as_dim, idiv
-from moagen.onf.loops import Loop, ONF, enclose, find_nest, loop_vars, subs_stmts
-from moagen.steps.loop.schedule import claim_loop, kernel_names
-from moagen.steps.step import Step
+from moagen.onf.loops import (Loop, ONF, enclose, find_nest, loop_vars, perfect_chain,
+                              rewrite_loops, subs_stmts, walk)
+from moagen.onf.names import claim_loop, kernel_names, loop_role
+from moagen.steps.loop.parallel import check_rectangular
 from moagen.steps.loop.unroll import outer_loop
+from moagen.steps.step import NotApplicable, Step, Transform
+
+
+@dataclass(frozen=True)
+class Split(Transform):
+    """Dimension lifting: `for i in [0, n)` becomes
+    `for i_blk in [0, ceil(n/T)): for i in [i_blk*T, min(n, i_blk*T + T))`."""
+    var: str
+    tile: int
+    nest: Optional[str] = None
+
+    def __str__(self):
+        return f"split({self.var}, {self.tile}{self._on()})"
+
+    @property
+    def blocks(self) -> str:
+        """The loop over the blocks it creates."""
+        return loop_role(self.var, "blk")
+
+    def nest_fn(self, nest, names):
+        if self.tile < 1:
+            raise ScheduleError(f"{self}: the tile size must be at least 1")
+
+        def split(loop, scope):
+            if loop.start != 0:
+                raise ScheduleError(f"{self}: loop {loop.var} does not start at 0")
+            inside = loop_vars((loop,))
+            blk = claim_loop(names, self.blocks, scope | inside, self)
+            lo = blk * self.tile
+            inner = replace(loop, start=lo, stop=sympy.Min(loop.stop, lo + self.tile), parallel=0)
+            return (Loop(blk, sympy.Integer(0), idiv(loop.stop + self.tile - 1, self.tile), (inner,),
+                         loop.parallel),)
+
+        body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.var, split)
+        if not count:
+            raise NotApplicable(f"{self}: nest {nest.label} has no loop {self.var}")
+        # splitting a parallel loop other than the innermost makes the tile loop's bounds
+        # depend on the block loop, which neither OpenMP's collapse nor CUDA can map
+        for lp in walk(body):
+            if isinstance(lp, Loop) and lp.parallel:
+                check_rectangular(self, perfect_chain((lp,), lp.parallel))
+        return body
 
 
 @dataclass(frozen=True)
