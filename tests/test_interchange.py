@@ -15,7 +15,7 @@ from moagen.steps.loop.interchange import BlockInterchange
 from moagen.onf.interpret import run_onf
 from moagen.steps.algebra.keyblocks import KeyBlocks
 from moagen.onf.layout import apply_layout
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, find_nest, walk
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, walk
 from moagen.onf.realize import initial_onf
 from tests.test_schedule import PROBLEMS, _dnf
 
@@ -39,7 +39,8 @@ def _owner(kernel, params, key_block, rows_block):
 
 
 def _loops(onf, nest):
-    return [s for s in walk(find_nest(onf, nest, None).body) if isinstance(s, Loop)]
+    body = next(n for n in onf.nests if n.label == nest).body
+    return [s for s in walk(body) if isinstance(s, Loop)]
 
 
 def _loop(onf, nest, var):

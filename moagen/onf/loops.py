@@ -135,16 +135,6 @@ def subs_stmts(stmts, at: dict):
     return tuple(sub(s) for s in stmts)
 
 
-def find_nest(onf: "ONF", label: str, who) -> "Nest":
-    """The nest called label; ScheduleError naming the transform `who` and the nests there
-    are otherwise."""
-    for n in onf.nests:
-        if n.label == label:
-            return n
-    raise ScheduleError(f"{who}: {onf.name} has no nest {label!r}; it has "
-                        f"{', '.join(n.label for n in onf.nests)}")
-
-
 def tails(onf: "ONF", label: str):
     """(tail nest, {parent loop name: the tail's}) for every tail of nest label, tails of
     tails included, the renames composed."""

@@ -40,22 +40,19 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Loop, ONF, Store, Update, find_nest, map_stmt_exprs,
+from moagen.onf.loops import (Loop, ONF, Store, Update, map_stmt_exprs,
                               rewrite_loops, walk)
-from moagen.steps.step import Step
+from moagen.steps.step import Step, hidden
 
 
 @dataclass(frozen=True)
 class CausalBlocks(Step):
     nest: str
     blocks: str = "j_blk"
-    keys: str = "j"
-
-    def __str__(self):
-        return f"causal_blocks({self.nest}, {self.blocks})"
+    keys: str = hidden("j")
 
     def __call__(self, onf: ONF) -> ONF:
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.blocks,
                                     self._split)
         if not count:

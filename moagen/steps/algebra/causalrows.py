@@ -28,7 +28,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
 from moagen.steps.algebra.causal import MASKED, mask_sides
-from moagen.onf.loops import Loop, ONF, find_nest, rewrite_loops, stmt_exprs, walk
+from moagen.onf.loops import Loop, ONF, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
 from moagen.steps.step import Step
 
@@ -40,11 +40,8 @@ class CausalRows(Step):
     rows: str = "i"  # the query rows: loops over them, or over tiles of them (rows_tile)
     align: int = 1  # A: the rows' first kept row is a multiple of it
 
-    def __str__(self):
-        return f"causal_rows({self.nest}, {self.tile}, {self.rows}, {self.align})"
-
     def __call__(self, onf: ONF) -> ONF:
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         body, count = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.tile and bool(self._keys(loop)),
             lambda loop, scope: [replace(loop, body=self._cut(loop))])

@@ -7,9 +7,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Loop, Nest, ONF, Store, enclose, find_nest, perfect_chain, walk
+from moagen.onf.loops import Loop, Nest, ONF, Store, enclose, perfect_chain, walk
 from moagen.onf.names import base_name, nest_role
-from moagen.steps.step import Step
+from moagen.steps.step import Step, shown
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,9 @@ class Scatter(Step):
     backward's dK and dV under a loop over query rows."""
     layer = "algorithm"
     nest: str
-    over: str
-    outer: Tuple[str, ...]  # loops kept outside the new reduction loop (batch, head)
-
-    def __str__(self):
-        return f"scatter({self.nest}, over={self.over}, outer=({', '.join(self.outer)}))"
+    over: str = shown("over={over}")
+    # loops kept outside the new reduction loop (batch, head)
+    outer: Tuple[str, ...] = shown("outer=({outer})")
 
     @property
     def zero(self) -> str:
@@ -32,7 +30,7 @@ class Scatter(Step):
         return nest_role(self.nest, "zero")
 
     def __call__(self, onf: ONF) -> ONF:
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         store = next((s for s in walk(nest.body) if isinstance(s, Store)), None)
         loops = perfect_chain(nest.body, len(store.index) if store else 0)
         red = store.value if store else None

@@ -9,24 +9,21 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, Store, rewrite_loops
 from moagen.onf.names import Names, base_name
-from moagen.steps.step import NotApplicable, Transform
+from moagen.steps.step import NotApplicable, Step, shown
 
 
 @dataclass(frozen=True)
-class Accumulate(Transform):
+class Accumulate(Step):
     """`for c: out[.., c] = op_j body(j, c)` becomes
     `for c: out[.., c] = identity;  for j: for c: out[.., c] op= body(j, c)`,
     so that whatever in body depends on j but not on c can be computed once per j.
     `for c: out[.., c] op= op_j body(j, c)` (an outer sum's terms, after that sum's own
     Accumulate) becomes `for j: for c: out[.., c] op= body(j, c)`."""
     loop: str
-    over: str
+    over: str = shown("over={over}")
     nest: Optional[str] = None
 
-    def __str__(self):
-        return f"accumulate({self.loop}, over={self.over}{self._on()})"
-
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(nest.body, self._selects,
                                     lambda lp, scope: self._interchange(lp, scope, names))
         if not count:

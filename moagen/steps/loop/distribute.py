@@ -6,11 +6,11 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, rewrite_loops, stmt_exprs, walk
 from moagen.steps.loop.fusion import independent
-from moagen.steps.step import NotApplicable, Transform
+from moagen.steps.step import NotApplicable, Step
 
 
 @dataclass(frozen=True)
-class Distribute(Transform):
+class Distribute(Step):
     """Loop distribution: a loop over `var` whose body only adds into several arrays (the
     owner's key rows' pass: dK[j, c] += .., dV[j, c] += .., dQ[i, c] += .. in one loop over c)
     becomes one loop per array, each with that array's additions in their order. Each loop
@@ -25,10 +25,7 @@ class Distribute(Transform):
     var: str
     nest: Optional[str] = None
 
-    def __str__(self):
-        return f"distribute({self.var}{self._on()})"
-
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(nest.body, self._selects, lambda loop, scope: self._split(loop))
         if not count:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.var} that "

@@ -7,9 +7,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose,
                               perfect_chain, stmt_exprs, walk)
-from moagen.steps.step import Step
+from moagen.steps.step import Step, hidden, shown
 
 
 @dataclass(frozen=True)
@@ -19,14 +19,12 @@ class FuseNests(Step):
     (the backward reading the forward's O and lse of the same row). Inside, sibling loops
     over the same range are fused wherever they are independent."""
     nests: Tuple[str, ...]
-    over: Tuple[str, ...]
-    name: str
-
-    def __str__(self):
-        return f"fuse({', '.join(self.nests)}, over=({', '.join(self.over)}))"
+    over: Tuple[str, ...] = shown("over=({over})")
+    name: str = hidden()
+    printed_name = "fuse"
 
     def __call__(self, onf: ONF) -> ONF:
-        chosen = [find_nest(onf, label, self) for label in self.nests]
+        chosen = [self.nest_called(onf, label) for label in self.nests]
         chains = [perfect_chain(n.body, len(self.over)) for n in chosen]
         for n, chain in zip(chosen, chains):
             if chain is None or [lp.var.name for lp in chain] != list(self.over):

@@ -5,20 +5,17 @@ from typing import Optional
 
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, defined_names, map_stmt_exprs, stmt_exprs, walk
-from moagen.steps.step import Transform
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)
-class Hoist(Transform):
+class Hoist(Step):
     """Compute every loop-invariant value once, just before the loop it does not depend on:
     a row's max and sum leave the loops over columns and keys, and values that appear twice
     (the row max inside the row sum and inside each probability) are computed once."""
     nest: Optional[str] = None
 
-    def __str__(self):
-        return f"hoist({self.nest or ''})"
-
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         return _hoist_block(nest.body, names)
 
 

@@ -30,23 +30,20 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, find_nest, loop_vars, names_read, perfect_chain,
+from moagen.onf.loops import (Let, Loop, ONF, loop_vars, names_read, perfect_chain,
                               rewrite_loops)
 from moagen.onf.names import claim_loop, kernel_names, loop_role
 from moagen.steps.loop.unroll import check_sum_only, summed_arrays
-from moagen.steps.step import Step, Transform
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)
-class Reorder(Transform):
+class Reorder(Step):
     """Permute the outermost perfectly nested loops of a nest into the given order."""
     order: Tuple[str, ...]
     nest: Optional[str] = None
 
-    def __str__(self):
-        return f"reorder({', '.join(self.order)}{self._on()})"
-
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         chain = perfect_chain(nest.body, len(self.order))
         have = [lp.var.name for lp in chain] if chain else []
         if sorted(have) != sorted(self.order):
@@ -71,9 +68,6 @@ class BlockInterchange(Step):
     across: str
     block: int
 
-    def __str__(self):
-        return f"block_interchange({self.nest}, {self.loop}, {self.across}, {self.block})"
-
     @property
     def blocks(self) -> str:
         """The loop over blocks of `loop` it creates."""
@@ -82,7 +76,7 @@ class BlockInterchange(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.block < 2:
             raise ScheduleError(f"{self}: a block holds at least two iterations")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         names = kernel_names(onf)
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.loop,
                                     lambda loop, scope: self._blocked(loop, names, scope))

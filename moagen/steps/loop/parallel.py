@@ -9,11 +9,11 @@ from moagen.errors import ScheduleError
 from moagen.moa.expr import simplified
 from moagen.onf.loops import Let, Loop, ONF, Store, Update, perfect_chain, tails, walk
 from moagen.onf.names import kernel_names
-from moagen.steps.step import Transform
+from moagen.steps.step import Step, flag, shown
 
 
 @dataclass(frozen=True)
-class Parallel(Transform):
+class Parallel(Step):
     """Run the outermost perfectly nested loops `vars` in parallel (an OpenMP `collapse`
     on the CPU). Legal only when every store inside is indexed by all of them and no local
     defined outside them is updated inside. The nest's tails (rows.edge: the rows past the
@@ -24,12 +24,8 @@ class Parallel(Transform):
     groups of one head: the threads share that head's keys in the last-level cache)."""
     vars: Tuple[str, ...]
     nest: Optional[str] = None
-    interleave: bool = False
+    interleave: bool = flag("interleaved")
     layer = "mapping"
-
-    def __str__(self):
-        turns = ", interleaved" if self.interleave else ""
-        return f"parallel({', '.join(self.vars)}{turns}{self._on()})"
 
     def __call__(self, onf: ONF) -> ONF:
         onf = super().__call__(onf)
@@ -41,11 +37,11 @@ class Parallel(Transform):
             chain = perfect_chain(tail.body, len(own.vars))
             if chain and [lp.var.name for lp in chain] == list(own.vars) and \
                     not any(isinstance(s, Loop) and s.parallel for s in walk(tail.body)):
-                inherited[tail.label] = own.nest_fn(tail, names)
+                inherited[tail.label] = own.rewrite_nest(tail, names)
         return replace(onf, nests=tuple(replace(n, body=inherited[n.label])
                                         if n.label in inherited else n for n in onf.nests))
 
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         chain = perfect_chain(nest.body, len(self.vars))
         if not chain or [lp.var.name for lp in chain] != list(self.vars):
             raise ScheduleError(f"{self}: nest {nest.label} does not start with the perfectly "
@@ -75,10 +71,7 @@ class GpuThreads(Parallel):
     """The CUDA mapping of parallel loops: one GPU thread per iteration of `vars`, `block`
     threads a thread block (the iterations in order, the innermost loop fastest, so that
     neighbouring threads touch neighbouring elements). The same legality as Parallel."""
-    block: int = 128
-
-    def __str__(self):
-        return f"gpu_threads({', '.join(self.vars)}, {self.block} a block{self._on()})"
+    block: int = shown("{block} a block", 128)
 
     def mark(self, loop: Loop, count: int) -> Loop:
         if self.interleave or self.block < 1:

@@ -21,8 +21,6 @@ from moagen.steps.step import Step
 
 @dataclass(frozen=True)
 class LowerReductions(Step):
-    def __str__(self):
-        return "lower_reductions()"
 
     def __call__(self, onf: ONF) -> ONF:
         lower = _Lowering(kernel_names(onf))

@@ -24,31 +24,28 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import as_dim, idiv
-from moagen.onf.loops import (Loop, ONF, enclose, find_nest, loop_vars, perfect_chain,
+from moagen.onf.loops import (Loop, ONF, enclose, loop_vars, perfect_chain,
                               rewrite_loops, subs_stmts, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role
 from moagen.steps.loop.parallel import check_rectangular
 from moagen.steps.loop.unroll import outer_loop
-from moagen.steps.step import NotApplicable, Step, Transform
+from moagen.steps.step import NotApplicable, Step, hidden, shown
 
 
 @dataclass(frozen=True)
-class Split(Transform):
+class Split(Step):
     """Dimension lifting: `for i in [0, n)` becomes
     `for i_blk in [0, ceil(n/T)): for i in [i_blk*T, min(n, i_blk*T + T))`."""
     var: str
     tile: int
     nest: Optional[str] = None
 
-    def __str__(self):
-        return f"split({self.var}, {self.tile}{self._on()})"
-
     @property
     def blocks(self) -> str:
         """The loop over the blocks it creates."""
         return loop_role(self.var, "blk")
 
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         if self.tile < 1:
             raise ScheduleError(f"{self}: the tile size must be at least 1")
 
@@ -76,14 +73,10 @@ class Split(Transform):
 @dataclass(frozen=True)
 class SplitLoop(Step):
     nest: str
-    loop: str
-    outer: object  # the outer loop's extent (a size name or expression): kv_heads
-    inner: object  # the inner one's: idiv(q_heads, kv_heads)
-    names: Tuple[str, str] = ("g", "r")
-
-    def __str__(self):
-        return (f"split_loop({self.nest}, {self.loop} = {self.inner}*{self.names[0]} + "
-                f"{self.names[1]})")
+    loop: str = shown("{loop} = {inner}*{groups} + {members}")
+    outer: object = hidden()  # the outer loop's extent (a size name or expression): kv_heads
+    inner: object = hidden()  # the inner one's: idiv(q_heads, kv_heads)
+    names: Tuple[str, str] = hidden(("g", "r"))
 
     @property
     def groups(self) -> str:
@@ -96,7 +89,7 @@ class SplitLoop(Step):
         return self.names[1]
 
     def __call__(self, onf: ONF) -> ONF:
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         around, loop = outer_loop(self, nest.body, self.loop)
         names = kernel_names(onf)
         scope = {lp.var.name for lp in around} | loop_vars((loop,))

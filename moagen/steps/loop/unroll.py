@@ -26,7 +26,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose, find_nest,
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
                               loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
                               subs_stmts, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
@@ -39,9 +39,6 @@ class UnrollJam(Step):
     nest: str
     loop: str
     factor: int
-
-    def __str__(self):
-        return f"unroll_jam({self.nest}, {self.loop}, {self.factor})"
 
     @property
     def tiles(self) -> str:
@@ -56,7 +53,7 @@ class UnrollJam(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         # the copies' sums must already be loops, to be jammed into one
         require_lowered(nest, self)
         if any(n.label == self.edge for n in onf.nests):
@@ -210,9 +207,6 @@ class UnrollSum(Step):
     loop: str
     factor: int
 
-    def __str__(self):
-        return f"unroll_sum({self.nest}, {self.loop}, {self.factor})"
-
     @property
     def tiles(self) -> str:
         """The loops over groups of `factor` iterations it creates (j_tile)."""
@@ -221,7 +215,7 @@ class UnrollSum(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         names = kernel_names(onf)
         body, unrolled = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.loop and summed_arrays(loop),
