@@ -40,9 +40,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Loop, ONF, Store, Update, map_stmt_exprs,
-                              rewrite_loops, walk)
-from moagen.steps.step import Step, hidden
+from moagen.onf.loops import Loop, Store, Update, map_stmt_exprs, rewrite_loops, walk
+from moagen.steps.step import NotApplicable, Step, hidden
 
 
 @dataclass(frozen=True)
@@ -51,14 +50,12 @@ class CausalBlocks(Step):
     blocks: str = "j_blk"
     keys: str = hidden("j")
 
-    def __call__(self, onf: ONF) -> ONF:
-        nest = self.nest_called(onf)
+    def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.blocks,
                                     self._split)
         if not count:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.blocks}")
-        return onf.with_nests([replace(n, body=body) if n is nest else n
-                               for n in onf.nests], str(self))
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.blocks}")
+        return body
 
     def _split(self, blocks, scope):
         first, last = self._bounds(blocks)

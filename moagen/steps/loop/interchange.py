@@ -30,11 +30,10 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, loop_vars, names_read, perfect_chain,
-                              rewrite_loops)
-from moagen.onf.names import claim_loop, kernel_names, loop_role
+from moagen.onf.loops import Let, Loop, loop_vars, names_read, perfect_chain, rewrite_loops
+from moagen.onf.names import claim_loop, loop_role
 from moagen.steps.loop.unroll import check_sum_only, summed_arrays
-from moagen.steps.step import Step
+from moagen.steps.step import NotApplicable, Step
 
 
 @dataclass(frozen=True)
@@ -73,17 +72,14 @@ class BlockInterchange(Step):
         """The loop over blocks of `loop` it creates."""
         return loop_role(self.loop, "blk")
 
-    def __call__(self, onf: ONF) -> ONF:
+    def rewrite_nest(self, nest, names):
         if self.block < 2:
             raise ScheduleError(f"{self}: a block holds at least two iterations")
-        nest = self.nest_called(onf)
-        names = kernel_names(onf)
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.loop,
                                     lambda loop, scope: self._blocked(loop, names, scope))
         if not count:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop}")
-        return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
-                              str(self))
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.loop}")
+        return body
 
     def _blocked(self, loop, names, scope):
         across = [(pos, chain) for pos, s in enumerate(loop.body)

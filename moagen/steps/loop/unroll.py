@@ -31,7 +31,7 @@ from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, 
                               subs_stmts, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.reductions import require_lowered
-from moagen.steps.step import Step
+from moagen.steps.step import NotApplicable, Step
 
 
 @dataclass(frozen=True)
@@ -212,19 +212,16 @@ class UnrollSum(Step):
         """The loops over groups of `factor` iterations it creates (j_tile)."""
         return loop_role(self.loop, "tile")
 
-    def __call__(self, onf: ONF) -> ONF:
+    def rewrite_nest(self, nest, names):
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
-        nest = self.nest_called(onf)
-        names = kernel_names(onf)
         body, unrolled = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.loop and summed_arrays(loop),
             lambda loop, scope: self._unroll(loop, names, scope))
         if not unrolled:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop} that "
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.loop} that "
                                 "adds into array elements it does not index")
-        return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
-                              str(self))
+        return body
 
     def _unroll(self, loop, names, scope):
         summed = summed_arrays(loop)
