@@ -16,13 +16,13 @@ from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, inner, sym
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import run_onf
-from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.names import base_name
 from moagen.onf.realize import initial_onf, realize
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.hoist import Hoist
 from moagen.steps.loop.interchange import Reorder
+from moagen.steps.loop.layout import ApplyLayout
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.split import Split
@@ -159,7 +159,7 @@ def test_every_stage_keeps_the_value(kernel, variant, params):
         stages.append((str(transform), onf))
     onf = LowerReductions()(onf)
     stages.append(("lower_reductions", onf))
-    stages.append(("apply_layout", apply_layout(onf)))
+    stages.append(("apply_layout", ApplyLayout()(onf)))
     for layout in ("row", "col"):
         stages.append((f"realize {layout}", realize(_dnf(kernel, variant), variant, schedule,
                                                     layout)))
@@ -198,7 +198,7 @@ def test_split_keeps_the_value(kernel, variant, var, tile):
         assert nested and all(base_name(around[-1]) == f"{var}_blk" for around in nested)
     for onf in (LowerReductions()(before), after):
         for layout in ("row", "col"):
-            _assert_same(_run(kernel, apply_layout(replace(onf, layout=layout))),
+            _assert_same(_run(kernel, ApplyLayout()(replace(onf, layout=layout))),
                          _expected(kernel), rtol=1e-12)
 
 
@@ -232,7 +232,7 @@ def test_reorder_keeps_the_value(kernel, variant, lowered, nest, order):
     onf = Reorder(order, nest)(LowerReductions()(onf) if lowered else onf)
     reordered = next(n for n in onf.nests if n.target == nest)
     assert _chain(reordered.body)[:len(order)] == list(order)
-    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, ApplyLayout()(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kernel, variant", VARIANTS)
@@ -245,7 +245,7 @@ def test_reorder_of_the_parallel_rows_after_the_schedule(kernel, variant):
     for label in over_rows:
         onf = Reorder(tuple(reversed(rows)), label)(onf)
     assert all(_chain(n.body)[:2] == rows[::-1] for n in onf.nests if n.label in over_rows)
-    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, ApplyLayout()(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kernel, loops, nest", [
@@ -258,7 +258,7 @@ def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops, nest):
     onf = Parallel(loops, nest)(initial_onf(_dnf(kernel, "dnf"), "dnf"))
     marked = [len(loops) if nest in (None, n.label) else 0 for n in onf.nests]
     assert [n.body[0].parallel for n in onf.nests] == marked
-    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, ApplyLayout()(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 # ---- the structure the schedules promise -----------------------------------------------
@@ -328,7 +328,7 @@ def test_accumulate_moves_a_sum_of_sums_loop_by_loop():
     assert [lp.var.name for lp in walk((sweep,)) if isinstance(lp, Loop)] == ["r", "i", "c"]
     assert [st.accumulate for st in walk((sweep,)) if isinstance(st, Store)] == ["+"]
     a = _rng.standard_normal((2, 3, 4))
-    np.testing.assert_allclose(run_onf(apply_layout(LowerReductions()(onf)), {"A": a}, {})["y"],
+    np.testing.assert_allclose(run_onf(ApplyLayout()(LowerReductions()(onf)), {"A": a}, {})["y"],
                                a.sum((0, 1)), rtol=1e-13)
 
 
@@ -340,7 +340,7 @@ def test_accumulate_over_the_role_of_the_output_loop_keeps_the_value():
     loops = [s.var.name for s in walk(onf.nests[0].body) if isinstance(s, Loop)]
     assert sorted(loops) == ["c", "c", "c2", "i"]
     a, b = _rng.standard_normal((3, 5)), _rng.standard_normal((5, 7))
-    np.testing.assert_allclose(run_onf(apply_layout(LowerReductions()(onf)), {"A": a, "B": b},
+    np.testing.assert_allclose(run_onf(ApplyLayout()(LowerReductions()(onf)), {"A": a, "B": b},
                                        {})["C"], a @ b, rtol=1e-13)
 
 
@@ -394,7 +394,7 @@ def test_a_row_sum_by_hand_runs_in_parallel():
                                           Store("y", (I,), S.Local("s")))))
     a = _rng.standard_normal((3, 5))
     for layout in ("row", "col"):
-        got = run_onf(apply_layout(replace(onf, layout=layout)), {"A": a}, {})
+        got = run_onf(ApplyLayout()(replace(onf, layout=layout)), {"A": a}, {})
         np.testing.assert_allclose(got["y"], a.sum(1), rtol=1e-13)
 
 

@@ -3,7 +3,8 @@
 A step is a named, frozen dataclass: called on an ONF it returns the next ONF, with itself
 recorded in the ONF's schedule, or raises ScheduleError when its precondition does not
 hold. No step changes the value computed (the tests check each against the untransformed
-ONF).
+ONF). Two closing steps are not recorded, ApplyLayout and MarkSimd: every ONF ends with
+them (moagen.onf.realize.CLOSING), and the schedule says what a variant chose.
 
 Which nests it works on: a step's `nest` field names the nest it rewrites. A step that
 may work on any nest declares `nest: Optional[str] = None`, None meaning every nest it
