@@ -1,6 +1,7 @@
-"""Fresh names for locals and loop variables. Integer loop variables and floating-point
-locals must never share a name anywhere in a kernel (Fortran declares them once, at the
-top), and neither may shadow an array, size or scalar."""
+"""Names: fresh names for locals and loop variables, the names a kernel already uses, and
+the one rule for the loops and nests that schedule steps create. Integer loop variables
+and floating-point locals must never share a name anywhere in a kernel (Fortran declares
+them once, at the top), and neither may shadow an array, size or scalar."""
 import re
 
 import sympy
@@ -57,6 +58,12 @@ def nest_role(label: str, role: str) -> str:
     """The nest a step creates beside nest label: rows -> rows.edge (the iterations past the
     last full tile), dQ -> dQ.zero, dQ.merge, dweight.partial, U.pack_Wg."""
     return f"{label}.{role}"
+
+
+# The one exception to loop_role: a loop cut into groups and their members (SplitLoop,
+# h = inner g + r) becomes loops g and r, whatever it was called: the letters the
+# grouped-query specs give a KV head and a query head of its group.
+GROUPS, MEMBERS = "g", "r"
 
 
 def kernel_names(onf: ONF) -> Names:

@@ -18,7 +18,7 @@ Legal when the loop runs over exactly outer * inner iterations: the kernel's val
 must ensure it at every call (decode: kv_heads divides q_heads), as it must for the quotient
 in its indices to mean a group."""
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Optional
 
 import sympy
 
@@ -26,7 +26,7 @@ from moagen.errors import ScheduleError
 from moagen.moa.expr import as_dim, idiv
 from moagen.onf.loops import (Loop, ONF, enclose, loop_vars, perfect_chain,
                               rewrite_loops, subs_stmts, walk)
-from moagen.onf.names import claim_loop, kernel_names, loop_role
+from moagen.onf.names import GROUPS, MEMBERS, claim_loop, kernel_names, loop_role
 from moagen.steps.loop.parallel import check_rectangular
 from moagen.steps.loop.unroll import outer_loop
 from moagen.steps.step import NotApplicable, Step, hidden, shown
@@ -76,24 +76,23 @@ class SplitLoop(Step):
     loop: str = shown("{loop} = {inner}*{groups} + {members}")
     outer: object = hidden()  # the outer loop's extent (a size name or expression): kv_heads
     inner: object = hidden()  # the inner one's: idiv(q_heads, kv_heads)
-    names: Tuple[str, str] = hidden(("g", "r"))
 
     @property
     def groups(self) -> str:
         """The outer loop it creates (g)."""
-        return self.names[0]
+        return GROUPS
 
     @property
     def members(self) -> str:
         """The inner loop it creates (r)."""
-        return self.names[1]
+        return MEMBERS
 
     def __call__(self, onf: ONF) -> ONF:
         nest = self.nest_called(onf)
         around, loop = outer_loop(self, nest.body, self.loop)
         names = kernel_names(onf)
         scope = {lp.var.name for lp in around} | loop_vars((loop,))
-        g, r = (claim_loop(names, n, scope, self) for n in self.names)
+        g, r = (claim_loop(names, n, scope, self) for n in (self.groups, self.members))
         outer, inner = as_dim(self.outer), as_dim(self.inner)
         h = inner * g + r
         body = subs_stmts(subs_stmts(loop.body, {loop.var: h}), {idiv(h, inner): g})
