@@ -21,8 +21,8 @@ from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa import scalar as S
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import Let, Loop, Store, Update, stmt_exprs, walk
-from moagen.steps.algebra.partials import PartialSums
 from moagen.onf.realize import initial_onf
+from moagen.steps.algebra.partials import PartialSums
 from moagen.steps.loop.layout import ApplyLayout
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.tiling import RegisterTile

@@ -10,9 +10,9 @@ from moagen import reference, reference_block
 from moagen.codegen.cuda import emit_cuda
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.steps.loop.gpu_blocks import GpuBlocks
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.steps.loop.gpu_blocks import GpuBlocks
 from moagen.pipeline import onf_of
 
 

@@ -11,11 +11,11 @@ from moagen.errors import ScheduleError
 from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
-from moagen.steps.loop.interchange import BlockInterchange
 from moagen.onf.interpret import run_onf
-from moagen.steps.algebra.keyblocks import KeyBlocks
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, walk
 from moagen.onf.realize import initial_onf
+from moagen.steps.algebra.keyblocks import KeyBlocks
+from moagen.steps.loop.interchange import BlockInterchange
 from moagen.steps.loop.layout import ApplyLayout
 from tests.test_schedule import PROBLEMS, _dnf
 

@@ -27,9 +27,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.steps.algebra.causal import MASKED, mask_sides
 from moagen.onf.loops import Loop, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
+from moagen.steps.algebra.causal import MASKED, mask_sides
 from moagen.steps.step import NotApplicable, Step
 
 

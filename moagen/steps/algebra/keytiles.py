@@ -58,7 +58,8 @@ from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, loop_
                               map_stmt_exprs, rewrite_loops, stmt_exprs, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.reductions import require_lowered
-from moagen.steps.loop.unroll import check_independent, check_sum_only, copy_iteration, jam, summed_arrays
+from moagen.steps.loop.unroll import (check_independent, check_sum_only, copy_iteration, jam,
+                                      summed_arrays)
 from moagen.steps.step import Step, flag
 
 

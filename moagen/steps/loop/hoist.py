@@ -4,7 +4,8 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, Store, Update, defined_names, map_stmt_exprs, stmt_exprs, walk
+from moagen.onf.loops import (Let, Loop, Store, Update, defined_names, map_stmt_exprs, stmt_exprs,
+                              walk)
 from moagen.steps.step import Step
 
 

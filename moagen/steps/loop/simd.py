@@ -1,5 +1,5 @@
-"""SIMD marks (MarkSimd), the closing step after lowering and layout that lets the compiler vectorize innermost loops that
-are reductions (a dot product q . k, a row's sum of squares).
+"""SIMD marks (MarkSimd), the closing step after lowering and layout that lets the compiler
+vectorize innermost loops that are reductions (a dot product q . k, a row's sum of squares).
 
 Without `-ffast-math` a compiler may not reorder a floating-point sum, so `acc += x[c] *
 y[c]` runs one element per add latency. A loop marked here is printed with an OpenMP
