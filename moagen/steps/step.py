@@ -29,9 +29,6 @@ from moagen.onf.loops import Nest, ONF
 from moagen.onf.names import Names, kernel_names
 
 
-LAYERS = ("algorithm", "schedule", "mapping")
-
-
 class NotApplicable(ScheduleError):
     """The nest lacks what the step works on (as opposed to a violated precondition)."""
 

@@ -24,9 +24,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import as_dim, idiv
-from moagen.onf.loops import (Loop, ONF, enclose, loop_vars, perfect_chain,
-                              rewrite_loops, subs_stmts, walk)
-from moagen.onf.names import GROUPS, MEMBERS, claim_loop, kernel_names, loop_role
+from moagen.onf.loops import (Loop, enclose, loop_vars, perfect_chain, rewrite_loops, subs_stmts,
+                              walk)
+from moagen.onf.names import GROUPS, MEMBERS, claim_loop, loop_role
 from moagen.steps.loop.parallel import check_rectangular
 from moagen.steps.loop.unroll import outer_loop
 from moagen.steps.step import NotApplicable, Step, hidden, shown
@@ -87,15 +87,12 @@ class SplitLoop(Step):
         """The inner loop it creates (r)."""
         return MEMBERS
 
-    def __call__(self, onf: ONF) -> ONF:
-        nest = self.nest_called(onf)
+    def rewrite_nest(self, nest, names):
         around, loop = outer_loop(self, nest.body, self.loop)
-        names = kernel_names(onf)
         scope = {lp.var.name for lp in around} | loop_vars((loop,))
         g, r = (claim_loop(names, n, scope, self) for n in (self.groups, self.members))
         outer, inner = as_dim(self.outer), as_dim(self.inner)
         h = inner * g + r
         body = subs_stmts(subs_stmts(loop.body, {loop.var: h}), {idiv(h, inner): g})
         split = Loop(g, sympy.Integer(0), outer, (Loop(r, sympy.Integer(0), inner, body),))
-        return onf.with_nests([replace(n, body=enclose(around, (split,))) if n is nest else n
-                               for n in onf.nests], str(self))
+        return enclose(around, (split,))
