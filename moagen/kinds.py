@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from moagen.errors import UnknownNameError
-from moagen.onf.schedule import GpuThreads
+from moagen.steps.loop.parallel import GpuThreads
 
 
 def gpu_threads(cpu: Tuple) -> Tuple:

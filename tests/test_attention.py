@@ -6,20 +6,22 @@ import pytest
 import sympy
 
 from moagen import runtime
-from moagen.pipeline import onf_of
 from moagen.errors import ScheduleError
 from moagen.kernels import KERNELS, get_kernel
 from moagen.moa import scalar as S
-from moagen.moa.expr import idiv
 from moagen.moa.dnf import psi_reduce
+from moagen.moa.expr import idiv
 from moagen.onf.count import atomic_updates
-from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.interpret import index_fn
 from moagen.onf.loops import Let, Loop, Store, Update, walk
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.partials import PartBuffers
 from moagen.onf.realize import initial_onf
-from moagen.onf.schedule import Accumulate, Hoist
+from moagen.pipeline import onf_of
+from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.steps.algebra.partials import PartBuffers
+from moagen.steps.algebra.scatter import Scatter
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.hoist import Hoist
 
 # attention_fwd*, attention_bwd* and attention_fwdbwd*, plain and causal
 ATTENTION = [(k.name, v) for k in KERNELS.values()

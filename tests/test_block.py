@@ -20,12 +20,12 @@ from moagen.kernels.compose import Stage, compose
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa import scalar as S
 from moagen.onf.interpret import run_onf
-from moagen.onf.layout import apply_layout
 from moagen.onf.loops import Let, Loop, Store, Update, stmt_exprs, walk
-from moagen.onf.partials import PartialSums
 from moagen.onf.realize import initial_onf
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.tiling import RegisterTile
+from moagen.steps.algebra.partials import PartialSums
+from moagen.steps.loop.layout import ApplyLayout
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.tiling import RegisterTile
 
 rng = np.random.default_rng(5)
 normal = lambda *shape: rng.standard_normal(shape)
@@ -68,9 +68,9 @@ def test_every_step_of_the_new_schedules_keeps_the_value(kernel, variant):
     for transform in k.variant(variant).steps():
         onf = transform(onf)
         steps.append((str(transform), onf))
-    steps.append(("lowered", apply_layout(LowerReductions()(onf))))
+    steps.append(("lowered", ApplyLayout()(LowerReductions()(onf))))
     for name, stage in steps:
-        got = run_onf(stage if stage.flat else apply_layout(LowerReductions()(stage)),
+        got = run_onf(stage if stage.flat else ApplyLayout()(LowerReductions()(stage)),
                       PROBLEMS[kernel][0], {})
         for out in want:
             np.testing.assert_allclose(got[out], want[out], rtol=1e-12, atol=1e-13,

@@ -15,7 +15,8 @@ from moagen.kernels import KERNELS, CompositeKernel
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, inner, rsqrt, sigmoid, transpose
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.loops import Store, format_onf, walk
+from moagen.onf.dump import format_onf
+from moagen.onf.loops import Store, walk
 from moagen.onf.realize import realize
 from moagen.pipeline import onf_of
 from moagen.targets import LANGS, TARGETS

@@ -1,4 +1,4 @@
-"""GpuBlocks, a thread block per iteration (moagen.onf.gpu_blocks): what it marks, what it
+"""GpuBlocks, a thread block per iteration (moagen.steps.loop.gpu_blocks): what it marks, what it
 refuses, and what the CUDA printer makes of it. That the printed kernels compute the same
 values with a block's threads running at once is checked by the emulation
 (tests/test_cuda_emulation.py runs rmsnorm_fwd dnf and the block that calls it)."""
@@ -10,9 +10,9 @@ from moagen import reference, reference_block
 from moagen.targets.cuda.printer import emit_cuda
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.gpu_blocks import GpuBlocks
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.steps.loop.gpu_blocks import GpuBlocks
 from moagen.pipeline import onf_of
 
 

@@ -11,12 +11,12 @@ from moagen.errors import ScheduleError
 from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
-from moagen.onf.interchange import BlockInterchange
 from moagen.onf.interpret import run_onf
-from moagen.onf.keyblocks import KeyBlocks
-from moagen.onf.layout import apply_layout
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, find_nest, walk
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, walk
 from moagen.onf.realize import initial_onf
+from moagen.steps.algebra.keyblocks import KeyBlocks
+from moagen.steps.loop.interchange import BlockInterchange
+from moagen.steps.loop.layout import ApplyLayout
 from tests.test_schedule import PROBLEMS, _dnf
 
 KERNEL = "attention_fwdbwd"
@@ -39,7 +39,8 @@ def _owner(kernel, params, key_block, rows_block):
 
 
 def _loops(onf, nest):
-    return [s for s in walk(find_nest(onf, nest, None).body) if isinstance(s, Loop)]
+    body = next(n for n in onf.nests if n.label == nest).body
+    return [s for s in walk(body) if isinstance(s, Loop)]
 
 
 def _loop(onf, nest, var):
@@ -93,7 +94,7 @@ def test_the_loops_between_the_block_and_the_swept_loop_move_out_with_it():
     assert [lp.var.name for lp in walk((block,)) if isinstance(lp, Loop)] == ["o_blk", "r", "q",
                                                                              "o"]
     A = np.random.default_rng(3).standard_normal((7, 5))
-    got, want = (run_onf(apply_layout(onf), {"A": A}, {})["y"] for onf in (blocked, plain))
+    got, want = (run_onf(ApplyLayout()(onf), {"A": A}, {})["y"] for onf in (blocked, plain))
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, 2 * A.sum(1), rtol=1e-13)
 

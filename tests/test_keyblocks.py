@@ -11,8 +11,8 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
-from moagen.onf.keyblocks import KeyBlocks
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.steps.algebra.keyblocks import KeyBlocks
 
 I, J, K, C, N, M, D = (sym(s) for s in ("i", "j", "k", "c", "n", "m", "d"))
 ZERO = sympy.Integer(0)

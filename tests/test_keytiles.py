@@ -13,11 +13,11 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, sym
 from moagen.kernels import get_kernel
-from moagen.onf.causal import CausalBlocks
-from moagen.onf.causalrows import CausalRows
 from moagen.onf.interpret import run_onf
-from moagen.onf.keytiles import ColumnTiles, KeyTiles
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.steps.algebra.causal import CausalBlocks
+from moagen.steps.algebra.causalrows import CausalRows
+from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.pipeline import onf_of
 
 I, J, C, N, D = sym("i"), sym("j"), sym("c"), sym("n"), sym("d")

@@ -17,11 +17,12 @@ from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.realize import _check_tails_mapped, realize
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import GpuThreads, Hoist, Parallel
-from moagen.onf.step import Step
-from moagen.onf.unroll import UnrollJam
 from moagen.pipeline import onf_of
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import GpuThreads, Parallel
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.unroll import UnrollJam
+from moagen.steps.step import Step
 
 I, J, K, N, M = sym("i"), sym("j"), sym("k"), sym("n"), sym("m")
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "moagen" / "kernels"

@@ -19,8 +19,8 @@ from moagen.kernels import get_kernel
 from moagen.kernels.layers import format_layers
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let
-from moagen.onf.schedule import GpuThreads
 from moagen.pipeline import onf_of
+from moagen.steps.loop.parallel import GpuThreads
 from moagen.targets import LANGS, get_target
 from moagen.targets.openacc.target import devices
 

@@ -16,12 +16,16 @@ from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, inner, sym
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import run_onf
-from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.names import base_name
 from moagen.onf.realize import initial_onf, realize
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Accumulate, Hoist, Parallel, Reorder, Split
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.interchange import Reorder
+from moagen.steps.loop.layout import ApplyLayout
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.split import Split
 
 
 def _attention_reference(Q, K, V, scale, causal=False):
@@ -155,7 +159,7 @@ def test_every_stage_keeps_the_value(kernel, variant, params):
         stages.append((str(transform), onf))
     onf = LowerReductions()(onf)
     stages.append(("lower_reductions", onf))
-    stages.append(("apply_layout", apply_layout(onf)))
+    stages.append(("apply_layout", ApplyLayout()(onf)))
     for layout in ("row", "col"):
         stages.append((f"realize {layout}", realize(_dnf(kernel, variant), variant, schedule,
                                                     layout)))
@@ -194,7 +198,7 @@ def test_split_keeps_the_value(kernel, variant, var, tile):
         assert nested and all(base_name(around[-1]) == f"{var}_blk" for around in nested)
     for onf in (LowerReductions()(before), after):
         for layout in ("row", "col"):
-            _assert_same(_run(kernel, apply_layout(replace(onf, layout=layout))),
+            _assert_same(_run(kernel, ApplyLayout()(replace(onf, layout=layout))),
                          _expected(kernel), rtol=1e-12)
 
 
@@ -228,7 +232,7 @@ def test_reorder_keeps_the_value(kernel, variant, lowered, nest, order):
     onf = Reorder(order, nest)(LowerReductions()(onf) if lowered else onf)
     reordered = next(n for n in onf.nests if n.target == nest)
     assert _chain(reordered.body)[:len(order)] == list(order)
-    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, ApplyLayout()(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kernel, variant", VARIANTS)
@@ -241,7 +245,7 @@ def test_reorder_of_the_parallel_rows_after_the_schedule(kernel, variant):
     for label in over_rows:
         onf = Reorder(tuple(reversed(rows)), label)(onf)
     assert all(_chain(n.body)[:2] == rows[::-1] for n in onf.nests if n.label in over_rows)
-    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, ApplyLayout()(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kernel, loops, nest", [
@@ -254,7 +258,7 @@ def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops, nest):
     onf = Parallel(loops, nest)(initial_onf(_dnf(kernel, "dnf"), "dnf"))
     marked = [len(loops) if nest in (None, n.label) else 0 for n in onf.nests]
     assert [n.body[0].parallel for n in onf.nests] == marked
-    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, ApplyLayout()(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 # ---- the structure the schedules promise -----------------------------------------------
@@ -324,7 +328,7 @@ def test_accumulate_moves_a_sum_of_sums_loop_by_loop():
     assert [lp.var.name for lp in walk((sweep,)) if isinstance(lp, Loop)] == ["r", "i", "c"]
     assert [st.accumulate for st in walk((sweep,)) if isinstance(st, Store)] == ["+"]
     a = _rng.standard_normal((2, 3, 4))
-    np.testing.assert_allclose(run_onf(apply_layout(LowerReductions()(onf)), {"A": a}, {})["y"],
+    np.testing.assert_allclose(run_onf(ApplyLayout()(LowerReductions()(onf)), {"A": a}, {})["y"],
                                a.sum((0, 1)), rtol=1e-13)
 
 
@@ -336,7 +340,7 @@ def test_accumulate_over_the_role_of_the_output_loop_keeps_the_value():
     loops = [s.var.name for s in walk(onf.nests[0].body) if isinstance(s, Loop)]
     assert sorted(loops) == ["c", "c", "c2", "i"]
     a, b = _rng.standard_normal((3, 5)), _rng.standard_normal((5, 7))
-    np.testing.assert_allclose(run_onf(apply_layout(LowerReductions()(onf)), {"A": a, "B": b},
+    np.testing.assert_allclose(run_onf(ApplyLayout()(LowerReductions()(onf)), {"A": a, "B": b},
                                        {})["C"], a @ b, rtol=1e-13)
 
 
@@ -390,7 +394,7 @@ def test_a_row_sum_by_hand_runs_in_parallel():
                                           Store("y", (I,), S.Local("s")))))
     a = _rng.standard_normal((3, 5))
     for layout in ("row", "col"):
-        got = run_onf(apply_layout(replace(onf, layout=layout)), {"A": a}, {})
+        got = run_onf(ApplyLayout()(replace(onf, layout=layout)), {"A": a}, {})
         np.testing.assert_allclose(got["y"], a.sum(1), rtol=1e-13)
 
 
@@ -426,7 +430,7 @@ def test_sibling_fusion_moves_the_earlier_loop_down_when_the_later_cannot_move_u
     """[for k: y += x;  for c: z = 0;  for k: z += x]: the second k loop reads z, zeroed
     between them, so it cannot move up; the first touches nothing the zeroing does, so it
     moves down: one k loop after the zeroing. Had the first read z, nothing fuses."""
-    from moagen.onf.fusion import fuse_siblings
+    from moagen.steps.loop.fusion import fuse_siblings
     x = S.Access("x", (sym("k"),))
     first = _loop_to_n("k", _add_at_k("y", x))
     zero = _loop_to_n("c", Store("z", (sym("c"),), S.Num(0.0)))
@@ -441,7 +445,7 @@ def test_nest_fusion_runs_where_the_first_member_ran_when_the_others_can_move_up
     """[a = x;  b = a + 1;  c = 2 x] fusing a and c: a cannot move down past b (b reads
     it), c can move up past it (they share nothing): one nest [a, c] before b, values
     unchanged (the interpreter). When c reads b, neither can move: refused."""
-    from moagen.onf.fusion import FuseNests
+    from moagen.steps.loop.fusion import FuseNests
     i, n = sym("i"), sym("n")
     x = S.Access("x", (i,))
 
@@ -469,7 +473,7 @@ def test_distribution_gives_each_array_its_loop_and_keeps_the_value():
     """for k: y += x; z += 2 x; y += z0  ->  for k: y += x; y += z0;  for k: z += 2 x,
     each array's additions in their order; run by the interpreter against numpy. Additions
     that read another's array are refused."""
-    from moagen.onf.schedule import Distribute
+    from moagen.steps.loop.distribute import Distribute
     k, n = sym("k"), sym("n")
     x = S.Access("x", (k,))
     adds = (Store("y", (k,), x, accumulate="+"),
@@ -499,7 +503,7 @@ def test_distribution_takes_each_loop_the_locals_it_reads():
     """for i: let a = x[i]; let b = 2 a; let u = w[i]; for c: y[c] += a v[c]; for c: z[c] +=
     b u  ->  one loop over i for y (with a) and one for z (with a, b, u), values unchanged;
     a local reading an array the loop adds into is refused."""
-    from moagen.onf.schedule import Distribute
+    from moagen.steps.loop.distribute import Distribute
     i, c, n, m = sym("i"), sym("c"), sym("n"), sym("m")
     lets = (Let("a", S.Access("x", (i,))), Let("b", S.Bin("*", S.Num(2.0), S.Local("a"))),
             Let("u", S.Access("w", (i,))))

@@ -7,7 +7,7 @@ from moagen.pipeline import onf_of
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
-from moagen.onf.simd import mark_simd, simd_clauses
+from moagen.steps.loop.simd import MarkSimd, simd_clauses
 
 I, N = sym("i"), sym("n")
 
@@ -49,7 +49,7 @@ def _one_loop(*body):
     loop = Loop(I, sympy.Integer(1), N, tuple(body))
     onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
               (Nest("y", (Let("s", S.Num(0.0)), loop), "test"),), flat=True)
-    return mark_simd(onf).nests[0].body[1]
+    return MarkSimd()(onf).nests[0].body[1]
 
 
 def test_lanes_that_would_interfere_are_not_vectorized():
@@ -79,7 +79,7 @@ def _rows_marked(start, gap, dims=(N,), sizes=(N,)):
         Store("y", (I - 64 * BLK + gap,), S.Load("x", I))))
     onf = ONF("t", "v", (Buffer("x", dims),), (Buffer("y", (N,)),), (), sizes, (),
               (Nest("y", (loop,), "test"),), flat=True)
-    return mark_simd(onf).nests[0].body[0].simd
+    return MarkSimd()(onf).nests[0].body[0].simd
 
 
 def test_rows_of_a_block_scratch_apart_by_the_blocks_length_are_vectorized():
@@ -138,7 +138,7 @@ def _marked(*body):
     loop = Loop(I, sympy.Integer(1), N, tuple(body))
     onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
               (Nest("y", (loop,), "test"),), flat=True)
-    return mark_simd(onf).nests[0].body
+    return MarkSimd()(onf).nests[0].body
 
 
 def test_a_vectorized_loops_invariant_reads_are_loaded_before_it():

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import sympy
 
-from moagen.pipeline import onf_of
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, sym
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Loop, Nest, Store, walk
-from moagen.onf.splitloop import SplitLoop
-from moagen.onf.unroll import UnrollJam
+from moagen.pipeline import onf_of
+from moagen.steps.loop.split import SplitLoop
+from moagen.steps.loop.unroll import UnrollJam
 
 H, GROUPS, h = sym("H"), sym("P"), sym("h")
 MEMBERS = idiv(H, GROUPS)

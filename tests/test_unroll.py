@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import sympy
 
-from moagen.pipeline import onf_of
 from moagen.cost.model import predict
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
-from moagen.onf.schedule import Parallel
-from moagen.onf.unroll import UnrollJam, UnrollSum, keys_summed, rows_together
+from moagen.pipeline import onf_of
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.unroll import UnrollJam, UnrollSum, keys_summed, rows_together
 
 I, K, N, M = sym("i"), sym("k"), sym("n"), sym("m")
 

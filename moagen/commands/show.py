@@ -29,7 +29,7 @@ def run(args):
     from moagen.kernels.compose import format_stages
     from moagen.kernels.layers import format_layers
     from moagen.moa.dnf import format_dnf
-    from moagen.onf.loops import format_onf
+    from moagen.onf.dump import format_onf
     from moagen.pipeline import onf_of
 
     kernel = get_kernel(args.kernel)

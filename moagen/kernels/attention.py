@@ -12,13 +12,15 @@ from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
                              psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.causal import CausalBlocks
-from moagen.onf.fusion import FuseNests
-from moagen.onf.keytiles import ColumnTiles, KeyTiles
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Accumulate, GpuThreads, Hoist, Parallel
-from moagen.onf.unroll import keys_summed, rows_together, tiled
+from moagen.steps.algebra.causal import CausalBlocks
+from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
+from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import GpuThreads, Parallel
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.unroll import keys_summed, rows_together, tiled
 
 Q = array("Q", "batch", "heads", "n", "d")
 K = array("K", "batch", "heads", "n", "d")

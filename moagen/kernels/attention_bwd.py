@@ -28,16 +28,20 @@ from moagen.moa.expr import array, psi
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import substitute
 from moagen.moa.spec import KernelSpec
-from moagen.onf.causalrows import CausalRows
-from moagen.onf.fusion import FuseNests, Scatter
-from moagen.onf.interchange import BlockInterchange
-from moagen.onf.keyblocks import KeyBlocks
-from moagen.onf.keytiles import ColumnTiles, KeyTiles
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.partials import PartBuffers
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
-from moagen.onf.unroll import keys_summed, rows_together, tiled
+from moagen.steps.algebra.causalrows import CausalRows
+from moagen.steps.algebra.keyblocks import KeyBlocks
+from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
+from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.steps.algebra.partials import PartBuffers
+from moagen.steps.algebra.scatter import Scatter
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.distribute import Distribute
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.interchange import BlockInterchange
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.unroll import keys_summed, rows_together, tiled
 
 O = array("O", "batch", "heads", "n", "d")
 DO = array("dO", "batch", "heads", "n", "d")

@@ -13,14 +13,16 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.fusion import FuseNests
-from moagen.onf.gpu_blocks import GpuBlocks
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
-from moagen.onf.splitkeys import SplitKeys
-from moagen.onf.splitloop import SplitLoop
-from moagen.onf.unroll import keys_summed, rows_together, tiled
+from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.steps.algebra.splitkeys import SplitKeys
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.gpu_blocks import GpuBlocks
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.split import SplitLoop
+from moagen.steps.loop.unroll import keys_summed, rows_together, tiled
 
 Q = array("q", "batch", "q_heads", "d")
 K_CACHE = array("K", "batch", "kv_heads", "cap", "d")

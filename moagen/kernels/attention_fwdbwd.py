@@ -32,8 +32,11 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.fusion import FuseNests, Scatter
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.steps.algebra.scatter import Scatter
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
 
 
 def _one_head(q, k, v, do, causal):

@@ -5,8 +5,8 @@ from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers
 from moagen.moa.expr import BinOp, array, dim, iota, lift, psi, where
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.inplace import InPlace
-from moagen.onf.schedule import GpuThreads
+from moagen.steps.loop.inplace import InPlace
+from moagen.steps.loop.parallel import GpuThreads
 
 K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
 V_CACHE = array("V", "batch", "kv_heads", "cap", "d")

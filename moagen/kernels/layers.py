@@ -15,8 +15,8 @@ from typing import Mapping, Tuple
 
 from moagen.errors import ScheduleError
 from moagen.onf.realize import CLOSING
-from moagen.onf.schedule import GpuThreads
 from moagen.kinds import KINDS, get_kind, gpu_threads
+from moagen.steps.loop.parallel import GpuThreads
 
 
 def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> dict:

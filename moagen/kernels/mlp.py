@@ -26,9 +26,10 @@ from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, si
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.fusion import FuseNests
-from moagen.onf.schedule import Hoist, Parallel
-from moagen.onf.tiling import RegisterTile
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.tiling import RegisterTile
 
 X = array("X", "batch", "n", "dm")
 WG = array("Wg", "dm", "dff")

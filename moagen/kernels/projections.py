@@ -9,7 +9,7 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
     dO[h] = dY Wo[h]^T,                     dWo[h] = sum_b O[h]^T dY
 
 The backwards are derived from the forwards (moagen.moa.grad). Every product is register
-tiled (moagen.onf.tiling), mr x nr as the MLP's tiles and with their per-dtype defaults (in
+tiled (moagen.steps.loop.tiling), mr x nr as the MLP's tiles and with their per-dtype defaults (in
 float32 16 columns: a row of the tile in as many vector registers as float64's 8 take); a
 weight that would be read across its rows is first stored transposed, once, and so is X for
 the weight gradients (XT, once per batch entry, as the MLP's backward stores it), so that
@@ -25,8 +25,9 @@ from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.schedule import Parallel, Reorder
-from moagen.onf.tiling import RegisterTile
+from moagen.steps.loop.interchange import Reorder
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.tiling import RegisterTile
 
 X = array("X", "batch", "n", "dm")
 R = array("R", "batch", "n", "dm")

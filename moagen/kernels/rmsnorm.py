@@ -16,16 +16,17 @@ from moagen import reference_block
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
-from moagen.onf.gpu_blocks import GpuBlocks
 from moagen.kernels.tunable import Tunable
-from moagen.moa.grad import grad
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
+from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.fusion import FuseNests
-from moagen.onf.partials import PartialSums
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Hoist, Parallel
-from moagen.onf.unroll import rows_together, tiled
+from moagen.steps.algebra.partials import PartialSums
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.gpu_blocks import GpuBlocks
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.unroll import rows_together, tiled
 
 X = array("x", "batch", "n", "d")
 WEIGHT = array("weight", "d")

@@ -3,7 +3,8 @@
 An ONF is a list of nests, one per DNF definition, each a tree of statements:
 `Loop` (with an optional parallel mark), `Let` (a new local scalar), `Update` (a local
 accumulated in place), `Store` (an array element written or accumulated). Expressions are
-moagen.moa.scalar nodes. Schedule transformations map one ONF to another.
+moagen.moa.scalar nodes. The steps (moagen.steps) map one ONF to the next; moagen.onf.dump
+prints one.
 """
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
@@ -12,8 +13,6 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.dnf import format_scalar
-from moagen.moa.shape import fmt_shape
 
 
 class Stmt:
@@ -33,7 +32,7 @@ class Loop(Stmt):
     # the body is already vector code (a register tile's columns): the compiler's loop
     # vectorizer must not vectorize this loop across its iterations instead
     vector_tile: bool = False
-    simd: bool = False  # vectorized by the compiler with its reductions (moagen.onf.simd)
+    simd: bool = False  # vectorized by the compiler with its reductions (moagen.steps.loop.simd)
     threads: int = 0  # a parallel loop on a GPU: threads a thread block (GpuThreads)
     # a parallel loop on a GPU: a thread block per iteration, not a thread (GpuBlocks) ...
     per_block: bool = False
@@ -134,16 +133,6 @@ def subs_stmts(stmts, at: dict):
         return s
 
     return tuple(sub(s) for s in stmts)
-
-
-def find_nest(onf: "ONF", label: str, who) -> "Nest":
-    """The nest called label; ScheduleError naming the transform `who` and the nests there
-    are otherwise."""
-    for n in onf.nests:
-        if n.label == label:
-            return n
-    raise ScheduleError(f"{who}: {onf.name} has no nest {label!r}; it has "
-                        f"{', '.join(n.label for n in onf.nests)}")
 
 
 def tails(onf: "ONF", label: str):
@@ -270,56 +259,3 @@ def names_read(stmts) -> set:
 
 def local_names(onf: ONF) -> frozenset:
     return frozenset(s.name for n in onf.nests for s in walk(n.body) if isinstance(s, Let))
-
-
-# ---- the `onf` stage dump -----------------------------------------------------------
-
-def format_onf(onf: ONF) -> str:
-    buffers = lambda bs: ", ".join(f"{b.name}{fmt_shape(b.shape)}" for b in bs) or "(none)"
-    lines = [f"kernel {onf.name}, variant {onf.variant}, layout {onf.layout}-major",
-             f"  inputs:   {buffers(onf.inputs)}",
-             f"  outputs:  {buffers(onf.outputs)}",
-             f"  in place: {', '.join(onf.inout) or '(none)'}",
-             f"  temps:    {buffers(onf.temps)}",
-             f"  scalars:  {', '.join(onf.scalars) or '(none)'}",
-             f"  schedule: {'; '.join(onf.schedule) or '(none)'}",
-             f"  atomics:  {_format_atomics(onf)}"]
-    for nest in onf.nests:
-        lines += ["", f"nest {nest.label}: from {nest.origin}"]
-        lines += _format_block(nest.body, 1)
-    return "\n".join(lines) + "\n"
-
-
-def _format_atomics(onf):
-    from moagen.onf.count import atomic_updates  # count walks this module's IR
-    counts = atomic_updates(onf)
-    if not counts:
-        return "none"
-    total = sympy.factor(sum(counts.values()))
-    return f"{total} ({', '.join(f'{a}: {c}' for a, c in counts.items())})"
-
-
-def _format_block(stmts, depth):
-    pad = "  " * depth
-    out = []
-    for s in stmts:
-        if isinstance(s, Loop):
-            gpu = (f", a block of {s.threads} GPU threads an iteration" if s.per_block else
-                   f", {s.threads} GPU threads a block" if s.threads else "")
-            mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}{gpu}) "
-                    if s.parallel else "") + \
-                ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "") + \
-                ("across-threads " if s.across_threads else "")
-            out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
-            out += _format_block(s.body, depth + 1)
-        elif isinstance(s, Let):
-            out.append(f"{pad}let {s.name} = {format_scalar(s.value, indent=len(pad))}")
-        elif isinstance(s, Update):
-            op = {"+": "+=", "=": "="}.get(s.op, f"{s.op}=")
-            out.append(f"{pad}{s.name} {op} {format_scalar(s.value, indent=len(pad))}")
-        elif isinstance(s, Store):
-            op = {None: "=", "+": "+="}.get(s.accumulate, f"{s.accumulate}=")
-            atomic = "atomic " if s.atomic else ""
-            out.append(f"{pad}{atomic}{s.array}[{', '.join(map(str, s.index))}] {op} "
-                       f"{format_scalar(s.value, indent=len(pad))}")
-    return out

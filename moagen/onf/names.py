@@ -1,7 +1,14 @@
-"""Fresh names for locals and loop variables. Integer loop variables and floating-point
-locals must never share a name anywhere in a kernel (Fortran declares them once, at the
-top), and neither may shadow an array, size or scalar."""
+"""Names: fresh names for locals and loop variables, the names a kernel already uses, and
+the one rule for the loops and nests that schedule steps create. Integer loop variables
+and floating-point locals must never share a name anywhere in a kernel (Fortran declares
+them once, at the top), and neither may shadow an array, size or scalar."""
 import re
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import Let, Loop, ONF, Update, stmt_exprs, walk
 
 
 class Names:
@@ -51,3 +58,35 @@ def nest_role(label: str, role: str) -> str:
     """The nest a step creates beside nest label: rows -> rows.edge (the iterations past the
     last full tile), dQ -> dQ.zero, dQ.merge, dweight.partial, U.pack_Wg."""
     return f"{label}.{role}"
+
+
+# The one exception to loop_role: a loop cut into groups and their members (SplitLoop,
+# h = inner g + r) becomes loops g and r, whatever it was called: the letters the
+# grouped-query specs give a KV head and a query head of its group.
+GROUPS, MEMBERS = "g", "r"
+
+
+def kernel_names(onf: ONF) -> Names:
+    """The names in use in a kernel, for choosing new ones."""
+    fixed = ({b.name for b in onf.inputs + onf.outputs + onf.temps}
+             | {s.name for s in onf.sizes} | set(onf.scalars))
+    locals_, used = set(), set(fixed)
+    for nest in onf.nests:
+        for s in walk(nest.body):
+            if isinstance(s, Loop):
+                used.add(s.var.name)
+            if isinstance(s, (Let, Update)):
+                locals_.add(s.name)
+            for e in stmt_exprs(s):
+                used |= {x.var.name for x in S.subexpressions(e) if isinstance(x, S.Reduction)}
+    return Names(used | locals_, fixed, locals_)
+
+
+def claim_loop(names: Names, name: str, scope, who) -> sympy.Symbol:
+    """The variable of a loop a step creates, called exactly `name`: it may repeat a loop
+    variable of another nest or of a sibling loop, never one of the loops around or inside it
+    (`scope`), a local or an array, size or scalar of the kernel."""
+    if name in names.fixed | names.locals | set(scope):
+        raise ScheduleError(f"{who}: the loop name {name} is taken where the step puts its "
+                            "loop; give the step another")
+    return sympy.Symbol(names.claim(name), integer=True)

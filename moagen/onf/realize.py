@@ -1,17 +1,17 @@
 """DNF -> ONF: one loop nest per definition, then the variant's steps for a target (its
-algorithm, loop schedule and mapping), then what every ONF ends with: reductions become
-accumulator loops (a recorded step), gamma flattens indices, and innermost loops the
+algorithm, loop schedule and mapping), then the closing steps every ONF ends with:
+reductions become accumulator loops, gamma flattens indices, and innermost loops the
 compiler may vectorize are marked simd."""
 from typing import Sequence
 
 import sympy
 
-from moagen.moa.dnf import DNF, format_scalar
-from moagen.onf.layout import apply_layout
 from moagen.errors import ScheduleError
+from moagen.moa.dnf import DNF, format_scalar
 from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, walk
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.simd import mark_simd
+from moagen.steps.loop.layout import ApplyLayout
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.simd import MarkSimd
 
 
 def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
@@ -34,20 +34,19 @@ def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
                nests=tuple(nests), layout=layout)
 
 
-# what every schedule ends with: the reductions its steps left become accumulator loops
-CLOSING = (LowerReductions(),)
+# what every schedule ends with: the reductions its steps left become accumulator loops,
+# gamma flattens every index, and the loops the compiler may vectorize are marked
+CLOSING = (LowerReductions(), ApplyLayout(), MarkSimd())
 
 
 def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=None) -> ONF:
     """The final ONF; upto = K: the ONF after the first K steps, as they left it."""
-    steps = tuple(steps) + CLOSING
     onf = initial_onf(dnf, variant, layout)
-    for step in steps[:upto]:
+    for step in (tuple(steps) + CLOSING)[:upto]:
         onf = step(onf)
-    if upto is not None:
-        return onf
-    _check_tails_mapped(onf)
-    return mark_simd(apply_layout(onf))
+    if upto is None:
+        _check_tails_mapped(onf)
+    return onf
 
 
 def _check_tails_mapped(onf: ONF):

@@ -14,9 +14,11 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, lift, psi, sym, transpose
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.fusion import FuseNests
 from moagen.onf.realize import realize
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.fusion import FuseNests
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
 
 O_PART = array("O_part", "parts", "batch", "heads", "n", "d")
 LSE_PART = array("lse_part", "parts", "batch", "heads", "n")

@@ -9,8 +9,7 @@ from moagen.moa import scalar as S
 from moagen.moa.dnf import PRECEDENCE
 from moagen.moa.expr import idiv
 from moagen.onf.loops import Let, Loop, ONF, Store, Update, parallel_chain, stmt_exprs, walk
-from moagen.onf.names import Names
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import Names, kernel_names
 from moagen.onf.signature import signature
 
 def omp_schedule(loop) -> str:

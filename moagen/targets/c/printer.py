@@ -8,7 +8,7 @@ from moagen.templates import render
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, stmt_exprs, walk
-from moagen.onf.simd import simd_clauses
+from moagen.steps.loop.simd import simd_clauses
 
 C_TYPE = {"float64": "double", "float32": "float"}
 

@@ -1,7 +1,7 @@
 """CUDA backend: each nest becomes a `__global__` kernel with one thread per iteration of
 its parallel loops (their indices recovered from the flat thread index), as many threads a
 block as its mapping says (GpuThreads), or a thread block per iteration whose threads
-share the loops inside it (GpuBlocks: moagen.onf.gpu_blocks); an `extern "C"` launcher
+share the loops inside it (GpuBlocks: moagen.steps.loop.gpu_blocks); an `extern "C"` launcher
 with the common ABI, over device pointers, runs the nests in order."""
 import sympy
 

@@ -9,7 +9,7 @@ from moagen.targets.printer import Printer, dnf_comment, omp_schedule
 from moagen.templates import render
 from moagen.errors import ScheduleError, SpecError
 from moagen.onf.loops import Loop, parallel_chain, walk
-from moagen.onf.simd import simd_clauses
+from moagen.steps.loop.simd import simd_clauses
 
 KIND = {"float64": "c_double", "float32": "c_float"}
 LINE = 100  # wrap statements longer than this (the standard allows 132 characters)

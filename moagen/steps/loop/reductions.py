@@ -15,15 +15,12 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, ONF, Update, map_stmt_exprs, stmt_exprs, walk
-from moagen.onf.names import Names, base_name
-from moagen.onf.schedule import kernel_names
-from moagen.onf.step import Step
+from moagen.onf.names import Names, base_name, kernel_names
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)
 class LowerReductions(Step):
-    def __str__(self):
-        return "lower_reductions()"
 
     def __call__(self, onf: ONF) -> ONF:
         lower = _Lowering(kernel_names(onf))

@@ -22,21 +22,17 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, loop_vars,
                               map_stmt_exprs, perfect_chain, walk)
-from moagen.onf.names import loop_role, nest_role
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.step import Step, shown
 
 
 @dataclass(frozen=True)
 class SplitKeys(Step):
     layer = "algorithm"
     nest: str
-    over: Tuple[str, ...]  # the loops outside the split (batch, head)
+    over: Tuple[str, ...] = shown("over=({over})")  # the loops outside the split (batch, head)
     var: str  # the loop over keys
     splits: int
-
-    def __str__(self):
-        return f"split_keys({self.nest}, over=({', '.join(self.over)}), {self.var}, {self.splits})"
 
     @property
     def slices(self) -> str:

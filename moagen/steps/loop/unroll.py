@@ -26,13 +26,12 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose, find_nest,
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
                               loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
                               subs_stmts, walk)
-from moagen.onf.names import loop_role, nest_role
-from moagen.onf.reductions import require_lowered
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.loop.reductions import require_lowered
+from moagen.steps.step import NotApplicable, Step
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,6 @@ class UnrollJam(Step):
     nest: str
     loop: str
     factor: int
-
-    def __str__(self):
-        return f"unroll_jam({self.nest}, {self.loop}, {self.factor})"
 
     @property
     def tiles(self) -> str:
@@ -57,7 +53,7 @@ class UnrollJam(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         # the copies' sums must already be loops, to be jammed into one
         require_lowered(nest, self)
         if any(n.label == self.edge for n in onf.nests):
@@ -211,27 +207,21 @@ class UnrollSum(Step):
     loop: str
     factor: int
 
-    def __str__(self):
-        return f"unroll_sum({self.nest}, {self.loop}, {self.factor})"
-
     @property
     def tiles(self) -> str:
         """The loops over groups of `factor` iterations it creates (j_tile)."""
         return loop_role(self.loop, "tile")
 
-    def __call__(self, onf: ONF) -> ONF:
+    def rewrite_nest(self, nest, names):
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
-        nest = find_nest(onf, self.nest, self)
-        names = kernel_names(onf)
         body, unrolled = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.loop and summed_arrays(loop),
             lambda loop, scope: self._unroll(loop, names, scope))
         if not unrolled:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop} that "
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.loop} that "
                                 "adds into array elements it does not index")
-        return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
-                              str(self))
+        return body
 
     def _unroll(self, loop, names, scope):
         summed = summed_arrays(loop)

@@ -24,13 +24,12 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.fusion import as_block, fuse_siblings, independent
-from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose, find_nest,
+from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose,
                               loop_nest, loop_vars, perfect_chain, subs_stmts, walk)
-from moagen.onf.names import Names, base_name, loop_role, nest_role
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
-from moagen.onf.unroll import outer_loop
+from moagen.onf.names import Names, base_name, claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.loop.fusion import as_block, fuse_siblings, independent
+from moagen.steps.loop.unroll import outer_loop
+from moagen.steps.step import Step, option
 
 
 @dataclass(frozen=True)
@@ -39,11 +38,7 @@ class PartialSums(Step):
     nest: str
     var: str  # the summed axis cut into parts
     parts: int
-    rows: str = ""  # a nest over the same rows to run inside the parts
-
-    def __str__(self):
-        rows = f", rows={self.rows}" if self.rows else ""
-        return f"partial_sums({self.nest}, {self.var}, {self.parts}{rows})"
+    rows: str = option("rows={rows}", "")  # a nest over the same rows to run inside the parts
 
     @property
     def part(self) -> str:
@@ -58,7 +53,7 @@ class PartialSums(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.parts < 1:
             raise ScheduleError(f"{self}: the number of parts must be at least 1")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         out_loops, stmts = loop_nest(nest.body)
         store = stmts[0] if len(stmts) == 1 else None
         if not isinstance(store, Store) or store.accumulate or \
@@ -106,7 +101,7 @@ class PartialSums(Step):
 
     def _row_body(self, onf, nest, sum_loops, extents):
         """The rows nest and its body inside its row loops, in the parts' loop variables."""
-        rows = find_nest(onf, self.rows, self)
+        rows = self.nest_called(onf, self.rows)
         chain = perfect_chain(rows.body, len(sum_loops))
         if chain is None or [(lp.start, lp.stop) for lp in chain] != \
                 [(sympy.Integer(0), e) for e in extents]:
@@ -159,9 +154,6 @@ class PartBuffers(Step):
     array: str
     parts: int
 
-    def __str__(self):
-        return f"part_buffers({self.nest}, {self.loop}, {self.array}, {self.parts})"
-
     @property
     def part(self) -> str:
         """The loop over the parts it creates (j_part)."""
@@ -185,8 +177,8 @@ class PartBuffers(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.parts < 1:
             raise ScheduleError(f"{self}: the number of parts must be at least 1")
-        nest = find_nest(onf, self.nest, self)
-        zero = find_nest(onf, self.zero, self)
+        nest = self.nest_called(onf)
+        zero = self.nest_called(onf, self.zero)
         outer, loop = outer_loop(self, nest.body, self.loop)
         stores = lambda stmts: [s for s in walk(stmts)
                                 if isinstance(s, Store) and s.array == self.array]

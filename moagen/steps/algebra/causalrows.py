@@ -27,10 +27,10 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.causal import MASKED, mask_sides
-from moagen.onf.loops import Loop, ONF, find_nest, rewrite_loops, stmt_exprs, walk
+from moagen.onf.loops import Loop, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
-from moagen.onf.step import Step
+from moagen.steps.algebra.causal import MASKED, mask_sides
+from moagen.steps.step import NotApplicable, Step
 
 
 @dataclass(frozen=True)
@@ -40,19 +40,14 @@ class CausalRows(Step):
     rows: str = "i"  # the query rows: loops over them, or over tiles of them (rows_tile)
     align: int = 1  # A: the rows' first kept row is a multiple of it
 
-    def __str__(self):
-        return f"causal_rows({self.nest}, {self.tile}, {self.rows}, {self.align})"
-
-    def __call__(self, onf: ONF) -> ONF:
-        nest = find_nest(onf, self.nest, self)
+    def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.tile and bool(self._keys(loop)),
             lambda loop, scope: [replace(loop, body=self._cut(loop))])
         if not count:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.tile} whose "
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.tile} whose "
                                 "scores are masked")
-        return onf.with_nests([replace(n, body=body) if n is nest else n
-                               for n in onf.nests], str(self))
+        return body
 
     def _keys(self, tile: Loop):
         """The keys of the tile's masked scores, `row >= key ? s : -inf`."""

@@ -1,5 +1,5 @@
-"""SIMD marks: the step after lowering that lets the compiler vectorize innermost loops that
-are reductions (a dot product q . k, a row's sum of squares).
+"""SIMD marks (MarkSimd), the closing step after lowering and layout that lets the compiler
+vectorize innermost loops that are reductions (a dot product q . k, a row's sum of squares).
 
 Without `-ffast-math` a compiler may not reorder a floating-point sum, so `acc += x[c] *
 y[c]` runs one element per add latency. A loop marked here is printed with an OpenMP
@@ -24,7 +24,7 @@ OpenMP parallel loop's outlined body the pointers lose `restrict` and it cannot,
 then reloads the element in the loop's latch, which stops it vectorizing the loop at all
 (RMSNorm's backward was left scalar: docs/PERFORMANCE.md, "RMSNorm").
 """
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import combinations
 
@@ -33,16 +33,21 @@ import sympy
 from moagen.moa import scalar as S
 from moagen.moa.expr import simplified
 from moagen.onf.loops import ONF, Let, Loop, Store, Update, map_stmt_exprs, stmt_exprs
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import kernel_names
+from moagen.steps.step import Step
 
 
-def mark_simd(onf: ONF) -> ONF:
-    names = kernel_names(onf)
-    # the inputs' dimensions: at least 1 in every call (moagen.targets.abi checks)
-    positive = frozenset(s for buffer in onf.inputs for dim in buffer.shape
-                         for s in sympy.sympify(dim).free_symbols)
-    nests = [replace(n, body=_mark_block(n.body, names, positive)) for n in onf.nests]
-    return replace(onf, nests=tuple(nests))
+@dataclass(frozen=True)
+class MarkSimd(Step):
+    """Not recorded in the schedule: every ONF ends with it, whatever the variant chose."""
+
+    def __call__(self, onf: ONF) -> ONF:
+        names = kernel_names(onf)
+        # the inputs' dimensions: at least 1 in every call (moagen.targets.abi checks)
+        positive = frozenset(s for buffer in onf.inputs for dim in buffer.shape
+                             for s in sympy.sympify(dim).free_symbols)
+        nests = [replace(n, body=_mark_block(n.body, names, positive)) for n in onf.nests]
+        return replace(onf, nests=tuple(nests))
 
 
 def _mark_block(stmts, names, positive):

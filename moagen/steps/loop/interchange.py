@@ -1,4 +1,6 @@
-"""Blocks of a loop's iterations sweeping an inner loop together (cache blocking):
+"""Loops in another order: the perfectly nested loops a nest starts with permuted (Reorder),
+and blocks of a loop's iterations sweeping an inner loop together (BlockInterchange, cache
+blocking):
 
     for o in [s, e):                    for o_blk:
         pre(o)                              for o in block: pre(o)
@@ -22,16 +24,40 @@ different elements (dQ's part: a query block's rows): the values are then the sa
 bit.
 """
 from dataclasses import dataclass, replace
+from typing import Optional, Tuple
 
 import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Let, Loop, ONF, find_nest, loop_vars, names_read
-from moagen.onf.names import loop_role
-from moagen.onf.schedule import claim_loop, kernel_names, rewrite_loops
-from moagen.onf.step import Step
-from moagen.onf.unroll import check_sum_only, summed_arrays
+from moagen.onf.loops import Let, Loop, loop_vars, names_read, perfect_chain, rewrite_loops
+from moagen.onf.names import claim_loop, loop_role
+from moagen.steps.loop.unroll import check_sum_only, summed_arrays
+from moagen.steps.step import NotApplicable, Step
+
+
+@dataclass(frozen=True)
+class Reorder(Step):
+    """Permute the outermost perfectly nested loops of a nest into the given order."""
+    order: Tuple[str, ...]
+    nest: Optional[str] = None
+
+    def rewrite_nest(self, nest, names):
+        chain = perfect_chain(nest.body, len(self.order))
+        have = [lp.var.name for lp in chain] if chain else []
+        if sorted(have) != sorted(self.order):
+            raise ScheduleError(f"{self}: the outermost perfectly nested loops of nest "
+                                f"{nest.target} are not {', '.join(sorted(self.order))}")
+        by_name = {lp.var.name: lp for lp in chain}
+        body = chain[-1].body
+        for pos, name in reversed(list(enumerate(self.order))):
+            loop = by_name[name]
+            outer = {by_name[o].var for o in self.order[pos + 1:]}
+            if (loop.start.free_symbols | loop.stop.free_symbols) & outer:
+                raise ScheduleError(f"{self}: the bounds of {name} depend on a loop that "
+                                    f"would be inside it")
+            body = (replace(loop, body=body, parallel=0),)
+        return body
 
 
 @dataclass(frozen=True)
@@ -41,29 +67,19 @@ class BlockInterchange(Step):
     across: str
     block: int
 
-    def __str__(self):
-        return f"block_interchange({self.nest}, {self.loop}, {self.across}, {self.block})"
-
     @property
     def blocks(self) -> str:
         """The loop over blocks of `loop` it creates."""
         return loop_role(self.loop, "blk")
 
-    def __call__(self, onf: ONF) -> ONF:
+    def rewrite_nest(self, nest, names):
         if self.block < 2:
             raise ScheduleError(f"{self}: a block holds at least two iterations")
-        nest = find_nest(onf, self.nest, self)
-        names, done = kernel_names(onf), []
-
-        def block(loop, scope):
-            done.append(loop)
-            return self._blocked(loop, names, scope)
-
-        body = rewrite_loops(nest.body, self.loop, block)
-        if not done:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop}")
-        return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
-                              str(self))
+        body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.loop,
+                                    lambda loop, scope: self._blocked(loop, names, scope))
+        if not count:
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.loop}")
+        return body
 
     def _blocked(self, loop, names, scope):
         across = [(pos, chain) for pos, s in enumerate(loop.body)

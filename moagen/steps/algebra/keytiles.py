@@ -54,13 +54,13 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, find_nest, loop_vars,
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, loop_vars,
                               map_stmt_exprs, rewrite_loops, stmt_exprs, walk)
-from moagen.onf.names import loop_role, nest_role
-from moagen.onf.reductions import require_lowered
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
-from moagen.onf.unroll import check_independent, check_sum_only, copy_iteration, jam, summed_arrays
+from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.loop.reductions import require_lowered
+from moagen.steps.loop.unroll import (check_independent, check_sum_only, copy_iteration, jam,
+                                      summed_arrays)
+from moagen.steps.step import Step, flag
 
 
 def _symbols(index):
@@ -92,7 +92,7 @@ class _InnerLoops(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.lanes < 2:
             raise ScheduleError(f"{self}: a tile holds at least two lanes")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         require_lowered(nest, self)
         work = _Work(onf, kernel_names(onf))
         body, count = rewrite_loops(
@@ -162,9 +162,6 @@ class KeyTiles(_InnerLoops):
     lanes: int = 8
     _wanted = "loop over the keys computing sums per key"
 
-    def __str__(self):
-        return f"key_tiles({self.nest}, {self.loop}, {self.lanes})"
-
     @property
     def tiles(self) -> str:
         """The loops over tiles of `lanes` keys it creates (j_tile)."""
@@ -210,12 +207,8 @@ class ColumnTiles(_InnerLoops):
     loop: str = "j"
     cols: str = "c"
     lanes: int = 8
-    pack: bool = False  # the tiles' operands read by key and column from panels
+    pack: bool = flag("pack")  # the tiles' operands read by key and column from panels
     _wanted = "loop over the keys adding into elements it does not index"
-
-    def __str__(self):
-        return (f"column_tiles({self.nest}, {self.loop}, {self.cols}, {self.lanes}"
-                f"{', pack' if self.pack else ''})")
 
     @property
     def tiles(self) -> str:

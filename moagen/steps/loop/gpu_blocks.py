@@ -25,7 +25,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, names_read, parallel_chain, walk
-from moagen.onf.schedule import GpuThreads, NotApplicable
+from moagen.steps.loop.parallel import GpuThreads
+from moagen.steps.step import NotApplicable, hidden, shown
 
 # the block-wide reduction is a tree over a power of two of threads, at most CUDA's 1024
 MAX_THREADS = 1024
@@ -35,17 +36,14 @@ REDUCIBLE = ("+", "max")
 
 @dataclass(frozen=True)
 class GpuBlocks(GpuThreads):
-    across: str = "c"
+    block: int = shown("{block} threads sharing {across}", 128)
+    across: str = hidden("c")
 
-    def __str__(self):
-        return (f"gpu_blocks({', '.join(self.vars)}, {self.block} threads sharing "
-                f"{self.across}{self._on()})")
-
-    def nest_fn(self, nest, names):
+    def rewrite_nest(self, nest, names):
         if self.block > MAX_THREADS or self.block & (self.block - 1):
             raise ScheduleError(f"{self}: a block's threads must be a power of two up to "
                                 f"{MAX_THREADS} (its reductions are trees), got {self.block}")
-        (head,) = super().nest_fn(nest, names)  # the chain's legality, as for a thread each
+        (head,) = super().rewrite_nest(nest, names)  # the chain's legality, as for a thread each
         chain = parallel_chain(head)
         shared = []
         inner = tuple(self._share(s, shared) for s in chain[-1].body)

@@ -26,30 +26,23 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose,
                               loop_nest)
-from moagen.onf.names import Names, base_name, loop_role, nest_role
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.onf.names import Names, base_name, claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.step import Step, flag, hidden, option, shown
 
 
 @dataclass(frozen=True)
 class RegisterTile(Step):
     nest: str
-    rows: str
-    cols: str
-    mr: int = 4
-    nr: int = 8
-    pack: bool = True  # copy the column operand into contiguous panels first
+    rows: str = shown("{rows} x {cols}")
+    cols: str = hidden()
+    mr: int = shown("{mr} x {nr}", 4)
+    nr: int = hidden(8)
+    pack: bool = flag("packed", True)  # copy the column operand into contiguous panels first
     # rows per cache block (a multiple of mr; 0: none): the row tiles of one block pass
     # over every column panel while the block's rows of the other operand stay in cache
-    row_block: int = 0
-
-    def __str__(self):
-        packed = ", packed" if self.pack else ""
-        block = f", {self.row_block} rows a block" if self.row_block else ""
-        return (f"register_tile({self.nest}, {self.rows} x {self.cols}, {self.mr} x {self.nr}"
-                f"{packed}{block})")
+    row_block: int = option("{row_block} rows a block", 0)
 
     @property
     def row_tiles(self) -> str:
@@ -92,7 +85,7 @@ class RegisterTile(Step):
             raise ScheduleError(f"{self}: tile sizes must be at least 1")
         if self.row_block < 0 or self.row_block % self.mr:
             raise ScheduleError(f"{self}: a row block must be a multiple of {self.mr} rows")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         chain, store = self._pattern(nest)
         store = replace(store, value=_merge_sums(store.value))
         *outer, rows, cols = chain

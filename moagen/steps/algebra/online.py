@@ -41,19 +41,15 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, loop_vars, map_stmt_exprs,
                               scratch_row, stmt_exprs, walk)
-from moagen.onf.names import loop_role
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
+from moagen.onf.names import claim_loop, kernel_names, loop_role
+from moagen.steps.step import Step, option
 
 
 @dataclass(frozen=True)
 class OnlineSoftmax(Step):
     layer = "algorithm"
     nest: str
-    block: int = 1  # keys per step of the running max
-
-    def __str__(self):
-        return f"online_softmax({self.nest}{f', block={self.block}' if self.block > 1 else ''})"
+    block: int = option("block={block}", 1)  # keys per step of the running max
 
     def __call__(self, onf: ONF) -> ONF:
         if self.block < 1:

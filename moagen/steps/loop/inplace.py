@@ -8,17 +8,14 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import ONF, Store, enclose, perfect_chain
-from moagen.onf.step import Step
+from moagen.steps.step import Step, hidden, shown
 
 
 @dataclass(frozen=True)
 class InPlace(Step):
     layer = "algorithm"
-    output: str
-    input: str
-
-    def __str__(self):
-        return f"in_place({self.output} -> {self.input})"
+    output: str = shown("{output} -> {input}")
+    input: str = hidden()
 
     def __call__(self, onf: ONF) -> ONF:
         nest = next((n for n in onf.nests if n.label == self.output), None)

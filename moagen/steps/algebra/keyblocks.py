@@ -31,13 +31,12 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, loop_vars, names_read,
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, loop_vars, names_read,
                               scratch_row, walk)
-from moagen.onf.names import loop_role
-from moagen.onf.reductions import require_lowered
-from moagen.onf.schedule import claim_loop, kernel_names
-from moagen.onf.step import Step
-from moagen.onf.unroll import check_sum_only, summed_arrays
+from moagen.onf.names import claim_loop, kernel_names, loop_role
+from moagen.steps.loop.reductions import require_lowered
+from moagen.steps.loop.unroll import check_sum_only, summed_arrays
+from moagen.steps.step import Step
 
 
 @dataclass(frozen=True)
@@ -45,9 +44,6 @@ class KeyBlocks(Step):
     nest: str
     loop: str
     block: int
-
-    def __str__(self):
-        return f"key_blocks({self.nest}, {self.loop}, {self.block})"
 
     @property
     def blocks(self) -> str:
@@ -57,7 +53,7 @@ class KeyBlocks(Step):
     def __call__(self, onf: ONF) -> ONF:
         if self.block < 2:
             raise ScheduleError(f"{self}: a block holds at least two keys")
-        nest = find_nest(onf, self.nest, self)
+        nest = self.nest_called(onf)
         require_lowered(nest, self)  # the dot products as loops, to be steps of their own
         names, temps, found = kernel_names(onf), [], []
         body = self._rewrite(nest.body, (), names, temps, found)

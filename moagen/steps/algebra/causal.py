@@ -40,28 +40,22 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Loop, ONF, Store, Update, find_nest, map_stmt_exprs,
-                              rewrite_loops, walk)
-from moagen.onf.step import Step
+from moagen.onf.loops import Loop, Store, Update, map_stmt_exprs, rewrite_loops, walk
+from moagen.steps.step import NotApplicable, Step, hidden
 
 
 @dataclass(frozen=True)
 class CausalBlocks(Step):
     nest: str
     blocks: str = "j_blk"
-    keys: str = "j"
+    keys: str = hidden("j")
 
-    def __str__(self):
-        return f"causal_blocks({self.nest}, {self.blocks})"
-
-    def __call__(self, onf: ONF) -> ONF:
-        nest = find_nest(onf, self.nest, self)
+    def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.blocks,
                                     self._split)
         if not count:
-            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.blocks}")
-        return onf.with_nests([replace(n, body=body) if n is nest else n
-                               for n in onf.nests], str(self))
+            raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.blocks}")
+        return body
 
     def _split(self, blocks, scope):
         first, last = self._bounds(blocks)
