@@ -53,10 +53,16 @@ def _composed(kernel: CompositeKernel, params: dict, layout, target, dtype, upto
 def _compose(name, params, target, dtype):
     """The stages' ONFs composed, each at its parameters among `params` (named
     `<stage label>.<parameter>`) for the target and dtype."""
-    composite = get_kernel(name).composite
-    by_stage = {st.label: {} for st in composite.stages}
-    for param, value in params:
+    by_stage = stage_params(name, params)
+    return compose(get_kernel(name).composite,
+                   lambda st: onf_of(st.kernel, st.variant, params=by_stage[st.label],
+                                     target=target, dtype=dtype))
+
+
+def stage_params(composite: str, params) -> dict:
+    """stage label -> its parameters, from a composite's (`<stage label>.<parameter>`)."""
+    by_stage = {st.label: {} for st in get_kernel(composite).composite.stages}
+    for param, value in dict(params).items():
         label, stage_param = param.split(".", 1)
         by_stage[label][stage_param] = value
-    return compose(composite, lambda st: onf_of(st.kernel, st.variant, params=by_stage[st.label],
-                                                target=target, dtype=dtype))
+    return by_stage

@@ -67,7 +67,7 @@ def test_a_tuned_choice_wins_over_the_avx512_defaults(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype, monkeypatch):
+def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype):
     """The block's parameters are its stages' (attn.rows, mlp.nr): where the compiler
     targets AVX-512 each stage runs its AVX-512 defaults, as its own kernel would there."""
     params = calls.schedule("block_fwd", "composed", "c", dtype)["params"]
@@ -78,15 +78,8 @@ def test_a_composites_stages_take_their_own_avx512_defaults(avx512, dtype, monke
     assert stage("mlp") == {**TILED.defaults_for("cpu", dtype),
                             **(TILE_AVX512[dtype] if avx512 else {})}
     # and the composite composes each stage's ONF at its own
-    asked, original = {}, pipeline.onf_of
-
-    def stage_onf(kernel, variant, **kw):
-        asked.setdefault(kernel, kw["params"])
-        return original(kernel, variant, **kw)
-
-    monkeypatch.setattr(pipeline, "onf_of", stage_onf)
-    original("block_fwd", params=params, dtype=dtype)
-    assert asked["attention_fwd"] == stage("attn") and asked["mlp_fwd"] == stage("mlp")
+    by_stage = pipeline.stage_params("block_fwd", params)
+    assert by_stage["attn"] == stage("attn") and by_stage["mlp"] == stage("mlp")
 
 
 def test_a_composite_runs_a_stages_tuned_choice(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from typing import Mapping, Tuple
 
 from moagen.errors import ScheduleError
 from moagen.onf.realize import CLOSING
-from moagen.kinds import KINDS, get_kind, gpu_threads
+from moagen.kinds import KINDS, gpu_threads
 from moagen.steps.loop.parallel import GpuThreads
 
 
@@ -54,7 +54,7 @@ class Layers:
     def mapping_for(self, target: str) -> Tuple:
         if target in self.mapping:
             return self.mapping[target]
-        derive = get_kind(target).derive_mapping
+        derive = KINDS[target].derive_mapping if target in KINDS else None
         if derive is None:
             raise ScheduleError(f"no mapping for target {target!r}: the variant gives "
                                 f"{', '.join(self.mapping)}")
