@@ -16,7 +16,8 @@
 #include <cuda_runtime.h>
 
 /* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+ * that runs this file without a GPU defines its own
+ * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
 #define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
     kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
