@@ -16,7 +16,8 @@ def filename(kernel: str, variant: str, lang: str) -> str:
 def emit(kernel: str, variant: str = None, lang: str = "c", dtypes=DTYPES, params=None) -> str:
     """The source by name: the portable defaults (what generated/ holds), `params` over
     them."""
-    return source(resolve(kernel, variant, lang, tuple(dtypes)[0], params, here=False), dtypes)
+    dtypes = tuple(dtypes)
+    return source(resolve(kernel, variant, lang, dtypes[0], params, here=False), dtypes)
 
 
 def source(request: Request, dtypes=DTYPES) -> str:

@@ -8,8 +8,8 @@ from functools import lru_cache
 from moagen.errors import UnknownNameError
 from moagen.kernels import CompositeKernel, get_kernel
 from moagen.kernels.compose import compose
-from moagen.onf.loops import ONF
 from moagen.kinds import KINDS
+from moagen.onf.loops import ONF
 
 # what a variant's mapping layer is written for (moagen.kinds)
 TARGET_KINDS = tuple(KINDS)

@@ -15,14 +15,14 @@ stage at what that stage's own request would choose."""
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from moagen.errors import UnknownNameError
+from moagen.errors import ScheduleError
 from moagen.kernels import CompositeKernel, get_kernel
+from moagen.kinds import get_kind
 from moagen.onf.loops import ONF
 from moagen.onf.signature import Signature, check_dtype, signature
 from moagen.pipeline import onf_of, param_pairs
 from moagen.targets import get_target
 from moagen.targets.target import Target
-from moagen.kinds import get_kind
 from moagen.targets.toolchain import Toolchain
 from moagen.tuning import chosen as tuned_choice, load_choices
 
@@ -74,7 +74,7 @@ def resolve(kernel: str, variant: Optional[str] = None, lang: str = "c",
     chosen = dict(params or {})
     for name, value in chosen.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UnknownNameError(f"{k.name} {v.name}: schedule parameter {name}={value!r} "
+            raise ScheduleError(f"{k.name} {v.name}: schedule parameter {name}={value!r} "
                                    "is not a whole number of 0 or more")
     return Request(k.name, v.name, target, dtype, param_pairs(chosen),
                    tuple(v.params(chosen, target.kind, dtype).items()))
@@ -95,8 +95,9 @@ def machine_choice(kernel: str, variant: str, target: Target, dtype: str, tuned:
 
 def avx512_defaults(kernel: str, variant: str, target: Target, dtype: str):
     """The variant's AVX-512 defaults (Tunable.avx512) where the language's compiler targets
-    AVX-512; None where there are none or it does not."""
+    AVX-512; None where there are none or it does not. Asked for host targets only
+    (machine_choice)."""
     overrides = get_kernel(kernel).variant(variant).avx512.get(dtype)
-    if get_kind(target.kind).host and overrides and Toolchain().targets_avx512(target.toolchain):
+    if overrides and Toolchain().targets_avx512(target.toolchain):
         return dict(overrides)
     return None

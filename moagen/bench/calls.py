@@ -32,11 +32,6 @@ def sizes(kernel: str, n: int, overrides=None) -> dict:
     return {k: (overrides or {}).get(k, v) for k, v in base.items()}
 
 
-def overridden(kernel: str, overrides) -> dict:
-    """The overrides of sizes this kernel has (--size heads=8 means nothing to RMSNorm)."""
-    return {k: v for k, v in (overrides or {}).items() if k in _bench(kernel).sizes(1)}
-
-
 def lengths(kernel: str, quick: bool):
     return _bench(kernel).lengths(quick)
 

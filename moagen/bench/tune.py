@@ -11,7 +11,7 @@ import os
 
 from moagen.bench import calls
 from moagen.errors import MoagenError
-from moagen.tuning import format_params, machine_key, save
+from moagen.tuning import format_params, kernel_sizes, machine_key, save
 
 
 
@@ -48,7 +48,7 @@ def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: in
              for p, s in zip(tried, stats)]
     best = min(times, key=lambda t: t["median_s"])
     return dict(kernel=kernel, variant=variant, lang=lang, dtype=dtype, sizes=sizes,
-                overrides=calls.overridden(kernel, overrides),
+                overrides=kernel_sizes(kernel, overrides),
                 threads=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())),
                 params=best["params"], candidates=times,
                 # what this machine runs untuned: its AVX-512 defaults where it takes them
