@@ -33,7 +33,8 @@ class CudaPrinter(CPrinter):
             if len(nest.body) == 1 and nest.body[0].parallel:
                 chain = parallel_chain(nest.body[0])
             per_block = bool(chain) and chain[0].per_block
-            count = self.index(sympy.Mul(*[lp.stop - lp.start for lp in chain]))
+            extent = sympy.Mul(*[lp.stop - lp.start for lp in chain])
+            count = self.index(extent)
             if per_block:  # a block per iteration: exactly `count` blocks
                 prologue = self.indices(chain, "blk", ["const int64_t blk = blockIdx.x;"])
             else:
@@ -46,9 +47,14 @@ class CudaPrinter(CPrinter):
             self.block_level = False
             threads = chain[0].threads if chain and chain[0].threads else THREADS_PER_BLOCK
             used = names_used(nest.body)
+            blocks = extent if per_block else sympy.ceiling(extent / threads)
             out.append({"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
                         "comment": self.comment(self.nest_comment(nest)), "count": count,
                         "threads": threads, "per_block": per_block,
+                        # the launch's geometry, in the signature's size symbols: what
+                        # moagen.cost reads (blocks, waves, shared memory a block)
+                        "grid": (blocks, sympy.Integer(1), sympy.Integer(1)),
+                        "block": (threads, 1, 1), "dynamic_shared_bytes": sympy.Integer(0),
                         "params": [p for name, p in zip(self.arg_names(), self.params())
                                    if name in used],
                         "args": [name for name in self.arg_names() if name in used],
