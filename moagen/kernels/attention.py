@@ -15,6 +15,8 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.algebra.causal import CausalBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
+from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.hoist import Hoist
@@ -131,12 +133,44 @@ FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
 
 def flash(rows, lanes, block, causal, loops=ROWS):
     """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
-    loops: the query rows' (the query row last)."""
+    loops: the query rows' (the query row last). On a GPU (gpu_flash) a thread block per
+    `block` query rows, each thread `rows` of them by `lanes` keys or columns."""
     parallel = loops[:-1] + (tiled("i", rows),)
+    cpu = (LowerReductions(), *flash_tiles("rows", rows, lanes, causal))
+    if causal or loops != ROWS:  # not yet on block tiles: a GPU thread a row tile
+        return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block),),
+                      schedule=cpu,
+                      mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
+                               "cuda": (GpuThreads(parallel, nest="rows"),)})
     return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block),),
-                  schedule=(LowerReductions(), *flash_tiles("rows", rows, lanes, causal)),
+                  schedule={"cpu": cpu, "cuda": (LowerReductions(),)},
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
-                           "cuda": (GpuThreads(parallel, nest="rows"),)})
+                           "cuda": gpu_flash("rows", rows, lanes, block)})
+
+
+# the head dims a tiled GPU kernel is compiled for: d up to each, a register tile's
+# columns a compile-time count
+HEAD_DIM_BOUNDS = (("d", (64, 128)),)
+
+
+def gpu_flash(nest, rows, lanes, block):
+    """FlashAttention-2's form on a GPU: a thread block per `block` query rows of a head
+    (the grid: batch, heads, row tiles), block / rows x block / lanes threads; each key
+    block's K and V tiles staged in shared memory with the block's Q tile, each thread a
+    register tile of `rows` query rows by `lanes` keys of the scores and by `lanes` (times
+    d / block) columns of the output, kept in registers over all the keys; the block's
+    scores in shared memory, a row's max and sum over its lanes by warp shuffles. V's tile
+    takes K's memory once the scores are taken: float64 at d 128 then fits a block's
+    shared memory (170 KB of 227)."""
+    columns = block // lanes
+    return (BlockTiles(ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+            ThreadTiles("i", rows, "y", nest=nest),
+            ThreadTiles("j", lanes, "x", nest=nest),
+            ThreadTiles("c", lanes, "x", threads=columns, nest=nest),
+            RegisterTile("O", nest=nest),
+            Stage("Q", at="i", nest=nest), Stage("K", at="j_blk", nest=nest),
+            Stage("V", at="j_blk", over="K_tile", nest=nest),
+            SharedScratch("probs", fastest="i", nest=nest))
 
 
 def variants(causal: bool):
@@ -163,7 +197,7 @@ def flash_variant(causal: bool, loops=ROWS) -> Tunable:
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops),
                    defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
-                   cuda={"rows": 4, "lanes": 8},
+                   cuda={"rows": 4, "lanes": 4},
                    dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
 
 

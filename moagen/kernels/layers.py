@@ -3,7 +3,9 @@
 - algorithm: what is materialized and the algebraic rewrites (OnlineSoftmax, SplitKeys,
   Scatter, PartBuffers, PartialSums, InPlace), with the loop steps they apply to (the
   fusion and hoisting that put a row's max, sum and weighted sum in one nest);
-- schedule: loop transformations only (tiling, unrolling, interchange, fusion);
+- schedule: loop transformations only (tiling, unrolling, interchange, fusion); one for
+  every target kind, or per kind where a GPU's tiles are not a CPU's (a kind not named
+  takes the CPU's);
 - mapping, per target kind: where the loops run (the CPU: OpenMP parallel loops; CUDA:
   GPU threads; OpenACC: gang vector loops, a vector lane per iteration, as many a gang as a
   CUDA block holds threads). A kind without a mapping of its own gets one derived from the
@@ -11,7 +13,7 @@
 
 The layers are applied in that order; each refuses a step of a layer after its own."""
 from dataclasses import dataclass, field
-from typing import Mapping, Tuple
+from typing import Mapping, Tuple, Union
 
 from moagen.errors import ScheduleError
 from moagen.onf.realize import CLOSING
@@ -38,11 +40,15 @@ _ALLOWED = {"algorithm": ("algorithm", "schedule"), "schedule": ("schedule",),
 @dataclass(frozen=True)
 class Layers:
     algorithm: Tuple = ()
-    schedule: Tuple = ()
+    schedule: Union[Tuple, Mapping[str, Tuple]] = ()  # one, or target kind -> steps
     mapping: Mapping[str, Tuple] = field(default_factory=dict)  # target kind -> steps
 
     def __post_init__(self):
-        for layer, steps in (("algorithm", self.algorithm), ("schedule", self.schedule),
+        schedules = self.schedule.values() if isinstance(self.schedule, Mapping) else (self.schedule,)
+        if isinstance(self.schedule, Mapping) and "cpu" not in self.schedule:
+            raise ScheduleError("a schedule per target kind names the CPU's at least")
+        for layer, steps in (("algorithm", self.algorithm),
+                             *(("schedule", s) for s in schedules),
                              *(("mapping", m) for m in self.mapping.values())):
             wrong = [str(s) for s in steps if s.layer not in _ALLOWED[layer]]
             if wrong:
@@ -60,8 +66,13 @@ class Layers:
                                 f"{', '.join(self.mapping)}")
         return derive(self.mapping["cpu"])
 
+    def schedule_for(self, target: str) -> Tuple:
+        if isinstance(self.schedule, Mapping):
+            return tuple(self.schedule.get(target, self.schedule["cpu"]))
+        return tuple(self.schedule)
+
     def steps(self, target: str) -> Tuple:
-        return tuple(self.algorithm) + tuple(self.schedule) + self.mapping_for(target)
+        return tuple(self.algorithm) + self.schedule_for(target) + self.mapping_for(target)
 
 
 def cpu(*steps) -> dict:
@@ -76,7 +87,7 @@ def format_layers(layers: Layers, target: str, params: dict, upto=None) -> str:
              + (f", parameters {' '.join(f'{k}={v}' for k, v in params.items())}" if params
                 else "")]
     number = 0
-    for name, steps in (("algorithm", layers.algorithm), ("schedule", layers.schedule),
+    for name, steps in (("algorithm", layers.algorithm), ("schedule", layers.schedule_for(target)),
                         ("mapping", layers.mapping_for(target)), ("always", CLOSING)):
         lines.append(f"  {name}:")
         for step in steps:

@@ -15,6 +15,7 @@ def format_onf(onf: ONF) -> str:
              f"  outputs:  {buffers(onf.outputs)}",
              f"  in place: {', '.join(onf.inout) or '(none)'}",
              f"  temps:    {buffers(onf.temps)}",
+             *([f"  shared:   {buffers(onf.shared)}"] if onf.shared else []),
              f"  scalars:  {', '.join(onf.scalars) or '(none)'}",
              f"  schedule: {'; '.join(onf.schedule) or '(none)'}",
              f"  atomics:  {_format_atomics(onf)}"]
@@ -42,7 +43,8 @@ def _format_block(stmts, depth):
             mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}{gpu}) "
                     if s.parallel else "") + \
                 ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "") + \
-                ("across-threads " if s.across_threads else "")
+                ("across-threads " if s.across_threads else "") + \
+                (f"{s.gpu} " if s.gpu else "")
             out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
             out += _format_block(s.body, depth + 1)
         elif isinstance(s, Let):

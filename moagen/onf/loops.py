@@ -20,6 +20,27 @@ class Stmt:
 
 
 @dataclass(frozen=True)
+class GpuMark:
+    """Where a loop runs in a CUDA thread block (moagen.steps.gpu): "grid" (an iteration a
+    thread block: blockIdx), "thread.x" / "thread.y" (the block's threads along that axis,
+    `threads` of them, each taking `tile` consecutive iterations, and as many more such
+    tiles, `threads * tile` apart, as the loop's extent needs), or "copy" (every thread of
+    the block, thread t taking t, t + the block's size, ...). A grid loop's `bounds` are the
+    compile-time bounds of sizes the kernel is specialized for (d <= 64, 128, ...)."""
+    kind: str
+    threads: int = 0
+    tile: int = 1
+    bounds: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
+
+    def __str__(self):
+        if self.kind == "grid":
+            return "grid"
+        if self.kind == "copy":
+            return "block-copy"
+        return f"{self.kind}({self.threads} x {self.tile})"
+
+
+@dataclass(frozen=True)
 class Loop(Stmt):
     var: sympy.Symbol
     start: sympy.Expr
@@ -38,6 +59,7 @@ class Loop(Stmt):
     per_block: bool = False
     # ... whose threads share the iterations of this loop inside it
     across_threads: bool = False
+    gpu: Optional[GpuMark] = None  # a loop of a tiled CUDA kernel (moagen.steps.gpu)
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class Store(Stmt):
 class Buffer:
     name: str
     shape: Tuple[sympy.Expr, ...]
+    over: str = ""  # a block's shared array placed over another's memory, used after it
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,9 @@ class ONF:
     layout: str = "row"
     schedule: Tuple[str, ...] = ()  # the transformations applied, for the dump
     inout: Tuple[str, ...] = ()  # inputs the kernel updates in place
+    # a CUDA thread block's own arrays, in shared memory (moagen.steps.gpu.staging): a
+    # block's tile of an input, its scratch; not arguments of the kernel
+    shared: Tuple[Buffer, ...] = ()
     flat: bool = False  # True once the layout step turned every index into an offset
 
     def with_nests(self, nests, step=None):

@@ -68,7 +68,7 @@ GROUPS, MEMBERS = "g", "r"
 
 def kernel_names(onf: ONF) -> Names:
     """The names in use in a kernel, for choosing new ones."""
-    fixed = ({b.name for b in onf.inputs + onf.outputs + onf.temps}
+    fixed = ({b.name for b in onf.inputs + onf.outputs + onf.temps + onf.shared}
              | {s.name for s in onf.sizes} | set(onf.scalars))
     locals_, used = set(), set(fixed)
     for nest in onf.nests:

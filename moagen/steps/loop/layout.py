@@ -16,18 +16,23 @@ class ApplyLayout(Step):
     def __call__(self, onf: ONF) -> ONF:
         if onf.layout not in ("row", "col"):
             raise ScheduleError(f"unknown layout {onf.layout!r}; expected 'row' or 'col'")
-        shapes = {b.name: b.shape for b in onf.inputs + onf.outputs + onf.temps}
+        shapes = {b.name: b.shape for b in onf.inputs + onf.outputs + onf.temps + onf.shared}
+        # a block's shared tiles are laid out by the step that made them, row-major
+        layouts = {b.name: "row" for b in onf.shared}
+
+        def offset(array, index):
+            return gamma(index, shapes[array], layouts.get(array, onf.layout))
 
         def flat_expr(e):
             if isinstance(e, S.Access):
-                return S.Load(e.array, gamma(e.index, shapes[e.array], onf.layout))
+                return S.Load(e.array, offset(e.array, e.index))
             return S.map_children(e, flat_expr)
 
         def flat_stmt(s):
             s = map_stmt_exprs(s, flat_expr) if not isinstance(s, Loop) else replace(
                 s, body=tuple(flat_stmt(b) for b in s.body))
             if isinstance(s, Store):
-                s = replace(s, index=(gamma(s.index, shapes[s.array], onf.layout),))
+                s = replace(s, index=(offset(s.array, s.index),))
             return s
 
         nests = [replace(n, body=tuple(flat_stmt(s) for s in n.body)) for n in onf.nests]

@@ -8,6 +8,7 @@ import sympy
 from moagen.moa import scalar as S
 from moagen.targets.c.printer import CPrinter
 from moagen.targets.printer import arrays_in, dnf_comment
+from moagen.targets.cuda.tiled import TiledKernel, is_tiled
 from moagen.templates import render
 from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, stmt_exprs, walk
 
@@ -25,10 +26,14 @@ class CudaPrinter(CPrinter):
         super().__init__(onf, dtype)
         self.block_level = False  # printing what a GpuBlocks block's threads all run
         self.block_reductions = False  # whether a kernel calls moagen_block_reduce
+        self.tiled = None  # the TiledKernel being printed
 
     def kernels(self):
         out = []
         for nest in self.onf.nests:
+            if is_tiled(nest):
+                out.append(self.tiled_kernel(nest))
+                continue
             chain = []
             if len(nest.body) == 1 and nest.body[0].parallel:
                 chain = parallel_chain(nest.body[0])
@@ -60,6 +65,39 @@ class CudaPrinter(CPrinter):
                         "args": [name for name in self.arg_names() if name in used],
                         "prologue": prologue, "body": body})
         return out
+
+    def tiled_kernel(self, nest):
+        """A nest of moagen.steps.gpu: a block per grid iteration (moagen.targets.cuda.tiled)."""
+        self.tiled = kernel = TiledKernel(self, nest)
+        prologue, body = kernel.prologue(), kernel.lines()
+        self.tiled = None
+        used = names_used(nest.body) - {b.name for b in self.onf.shared}
+        grid = kernel.grid_dims()
+        _, shared_bytes = kernel.shared_layout()
+        return {"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
+                "comment": self.comment(self.nest_comment(nest)),
+                "count": self.index(sympy.Mul(*grid)), "tiled": True,
+                "template": kernel.template(), "launches": kernel.specializations(),
+                "grid_text": ", ".join(f"(unsigned int)({self.index(g)})" for g in grid),
+                "block_text": ", ".join(map(str, kernel.block_dims)),
+                "grid": grid, "block": kernel.block_dims, "dynamic_shared_bytes": shared_bytes,
+                "params": [p for name, p in zip(self.arg_names(), self.params()) if name in used],
+                "args": [name for name in self.arg_names() if name in used],
+                "prologue": prologue, "body": body}
+
+    # a tiled kernel's locals are a thread's register tiles, indexed by its slots
+    def let(self, name, value, mutable):
+        if self.tiled and name in self.tiled.locals:
+            return f"{self.tiled.local(name)} = {value};"
+        return super().let(name, value, mutable)
+
+    def update(self, name, op, value):
+        return super().update(self.tiled.local(name) if self.tiled else name, op, value)
+
+    def expr(self, e):
+        if self.tiled and isinstance(e, S.Local):
+            return self.tiled.local(e.name)
+        return super().expr(e)
 
     def arg_names(self):
         """The launcher's arguments, in the order of `params`."""

@@ -1,0 +1,142 @@
+"""BlockTiles: loops to the grid; ThreadTiles: loops inside a block to its threads."""
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv, simplified
+from moagen.onf.loops import GpuMark, Let, Loop, Store, Update, names_read, perfect_chain, walk
+from moagen.onf.names import claim_loop, loop_role
+from moagen.steps.loop.parallel import Parallel
+from moagen.steps.step import NotApplicable, Step, hidden, option, shown
+
+# the accumulations the threads of a row can each take a part of, then combine by warp
+# shuffles (the printer's)
+WARP_REDUCIBLE = ("+", "max")
+WARP = 32
+
+
+@dataclass(frozen=True)
+class BlockTiles(Step):
+    """A thread block per iteration of the perfectly nested loops `vars` (their legality
+    Parallel's), the last cut into tiles of `rows` iterations, a block a tile: the grid is
+    (vars[:-1], tiles), the rows of a tile a loop inside, [rows * t, min(stop, rows * t +
+    rows)), for ThreadTiles to give the block's threads. `bounds`: sizes the kernel is
+    compiled for at several bounds ((d, (64, 128, 256)): d <= 64, <= 128, <= 256), so that a
+    loop over them has a compile-time count of iterations a thread (its register tile)."""
+    vars: Tuple[str, ...]
+    rows: int = shown("{rows} rows a block")
+    bounds: Tuple[Tuple[str, Tuple[int, ...]], ...] = hidden(())
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def rewrite_nest(self, nest, names):
+        Parallel(self.vars).rewrite_nest(nest, names)  # the same legality: raises if not
+        chain = perfect_chain(nest.body, len(self.vars))
+        last = chain[-1]
+        if last.start != 0 or self.rows < 1:
+            raise ScheduleError(f"{self}: the loop over {last.var} must start at 0 and a block "
+                                "hold at least one row")
+        tile = claim_loop(names, loop_role(last.var.name, "blk"), {lp.var.name for lp in chain},
+                          self)
+        rows = replace(last, start=self.rows * tile,
+                       stop=sympy.Min(last.stop, self.rows * tile + self.rows))
+        body = (Loop(tile, sympy.Integer(0), idiv(last.stop + self.rows - 1, self.rows), (rows,),
+                     gpu=GpuMark("grid", bounds=tuple(self.bounds))),)
+        for lp in reversed(chain[:-1]):
+            body = (replace(lp, body=body, gpu=GpuMark("grid")),)
+        return body
+
+
+@dataclass(frozen=True)
+class ThreadTiles(Step):
+    """The loops over `loop` inside the grid's blocks as the block's threads along `axis`
+    ("y": rows, "x": columns): `threads` of them (where 0: the loop's most iterations over
+    `tile`), each taking `tile` consecutive iterations, its register tile's rows or columns,
+    then as many more tiles `threads * tile` further on as the loop needs. The outermost
+    loops over `loop` that can be split this way are: every store inside indexed by the
+    loop, every local accumulated inside and defined outside it a sum or a max the loop
+    never reads (on axis x only, where the threads that share a row are lanes of one warp:
+    the printer combines their parts by shuffles); a loop that cannot be is searched
+    inside. The loop's bounds may depend on no other thread loop."""
+    loop: str
+    tile: int = shown("{tile} a thread")
+    axis: str = shown("axis {axis}", "y")
+    threads: int = option("{threads} threads", 0)
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def rewrite_nest(self, nest, names):
+        if self.axis not in ("x", "y") or self.tile < 1:
+            raise ScheduleError(f"{self}: the axis is x or y, a thread's tile at least 1")
+        if not any(isinstance(s, Loop) and s.gpu and s.gpu.kind == "grid" for s in walk(nest.body)):
+            raise NotApplicable(f"{self}: nest {nest.label} has no grid (BlockTiles first)")
+        body, count = self._map(nest.body, thread_vars=set(), axes=set())
+        if not count:
+            raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.loop} its "
+                                "threads can share")
+        return body
+
+    def _map(self, stmts, thread_vars, axes):
+        """stmts with the loops mapped; how many. thread_vars, axes: the thread loops around
+        (a loop inside one on the same axis stays a thread's own loop)."""
+        out, count = [], 0
+        for s in stmts:
+            if not isinstance(s, Loop):
+                out.append(s)
+                continue
+            if s.var.name == self.loop and s.gpu is None and self.axis not in axes \
+                    and self._legal(s, thread_vars):
+                out.append(replace(s, gpu=GpuMark(f"thread.{self.axis}", self._threads(s),
+                                                  self.tile)))
+                count += 1
+                continue
+            threaded = s.gpu is not None and s.gpu.kind.startswith("thread")
+            body, n = self._map(s.body, thread_vars | ({s.var} if threaded else set()),
+                                axes | ({s.gpu.kind[-1]} if threaded else set()))
+            out.append(replace(s, body=body))
+            count += n
+        return tuple(out), count
+
+    def _threads(self, loop):
+        if self.threads:
+            threads = self.threads
+        else:
+            most = max_extent(loop)
+            if most is None or most % self.tile:
+                raise ScheduleError(f"{self}: the loop over {loop.var} has no whole number of "
+                                    f"tiles of {self.tile} at most; give `threads`")
+            threads = most // self.tile
+        if self.axis == "x" and (threads > WARP or threads & (threads - 1)):
+            raise ScheduleError(f"{self}: the threads along x that share a row are lanes of one "
+                                f"warp, a power of two up to {WARP}; got {threads}")
+        return threads
+
+    def _legal(self, loop, thread_vars) -> bool:
+        if (loop.start.free_symbols | loop.stop.free_symbols) & thread_vars:
+            return False
+        own = {s.name for s in walk(loop.body) if isinstance(s, Let)}
+        accumulated = set()
+        for s in walk(loop.body):
+            if isinstance(s, Store) and not s.atomic and not any(
+                    loop.var in sympy.sympify(i).free_symbols for i in s.index):
+                return False
+            if isinstance(s, Update) and s.name not in own:
+                if self.axis != "x" or s.op not in WARP_REDUCIBLE \
+                        or s.name in S.free_names(s.value):
+                    return False
+                accumulated.add(s.name)
+        return not (accumulated & names_read(loop.body))
+
+
+def max_extent(loop):
+    """The most iterations the loop can have, a whole number, or None: its extent where
+    constant, else the least constant one of a min() stop allows."""
+    extent = simplified(loop.stop - loop.start)
+    if extent.is_Integer:
+        return int(extent)
+    stops = loop.stop.args if isinstance(loop.stop, sympy.Min) else ()
+    constant = [int(e) for e in (simplified(a - loop.start) for a in stops) if e.is_Integer]
+    return min(constant) if constant else None

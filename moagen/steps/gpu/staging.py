@@ -1,0 +1,357 @@
+"""Where a thread block keeps what its threads share: an input's tile staged in shared
+memory (Stage), a block's scratch in shared memory (SharedScratch), an output's tile in the
+threads' registers (RegisterTile)."""
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, map_stmt_exprs,
+                              walk)
+from moagen.onf.names import kernel_names
+from moagen.steps.gpu.blocks import max_extent
+from moagen.steps.step import Step, option, shown
+
+# elements a shared tile's rows are padded by: against bank conflicts where threads walk
+# its columns, keeping 16-byte alignment for vector loads along its rows
+PAD = 4
+
+
+def _accesses(stmts, array, around=()):
+    """(Access or Store, the loops around it within stmts) for every read and write of array."""
+    for s in stmts:
+        if isinstance(s, Loop):
+            yield from _accesses(s.body, array, around + (s,))
+            continue
+        for x in (S.subexpressions(s.value) if hasattr(s, "value") else ()):
+            if isinstance(x, S.Access) and x.array == array:
+                yield x, around
+        if isinstance(s, Store) and s.array == array:
+            yield s, around
+
+
+def _replace_accesses(stmts, array, fn):
+    """stmts with every read of array replaced by fn(access) and every store's index by
+    fn's on a stand-in read."""
+    def expr(e):
+        if isinstance(e, S.Access) and e.array == array:
+            return fn(e)
+        return S.map_children(e, expr)
+
+    def stmt(s):
+        if isinstance(s, Loop):
+            return replace(s, body=tuple(stmt(b) for b in s.body))
+        s = map_stmt_exprs(s, expr)
+        if isinstance(s, Store) and s.array == array:
+            moved = fn(S.Access(s.array, s.index))
+            return replace(s, array=moved.array, index=moved.index)
+        return s
+
+    return tuple(stmt(s) for s in stmts)
+
+
+@dataclass(frozen=True)
+class _Region:
+    """A tile: per index position of the array, the loop whose range it spans, or None
+    where every access has the same index there (a loop outside: the block's b, h)."""
+    loops: tuple
+    fixed: tuple  # the index expressions at the positions no loop spans
+
+    def extents(self):
+        return [max_extent(lp) or (lp.stop - lp.start) for lp in self.loops if lp is not None]
+
+
+def bounded(e, bounds):
+    """e with each size the kernel is compiled at bounds of as its bound, MAX_<size>: a
+    compile-time row length for a tile whose rows hold up to that many."""
+    return sympy.sympify(e).xreplace({x: sympy.Symbol(f"MAX_{x.name}", integer=True, positive=True)
+                       for x in sympy.sympify(e).free_symbols if x.name in dict(bounds)})
+
+
+def _region(who, array, accesses, inside) -> _Region:
+    """The tile every access spans: each index position a loop variable of a loop among
+    `inside` (the same range in every access) or the same expression of none."""
+    positions = len(accesses[0][0].index)
+    loops, fixed = [None] * positions, [None] * positions
+    for access, around in accesses:
+        scope = {lp.var: lp for lp in around if lp in inside or lp.var in
+                 {x.var for x in inside}}
+        for p, e in enumerate(access.index):
+            e = sympy.sympify(e)
+            lp = scope.get(e) if e.is_Symbol else None
+            if lp is None and e.free_symbols & set(scope):
+                raise ScheduleError(f"{who}: {array}'s index {e} is not a loop variable of the "
+                                    "tile's loops")
+            if lp is None:
+                if fixed[p] is not None and fixed[p] != e:
+                    raise ScheduleError(f"{who}: {array} is read at {fixed[p]} and {e}: no one "
+                                        "tile")
+                fixed[p] = e
+            else:
+                if loops[p] is not None and (loops[p].start, loops[p].stop) != (lp.start, lp.stop):
+                    raise ScheduleError(f"{who}: {array} is read over two ranges of {e}")
+                loops[p] = lp
+    return _Region(tuple(loops), tuple(fixed))
+
+
+def _fastest(region: _Region, accesses) -> int:
+    """The tile position that varies fastest: the one a thread's register tile walks
+    (a thread loop of tile > 1 in the accesses), else the last."""
+    tiled = [p for p, lp in enumerate(region.loops) if lp is not None and lp.gpu
+             and lp.gpu.kind.startswith("thread") and lp.gpu.tile > 1]
+    spanned = [p for p, lp in enumerate(region.loops) if lp is not None]
+    return tiled[-1] if tiled else spanned[-1]
+
+
+def _tile_layout(region, fastest, bounds):
+    """(the spanned positions in the tile's order, fastest last; the tile's shape, as long
+    as the bound of a size where it has one: a thread's register tile may then read past
+    the size, within the tile, into slots whose values it never uses)."""
+    spanned = [p for p, lp in enumerate(region.loops) if lp is not None and p != fastest]
+    order = spanned + [fastest]
+    extent = {p: e for p, e in zip([p for p, lp in enumerate(region.loops) if lp is not None],
+                                   region.extents())}
+    return order, tuple(bounded(extent[p], bounds) for p in order[:-1]) + \
+        (bounded(extent[fastest], bounds) + PAD,)
+
+
+@dataclass(frozen=True)
+class Stage(Step):
+    """The reads of input `array` inside each loop over `at` from a tile of it in shared
+    memory, copied at the start of the loop's body by all the block's threads (the flat
+    element e of the tile to thread e mod the block's size: consecutive threads on
+    consecutive addresses of the source's last axis), elements past a shorter last tile
+    zero. The tile spans, at each index position, the range of the loop whose variable it
+    is (the same in every read), laid out with the axis a thread's register tile walks
+    last and padded by PAD. The copy does not depend on the loop's variable (the whole
+    tile, whichever iteration): the threads of the block, all at one iteration, copy it
+    once. The printer puts the barriers after the copy and before the next one.
+
+    over: the tile placed over another shared tile's memory (a block's K tile, once its
+    scores are taken), its copy just before the first statement of the loop's body that
+    reads it rather than at the start: one tile's shared memory less."""
+    array: str
+    at: str = shown("at {at}")
+    over: str = option("over {over}", "")
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.array not in {b.name for b in onf.inputs} or self.array in onf.inout:
+            raise ScheduleError(f"{self}: {self.array} is not a read-only input of {onf.name}")
+        nest = self.nest_called(onf)
+        names = kernel_names(onf)
+        shared = list(onf.shared)
+
+        def stage(loop):
+            accesses = list(_accesses(loop.body, self.array, (loop,)))
+            if not accesses:
+                raise ScheduleError(f"{self}: nothing inside the loop over {self.at} reads "
+                                    f"{self.array}")
+            inside = [lp for _, around in accesses for lp in around]
+            region = _region(self, self.array, accesses, inside)
+            fastest = _fastest(region, accesses)
+            order, shape = _tile_layout(region, fastest, grid_bounds(nest))
+            name = names.claim(names.new(f"{self.array}_tile"))
+            if self.over and self.over not in {b.name for b in shared}:
+                raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
+            shared.append(Buffer(name, shape, over=self.over))
+            copy = _copy(name, self.array, region, order, names)
+            moved = lambda a: S.Access(name, tuple(
+                sympy.sympify(a.index[p]) - region.loops[p].start for p in order))
+            body = _replace_accesses(loop.body, self.array, moved)
+            first = next(k for k, s in enumerate(loop.body)
+                         if any(True for _ in _accesses((s,), self.array))) if self.over else 0
+            return replace(loop, body=body[:first] + (copy,) + body[first:])
+
+        body, count = _rewrite(nest.body, lambda lp: lp.var.name == self.at, stage)
+        if not count:
+            raise ScheduleError(f"{self}: nest {nest.label} has no loop over {self.at}")
+        nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
+        return replace(onf.with_nests(nests, str(self)), shared=tuple(shared))
+
+
+def _copy(tile, array, region, order, names) -> Loop:
+    """The block's copy of the tile: loops over its elements in the source's order, the
+    last over the block's x threads (consecutive threads on consecutive addresses), the one
+    before over its y threads."""
+    spanned = [p for p, lp in enumerate(region.loops) if lp is not None]
+    extents = dict(zip(spanned, region.extents()))
+    coords = {p: sympy.Symbol(names.claim(names.new("e")), integer=True) for p in spanned}
+    source = tuple(region.fixed[p] if lp is None else lp.start + coords[p]
+                   for p, lp in enumerate(region.loops))
+    inside = [sympy.StrictLessThan(region.loops[p].start + coords[p], region.loops[p].stop)
+              for p in spanned if sympy.simplify(region.loops[p].stop - region.loops[p].start
+                                                 - extents[p]) != 0]
+    value = S.Access(array, source)
+    if inside:
+        value = S.Select(sympy.And(*inside), value, S.Num(0.0))
+    body = (Store(tile, tuple(coords[p] for p in order), value),)
+    kinds = {spanned[-1]: "copy.x", **({spanned[-2]: "copy.y"} if len(spanned) > 1 else {})}
+    for p in reversed(spanned):
+        mark = GpuMark(kinds[p]) if p in kinds else None
+        body = (Loop(coords[p], sympy.Integer(0), sympy.sympify(extents[p]), body, gpu=mark),)
+    return body[0]
+
+
+def grid_bounds(nest):
+    """The size bounds the nest's grid is compiled for (BlockTiles)."""
+    return next((lp.gpu.bounds for lp in walk(nest.body)
+                 if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid" and lp.gpu.bounds),
+                ())
+
+
+def _rewrite(stmts, selects, fn):
+    out, count = [], 0
+    for s in stmts:
+        if isinstance(s, Loop) and selects(s):
+            out.append(fn(s))
+            count += 1
+        elif isinstance(s, Loop):
+            body, n = _rewrite(s.body, selects, fn)
+            out.append(replace(s, body=body))
+            count += n
+        else:
+            out.append(s)
+    return tuple(out), count
+
+
+@dataclass(frozen=True)
+class SharedScratch(Step):
+    """A scratch array of the nest (a block of keys' scores) in the block's shared memory:
+    the positions indexed by grid loops dropped (a block's own), the others from the start
+    of the range they span, the position `fastest` (an index variable) laid out last and
+    padded. Every access must be inside the grid, each position of its index a loop
+    variable (or a loop variable less the start of the block of keys it is in) of the same
+    range in every access."""
+    array: str
+    fastest: str = shown("{fastest} fastest")
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.array not in {b.name for b in onf.temps}:
+            raise ScheduleError(f"{self}: {self.array} is not a scratch array of {onf.name}")
+        nest = self.nest_called(onf)
+        if any(self.array in _arrays(n) for n in onf.nests if n is not nest):
+            raise ScheduleError(f"{self}: other nests use {self.array}: it outlives a block")
+        accesses = list(_accesses(nest.body, self.array))
+        grid = {lp.var for _, around in accesses for lp in around
+                if lp.gpu and lp.gpu.kind == "grid"}
+        positions = len(accesses[0][0].index)
+        spans = [None] * positions
+        for access, around in accesses:
+            if not any(lp.gpu and lp.gpu.kind == "grid" for lp in around):
+                raise ScheduleError(f"{self}: {self.array} is used outside the grid")
+            scope = {lp.var: lp for lp in around}
+            for p, e in enumerate(access.index):
+                e = sympy.sympify(e)
+                if e in grid:
+                    continue
+                span = _span(e, scope)
+                if span is None or (spans[p] is not None and spans[p] != span):
+                    raise ScheduleError(f"{self}: {self.array}'s index {e} spans no one range")
+                spans[p] = span
+        kept = [p for p in range(positions) if spans[p] is not None]
+        names = [spans[p][0].name for p in kept]
+        if self.fastest not in names:
+            raise ScheduleError(f"{self}: no index of {self.array} is over {self.fastest}")
+        last = kept[names.index(self.fastest)]
+        order = [p for p in kept if p != last] + [last]
+        shape = tuple(spans[p][2] for p in order[:-1]) + (spans[last][2] + PAD,)
+
+        def local(a):
+            return S.Access(self.array, tuple(
+                _local_index(sympy.sympify(a.index[p]), spans[p]) for p in order))
+
+        body = _replace_accesses(nest.body, self.array, local)
+        temps = tuple(b for b in onf.temps if b.name != self.array)
+        nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
+        return replace(onf.with_nests(nests, str(self)), temps=temps,
+                       shared=onf.shared + (Buffer(self.array, shape),))
+
+
+def _arrays(nest):
+    return {a.array for a, _ in _all_accesses(nest.body)}
+
+
+def _all_accesses(stmts):
+    for s in walk(stmts):
+        if isinstance(s, Store):
+            yield S.Access(s.array, s.index), ()
+        for x in (S.subexpressions(s.value) if hasattr(s, "value") else ()):
+            if isinstance(x, S.Access):
+                yield x, ()
+
+
+def _span(e, scope):
+    """(the loop variable, the least value of e, the most elements) of an index e that is a
+    loop's variable plus what does not change inside that loop (j - 64*j_blk in [64*j_blk,
+    ...)); None otherwise."""
+    for var in e.free_symbols & set(scope):
+        lp = scope[var]
+        most = max_extent(lp)
+        if most is None or sympy.diff(e, var) != 1:
+            continue
+        return var, sympy.expand(e.xreplace({var: lp.start})), most
+    return None
+
+
+def _local_index(e, span):
+    """e counted from the start of the range it spans."""
+    return sympy.expand(e - span[1])
+
+
+@dataclass(frozen=True)
+class RegisterTile(Step):
+    """An output's elements in the registers of the thread that owns them, from its first
+    write to its last: every access inside the thread loops whose variables index it (the
+    same loops in every access), the other positions indexed by grid loops. The first write
+    becomes a local per iteration of those thread loops (a thread's tile), the accesses
+    until the last write that local, the last write a store of it."""
+    array: str
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.array not in {b.name for b in onf.outputs}:
+            raise ScheduleError(f"{self}: {self.array} is not an output of {onf.name}")
+        nest = self.nest_called(onf)
+        accesses = list(_accesses(nest.body, self.array))
+        stores = [a for a, _ in accesses if isinstance(a, Store)]
+        if len(stores) < 2 or stores[0].accumulate is not None:
+            raise ScheduleError(f"{self}: {self.array} is not written first by a plain store "
+                                "and then again")
+        for access, around in accesses:
+            scope = {lp.var: lp for lp in around}
+            for e in access.index:
+                lp = scope.get(sympy.sympify(e))
+                if lp is None or lp.gpu is None:
+                    raise ScheduleError(f"{self}: {self.array}[{', '.join(map(str, access.index))}]"
+                                        f": {e} is no grid or thread loop's variable")
+        names = kernel_names(onf)
+        local = names.claim(names.new(f"{self.array}_reg"))
+        first, last = stores[0], stores[-1]
+
+        def expr(e):
+            if isinstance(e, S.Access) and e.array == self.array:
+                return S.Local(local)
+            return S.map_children(e, expr)
+
+        def stmt(s):
+            if isinstance(s, Loop):
+                return replace(s, body=tuple(stmt(b) for b in s.body))
+            value = expr(s.value)
+            if s is first:
+                return Let(local, value)
+            if s is last:
+                return replace(s, value=value)
+            if isinstance(s, Store) and s.array == self.array:
+                return Update(local, s.accumulate or "=", value)
+            return replace(s, value=value)
+
+        body = tuple(stmt(s) for s in nest.body)
+        nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
+        return onf.with_nests(nests, str(self))

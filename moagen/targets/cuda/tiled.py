@@ -1,0 +1,351 @@
+"""A tiled CUDA kernel (moagen.steps.gpu): a thread block per iteration of the grid loops,
+its threads a 2-D grid along the thread loops, each thread a register tile.
+
+A thread loop is printed as no loop at all: each statement inside runs on every thread,
+once for each iteration of the thread loops around it that the thread takes (unrolled
+loops over a compile-time count of slots, so that a thread's locals are registers); a
+loop of a thread's own inside (the sum over d of a score) is printed around those unrolled
+statements, so a register tile's products are jammed: each shared value loaded once for
+the tile. So every statement list is uniform (all threads of the block reach it, the same
+number of times) and may hold a barrier: the printer puts one where a statement touches a
+shared array that an earlier one since the last barrier wrote (or writes one it read)
+through other threads' elements, at a loop's top for what the previous iteration left. A
+local a thread loop accumulates and a statement outside it reads (a row's max over the keys
+its lanes took) is combined across the lanes by `__shfl_xor_sync`. Statements that could
+touch elements past the loops' ranges are guarded, never the whole list (a guard around a
+barrier or a shuffle would leave threads out of it)."""
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import Let, Loop, Store, Update, walk
+from moagen.steps.gpu.blocks import max_extent
+
+AXES = "xyz"
+
+
+def grid_chain(nest):
+    """The nest's grid loops, outermost first, and the statements inside them."""
+    chain, body = [], nest.body
+    while len(body) == 1 and isinstance(body[0], Loop) and body[0].gpu \
+            and body[0].gpu.kind == "grid":
+        chain.append(body[0])
+        body = body[0].body
+    return chain, body
+
+
+def is_tiled(nest) -> bool:
+    return bool(grid_chain(nest)[0])
+
+
+def _key(loop):
+    return (loop.gpu.kind, loop.var, loop.start, loop.stop)
+
+
+class TiledKernel:
+    """Prints one tiled nest with a CudaPrinter's expressions."""
+
+    def __init__(self, printer, nest):
+        self.p, self.nest = printer, nest
+        self.grid, self.body = grid_chain(nest)
+        if len(self.grid) > len(AXES):
+            raise ScheduleError(f"nest {nest.label}: {len(self.grid)} grid loops; a CUDA grid "
+                                f"has {len(AXES)} axes")
+        self.bounds = dict(self.grid[-1].gpu.bounds)
+        self.threads = {}
+        for lp in walk(self.body):
+            if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind.startswith("thread."):
+                axis = lp.gpu.kind[-1]
+                if self.threads.setdefault(axis, lp.gpu.threads) != lp.gpu.threads:
+                    raise ScheduleError(f"nest {nest.label}: thread loops of {lp.gpu.threads} and "
+                                        f"{self.threads[axis]} threads along {axis}")
+        self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
+        self.locals = {s.name: dims for s, dims in _definitions(self.body)}
+        self.ctx = []  # the thread loops around the statement being printed
+        self.pending = []  # shared accesses since the last barrier: (array, write, owner)
+        self.shared = [b for b in printer.onf.shared if b.name in _arrays(self.body)]
+
+    # ---- the kernel's parts -----------------------------------------------------------
+    def template(self):
+        return [f"MAX_{name}" for name in self.bounds]
+
+    def specializations(self):
+        """(the launch's condition, the template arguments, its shared bytes) per compiled
+        bound."""
+        _, shared = self.shared_layout()
+        if not self.bounds:
+            return [("", "", self.p.index(shared))]
+        if len(self.bounds) > 1:
+            raise ScheduleError(f"nest {self.nest.label}: bounds for one size only, not "
+                                f"{', '.join(self.bounds)}")
+        (name, values), = self.bounds.items()
+        at = lambda v: {x: v for x in shared.free_symbols if x.name == f"MAX_{name}"}
+        return [(f"{name} <= {v}", f"<{v}>", self.p.index(shared.xreplace(at(v))))
+                for v in values]
+
+    def grid_dims(self):
+        dims = [lp.stop - lp.start for lp in reversed(self.grid)]
+        return tuple(dims) + (sympy.Integer(1),) * (3 - len(dims))
+
+    def shared_layout(self):
+        """(name, byte offset, element count) of each shared array, and the bytes in all,
+        each array starting on 16 bytes."""
+        size = 8 if self.p.dtype == "float64" else 4
+        out, offset, at = [], sympy.Integer(0), {}
+        for b in self.shared:
+            count = sympy.Mul(*b.shape)
+            if b.over:  # in the memory of one placed before it, no larger
+                start, room = at[b.over]
+                if any(sympy.sympify(count - room).xreplace(v).is_positive
+                       for v in self.bound_values()):
+                    raise ScheduleError(f"nest {self.nest.label}: {b.name} does not fit over "
+                                        f"{b.over}")
+                out.append((b.name, start, count))
+                continue
+            at[b.name] = (offset, count)
+            out.append((b.name, offset, count))
+            offset = offset + 16 * sympy.ceiling(count * size / sympy.Integer(16))
+        return out, offset
+
+    def bound_values(self):
+        """Each compiled bound as a substitution of its MAX_ symbol."""
+        return [{sympy.Symbol(f"MAX_{name}", integer=True, positive=True): v}
+                for name, values in self.bounds.items() for v in values] or [{}]
+
+    def prologue(self):
+        pad = self.p.indent
+        lines = []
+        for axis, lp in zip(AXES, reversed(self.grid)):
+            start = "" if lp.start == 0 else f"{self.p.index(lp.start)} + "
+            lines.append(f"{pad}const int {lp.var} = {start}blockIdx.{axis};")
+        lines.append(f"{pad}const int tx = threadIdx.x, ty = threadIdx.y;")
+        layout, _ = self.shared_layout()
+        for name, offset, count in layout:
+            lines.append(f"{pad}MOAGEN_SHARED_AT({self.p.real}, {name}, {self.p.index(offset)}, "
+                         f"{self.p.index(count)});")
+        for name, dims in self.locals.items():
+            lines.append(f"{pad}{self.p.real} {name}{''.join(f'[{self.slots(lp)}]' for lp in dims)};")
+        return lines
+
+    # ---- slots: the iterations of a thread loop one thread takes ----------------------
+    def tiles(self, loop):
+        """How many tiles of the loop one thread takes, as C text (a compile-time count)."""
+        span = loop.gpu.threads * loop.gpu.tile
+        most = max_extent(loop)
+        if most is not None:
+            return str(-(-most // span))
+        extent = sympy.expand(loop.stop - loop.start)
+        bound = extent.xreplace({x: sympy.Symbol(f"MAX_{x.name}") for x in extent.free_symbols
+                                 if x.name in self.bounds})
+        if bound.free_symbols - {sympy.Symbol(f"MAX_{n}") for n in self.bounds}:
+            raise ScheduleError(f"nest {self.nest.label}: the loop over {loop.var} has no "
+                                "compile-time most iterations; give BlockTiles a bound for "
+                                f"{', '.join(sorted(s.name for s in extent.free_symbols))}")
+        return f"(({self.p.index(bound)} + {span - 1}) / {span})"
+
+    def slots(self, loop):
+        tiles = self.tiles(loop)
+        if tiles.isdigit():
+            return str(int(tiles) * loop.gpu.tile)
+        return tiles if loop.gpu.tile == 1 else f"{tiles} * {loop.gpu.tile}"
+
+    def exact(self, loop) -> bool:
+        most = max_extent(loop)
+        return most is not None and most % (loop.gpu.threads * loop.gpu.tile) == 0 and \
+            sympy.simplify(loop.stop - loop.start - most) == 0
+
+    # ---- statements -------------------------------------------------------------------
+    def lines(self):
+        return self.block(self.body, 1)
+
+    def block(self, stmts, depth):
+        lines = []
+        for s in stmts:
+            accesses = list(self.accesses(s))
+            if any(self.conflicts(a) for a in accesses):
+                lines.append(self.p.indent * depth + "__syncthreads();")
+                self.pending = []
+            if isinstance(s, Loop) and s.gpu and s.gpu.kind.startswith("thread."):
+                self.ctx.append(s)
+                lines += self.block(s.body, depth)
+                self.ctx.pop()
+                lines += self.lane_reductions(s, depth)
+            elif isinstance(s, Loop) and s.gpu and s.gpu.kind.startswith("copy"):
+                lines += self.copy(s, depth)
+            elif isinstance(s, Loop):
+                lines += self.loop(s, depth)
+            else:
+                lines += self.leaf(s, depth)
+            self.pending += accesses
+        return lines
+
+    def loop(self, loop, depth):
+        if (loop.start.free_symbols | loop.stop.free_symbols) & {lp.var for lp in self.ctx}:
+            raise ScheduleError(f"nest {self.nest.label}: the loop over {loop.var} has bounds "
+                                "that depend on a thread's row or column (not yet printed)")
+        pad, v = self.p.indent * depth, loop.var
+        # the previous iteration's accesses, for the barrier at the top of this one
+        self.pending = self.pending + list(self.accesses(loop))
+        body = self.block(loop.body, depth + 1)
+        self.pending = self.pending + list(self.accesses(loop))
+        # a tile's loops count within a head: int, as the offsets into shared memory
+        return [f"{pad}for (int {v} = {self.p.index(loop.start)}; {v} < "
+                f"{self.p.index(loop.stop)}; ++{v}) {{", *body, pad + "}"]
+
+    def copy(self, loop, depth):
+        """A block's copy: its last loop over the x threads (consecutive threads on
+        consecutive elements), the one before over the y threads, any other a loop of
+        every thread."""
+        if (loop.start.free_symbols | loop.stop.free_symbols) & {lp.var for lp in self.ctx}:
+            raise ScheduleError(f"nest {self.nest.label}: a block's copy depends on a thread")
+        pad, v = self.p.indent * depth, loop.var
+        first, step = {"copy.x": ("tx", self.block_dims[0]),
+                       "copy.y": ("ty", self.block_dims[1])}.get(
+            loop.gpu.kind if loop.gpu else "", (self.p.index(loop.start), 1))
+        saved, self.ctx = self.ctx, []
+        inner = []
+        for s in loop.body:
+            inner += self.copy(s, depth + 1) if isinstance(s, Loop) else self.p.block((s,), depth + 1)
+        self.ctx = saved
+        advance = f"++{v}" if step == 1 else f"{v} += {step}"
+        return [f"{pad}for (int {v} = {first}; {v} < {self.p.index(loop.stop)}; {advance}) {{",
+                *inner, pad + "}"]
+
+    def leaf(self, s, depth):
+        if not self.ctx:
+            raise ScheduleError(f"nest {self.nest.label}: {s} is outside every thread loop")
+        pad = self.p.indent
+        lines, level = [], depth
+        for lp in self.ctx:
+            slot = f"s_{lp.var}"
+            lines.append(pad * level + "#pragma unroll")
+            lines.append(pad * level + f"for (int {slot} = 0; {slot} < {self.slots(lp)}; ++{slot}) {{")
+            level += 1
+            lines.append(pad * level + f"const int {lp.var} = {self.position(lp)};")
+        guard = self.guard(s)
+        text = self.p.block((s,), 0)
+        if guard:
+            lines.append(pad * level + f"if ({guard}) {text[0].strip()}")
+            lines += [pad * level + t for t in text[1:]]
+        else:
+            lines += [pad * level + t for t in text]
+        for level in range(level - 1, depth - 1, -1):
+            lines.append(pad * level + "}")
+        return lines
+
+    def position(self, loop):
+        """The iteration of slot s_<var> of this thread."""
+        lane = "tx" if loop.gpu.kind == "thread.x" else "ty"
+        slot, threads, tile = f"s_{loop.var}", loop.gpu.threads, loop.gpu.tile
+        start = "" if loop.start == 0 else f"{self.p.index(loop.start)} + "
+        if tile == 1:
+            return f"{start}{slot} * {threads} + {lane}"
+        return f"{start}({slot} / {tile} * {threads} + {lane}) * {tile} + {slot} % {tile}"
+
+    def guard(self, s):
+        """The condition under which s may run: the thread loops' ranges, where a slot can
+        fall past them; none for a statement on a thread's own registers from shared tiles
+        (its value outside the ranges is never used)."""
+        own = isinstance(s, (Let, Update)) and \
+            set(map(_key, self.locals.get(s.name, ()))) >= set(map(_key, self.ctx)) and \
+            not (_arrays((s,)) - {b.name for b in self.shared})
+        if own:  # the shared tiles hold every slot (Stage lays them out to the bounds)
+            return ""
+        conds = [f"{lp.var} < {self.p.index(lp.stop)}" for lp in self.ctx if not self.exact(lp)]
+        return " && ".join(conds)
+
+    def local(self, name):
+        """A local's text: indexed by the slots of the thread loops it is defined in."""
+        dims = self.locals.get(name)
+        if dims is None:
+            return name
+        keys = {_key(lp) for lp in self.ctx}
+        missing = [lp.var for lp in dims if _key(lp) not in keys]
+        if missing:
+            raise ScheduleError(f"nest {self.nest.label}: {name} is one per iteration of the "
+                                f"loops over {', '.join(map(str, missing))}, used outside them")
+        return name + "".join(f"[s_{lp.var}]" for lp in dims)
+
+    def lane_reductions(self, loop, depth):
+        """After a thread loop along x: the locals it accumulated that are defined outside it,
+        combined across the threads that took its iterations (consecutive lanes of a warp)."""
+        if loop.gpu.kind != "thread.x":
+            return []
+        updates = {s.name: s.op for s in walk(loop.body) if isinstance(s, Update)
+                   and s.name in self.locals
+                   and _key(loop) not in set(map(_key, self.locals[s.name]))}
+        lines = []
+        for name, op in updates.items():
+            shuffle = Update(name, op, S.Local(f"__shfl_xor_sync(0xffffffffu, {self.local_text(name)}, o)"))
+            body = self.leaf_lines(shuffle, depth + 1)
+            lines += [f"{self.p.indent * depth}for (int o = {loop.gpu.threads // 2}; o > 0; o /= 2) {{",
+                      *body, self.p.indent * depth + "}"]
+        return lines
+
+    def local_text(self, name):
+        return self.local(name)
+
+    def leaf_lines(self, s, depth):
+        """s unrolled over the thread loops its local is defined in (all threads run it)."""
+        saved = self.ctx
+        self.ctx = [lp for lp in saved if _key(lp) in set(map(_key, self.locals.get(s.name, ())))]
+        if not self.ctx:
+            lines = [self.p.indent * depth + t for t in self.p.block((s,), 0)]
+        else:
+            lines = self.leaf(s, depth)
+        self.ctx = saved
+        return lines
+
+    # ---- barriers ---------------------------------------------------------------------
+    def accesses(self, s):
+        """(shared array, whether written, owner) of every shared access inside s; owner: the
+        thread loops around it and its index (two accesses with one owner are one thread's
+        element), None for a block's copy."""
+        storage = {b.name: b.over or b.name for b in self.shared}
+        yield from _shared_accesses(s, storage, tuple(_key(lp) for lp in self.ctx))
+
+    def conflicts(self, access):
+        array, write, owner = access
+        return any(a == array and (w or write) and (o is None or o != owner)
+                   for a, w, o in self.pending)
+
+
+def _shared_accesses(s, storage, around):
+    """(the shared memory an access is in: its array's or the one it is placed over, whether
+    written, owner) of each access; `storage` maps the shared arrays to their memory's."""
+    if isinstance(s, Loop):
+        if s.gpu and s.gpu.kind.startswith("copy"):
+            for b in walk(s.body):
+                if isinstance(b, Store) and b.array in storage:
+                    yield storage[b.array], True, None
+            return
+        inner = around + ((_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+        for b in s.body:
+            yield from _shared_accesses(b, storage, inner)
+        return
+    for x in S.subexpressions(s.value):
+        if isinstance(x, S.Load) and x.array in storage:
+            yield storage[x.array], False, (frozenset(around), x.array, sympy.expand(x.offset))
+    if isinstance(s, Store) and s.array in storage:
+        yield storage[s.array], True, (frozenset(around), s.array, sympy.expand(s.index[0]))
+
+
+def _definitions(stmts, around=()):
+    """(Let, the thread loops around it) for every local defined inside thread loops."""
+    for s in stmts:
+        if isinstance(s, Loop):
+            inner = around + ((s,) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+            yield from _definitions(s.body, inner)
+        elif isinstance(s, Let):
+            yield s, around
+
+
+def _arrays(stmts):
+    out = set()
+    for s in walk(stmts):
+        if isinstance(s, Store):
+            out.add(s.array)
+        for x in (S.subexpressions(s.value) if hasattr(s, "value") else ()):
+            if isinstance(x, (S.Load, S.Access)):
+                out.add(x.array)
+    return out
