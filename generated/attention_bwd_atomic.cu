@@ -40,12 +40,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* delta: reads dO, O; scratch delta
@@ -207,7 +216,7 @@ extern "C" int attention_bwd_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f64_delta, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -216,7 +225,7 @@ extern "C" int attention_bwd_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f64_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f64_dK_zero, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -225,7 +234,7 @@ extern "C" int attention_bwd_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f64_rows, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dQ, dK, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -234,7 +243,7 @@ extern "C" int attention_bwd_atomic_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f64_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, dO, lse, dV, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -402,7 +411,7 @@ extern "C" int attention_bwd_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f32_delta, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, dO, delta, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -411,7 +420,7 @@ extern "C" int attention_bwd_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f32_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f32_dK_zero, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -420,7 +429,7 @@ extern "C" int attention_bwd_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f32_rows, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dQ, dK, delta, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -429,7 +438,7 @@ extern "C" int attention_bwd_atomic_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_bwd_atomic_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_bwd_atomic_f32_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, dO, lse, dV, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

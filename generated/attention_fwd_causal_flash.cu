@@ -41,12 +41,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* rows.pack_K: reads K; scratch K_panel
@@ -838,7 +847,7 @@ extern "C" int attention_fwd_causal_flash_f64(
     {
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_pack_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           K, K_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -847,7 +856,7 @@ extern "C" int attention_fwd_causal_flash_f64(
     {
         const int64_t count = batch*heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_pack_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           V, V_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -856,7 +865,7 @@ extern "C" int attention_fwd_causal_flash_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -865,7 +874,7 @@ extern "C" int attention_fwd_causal_flash_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f64_rows_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, O, lse, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1663,7 +1672,7 @@ extern "C" int attention_fwd_causal_flash_f32(
     {
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_pack_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           K, K_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1672,7 +1681,7 @@ extern "C" int attention_fwd_causal_flash_f32(
     {
         const int64_t count = batch*heads*((d) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_pack_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           V, V_panel, batch, heads, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1681,7 +1690,7 @@ extern "C" int attention_fwd_causal_flash_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, O, lse, probs, K_panel, V_panel, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1690,7 +1699,7 @@ extern "C" int attention_fwd_causal_flash_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_fwd_causal_flash_f32_rows_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, O, lse, probs, batch, heads, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -43,12 +43,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* delta: reads dO, O; scratch delta
@@ -607,7 +616,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_delta, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, dO, delta, batch, kv_heads, group, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -616,7 +625,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -625,7 +634,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_dQ_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -634,7 +643,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -643,7 +652,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f64(
     {
         const int64_t count = batch*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f64_keys_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1208,7 +1217,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_delta, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, dO, delta, batch, kv_heads, group, n, d);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1217,7 +1226,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1226,7 +1235,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*group*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_dQ_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dQ, delta, qk_block, dov_block, t_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1235,7 +1244,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*kv_heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1244,7 +1253,7 @@ extern "C" int attention_gqa_bwd_causal_flash_f32(
     {
         const int64_t count = batch*kv_heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(attention_gqa_bwd_causal_flash_f32_keys_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, dO, lse, dK, dV, delta, qk_block2, dov_block2, t2_block, t3_block, batch, kv_heads, group, n, d, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

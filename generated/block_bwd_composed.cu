@@ -90,12 +90,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
@@ -2410,7 +2419,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_recompute_z, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           norm2, resid, inv_rms2, xn2, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2419,7 +2428,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, mlp_WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2428,7 +2437,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_pack_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_WdT, mlp_WdT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2437,7 +2446,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, mlp_dH, mlp_WdT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2446,7 +2455,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, mlp_WdT, mlp_dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2455,7 +2464,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dU_dV_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, Vu, mlp_dH, mlp_dU, mlp_dV, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2464,7 +2473,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, mlp_WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2473,7 +2482,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, mlp_WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2482,7 +2491,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_WgT, mlp_WgT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2491,7 +2500,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_WuT, mlp_WuT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2500,7 +2509,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dxn2, mlp_dU, mlp_dV, mlp_WgT_panel, mlp_WuT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2509,7 +2518,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2518,7 +2527,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           xn2, mlp_XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2527,7 +2536,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_pack_dU, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_dU, mlp_dU_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2536,7 +2545,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, mlp_XT, mlp_dU_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2545,7 +2554,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, mlp_dU, mlp_XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2554,7 +2563,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_dV, mlp_dV_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2563,7 +2572,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, mlp_XT, mlp_dV_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2572,7 +2581,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, mlp_dV, mlp_XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2581,7 +2590,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_HT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_H, mlp_HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2590,7 +2599,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_pack_dF, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, mlp_dF_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2599,7 +2608,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWd, mlp_HT, mlp_dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2608,7 +2617,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, dWd, mlp_HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2617,7 +2626,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight_partial, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           norm2, resid, inv_rms2, dxn2, dresid_norm2, norm2_dweight_part, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2626,7 +2635,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dnorm2, norm2_dweight_part, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2635,7 +2644,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_resid_y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, dresid_norm2, dresid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2644,7 +2653,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_WoT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, out_WoT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2653,7 +2662,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_pack_WoT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           out_WoT, out_WoT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2662,7 +2671,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dresid, dattn, out_WoT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2671,7 +2680,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dresid, dattn, out_WoT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2680,7 +2689,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_pack_dY, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dresid, out_dY_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2689,7 +2698,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dm) / 4)*((dh + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, dWo, out_dY_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2698,7 +2707,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, dWo, dresid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2707,7 +2716,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_delta, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, dattn, attn_delta, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2716,7 +2725,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2725,7 +2734,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2734,7 +2743,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2743,7 +2752,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2752,7 +2761,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_recompute_z, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, norm1, inv_rms1, xn1, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2761,7 +2770,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, qkv_WqT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2770,7 +2779,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, qkv_WkT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2779,7 +2788,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, qkv_WvT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2788,7 +2797,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           qkv_WqT, qkv_WqT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2797,7 +2806,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           qkv_WkT, qkv_WkT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2806,7 +2815,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           qkv_WvT, qkv_WvT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2815,7 +2824,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dxn1, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2824,7 +2833,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dxn1, qkv_WqT, qkv_WkT, qkv_WvT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2833,7 +2842,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           xn1, qkv_XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2842,7 +2851,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_pack_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, qkv_dQ_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2851,7 +2860,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWq, qkv_XT, qkv_dQ_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2860,7 +2869,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWq, dQ, qkv_XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2869,7 +2878,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_pack_dK, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, qkv_dK_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2878,7 +2887,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWk, qkv_XT, qkv_dK_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2887,7 +2896,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWk, dK, qkv_XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2896,7 +2905,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, qkv_dV_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2905,7 +2914,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWv, qkv_XT, qkv_dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2914,7 +2923,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWv, dV, qkv_XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2923,7 +2932,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight_partial, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, norm1, inv_rms1, dxn1, dx_norm1, norm1_dweight_part, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2932,7 +2941,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dnorm1, norm1_dweight_part, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2941,7 +2950,7 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_sum_x_y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dx, dresid, dx_norm1, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5262,7 +5271,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_recompute_z, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           norm2, resid, inv_rms2, xn2, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5271,7 +5280,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, mlp_WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5280,7 +5289,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_pack_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_WdT, mlp_WdT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5289,7 +5298,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, mlp_dH, mlp_WdT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5298,7 +5307,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, mlp_WdT, mlp_dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5307,7 +5316,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dU_dV_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, Vu, mlp_dH, mlp_dU, mlp_dV, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5316,7 +5325,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, mlp_WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5325,7 +5334,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, mlp_WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5334,7 +5343,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_WgT, mlp_WgT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5343,7 +5352,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_WuT, mlp_WuT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5352,7 +5361,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dxn2, mlp_dU, mlp_dV, mlp_WgT_panel, mlp_WuT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5361,7 +5370,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5370,7 +5379,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           xn2, mlp_XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5379,7 +5388,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_pack_dU, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_dU, mlp_dU_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5388,7 +5397,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, mlp_XT, mlp_dU_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5397,7 +5406,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, mlp_dU, mlp_XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5406,7 +5415,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_dV, mlp_dV_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5415,7 +5424,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, mlp_XT, mlp_dV_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5424,7 +5433,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, mlp_dV, mlp_XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5433,7 +5442,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_HT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_H, mlp_HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5442,7 +5451,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_pack_dF, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, mlp_dF_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5451,7 +5460,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWd, mlp_HT, mlp_dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5460,7 +5469,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, dWd, mlp_HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5469,7 +5478,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight_partial, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           norm2, resid, inv_rms2, dxn2, dresid_norm2, norm2_dweight_part, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5478,7 +5487,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dnorm2, norm2_dweight_part, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5487,7 +5496,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_resid_y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dy, dresid_norm2, dresid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5496,7 +5505,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_WoT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, out_WoT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5505,7 +5514,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_pack_WoT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           out_WoT, out_WoT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5514,7 +5523,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dresid, dattn, out_WoT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5523,7 +5532,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dresid, dattn, out_WoT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5532,7 +5541,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_pack_dY, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dresid, out_dY_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5541,7 +5550,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dm) / 4)*((dh + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, dWo, out_dY_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5550,7 +5559,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, dWo, dresid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5559,7 +5568,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_delta, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, dattn, attn_delta, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5568,7 +5577,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5577,7 +5586,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5586,7 +5595,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5595,7 +5604,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5604,7 +5613,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_recompute_z, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, norm1, inv_rms1, xn1, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5613,7 +5622,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, qkv_WqT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5622,7 +5631,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, qkv_WkT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5631,7 +5640,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, qkv_WvT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5640,7 +5649,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           qkv_WqT, qkv_WqT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5649,7 +5658,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           qkv_WkT, qkv_WkT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5658,7 +5667,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           qkv_WvT, qkv_WvT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5667,7 +5676,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dxn1, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5676,7 +5685,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dxn1, qkv_WqT, qkv_WkT, qkv_WvT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5685,7 +5694,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           xn1, qkv_XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5694,7 +5703,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_pack_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, qkv_dQ_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5703,7 +5712,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWq, qkv_XT, qkv_dQ_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5712,7 +5721,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWq, dQ, qkv_XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5721,7 +5730,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_pack_dK, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, qkv_dK_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5730,7 +5739,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWk, qkv_XT, qkv_dK_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5739,7 +5748,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWk, dK, qkv_XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5748,7 +5757,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, qkv_dV_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5757,7 +5766,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWv, qkv_XT, qkv_dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5766,7 +5775,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWv, dV, qkv_XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5775,7 +5784,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight_partial, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, norm1, inv_rms1, dxn1, dx_norm1, norm1_dweight_part, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5784,7 +5793,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dnorm1, norm1_dweight_part, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -5793,7 +5802,7 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_sum_x_y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dx, dresid, dx_norm1, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -60,12 +60,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* A block's threads combine a value each, every thread getting the total: a tree over
@@ -73,13 +82,13 @@
 template <typename T, typename Combine>
 __device__ T moagen_block_reduce(T value, Combine combine)
 {
-    __shared__ T partial[1024];
+    MOAGEN_SHARED(T, partial, 1024);
     const unsigned int t = threadIdx.x;
     __syncthreads();  /* every thread has read the last reduction's total */
     partial[t] = value;
     __syncthreads();
     for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] = combine(partial[t], partial[t + half]);
+        if (t < half) partial[t] = combine(T(partial[t]), T(partial[t + half]));
         __syncthreads();
     }
     return partial[0];
@@ -1746,7 +1755,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm1_rows, dim3((unsigned int)count), dim3((unsigned int)threads), 0, stream,
                           x, norm1, inv_rms1, xn1, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1755,7 +1764,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_pack_Wq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, qkv_Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1764,7 +1773,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, xn1, qkv_Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1773,7 +1782,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, Q, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1782,7 +1791,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_pack_Wk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, qkv_Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1791,7 +1800,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           K, xn1, qkv_Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1800,7 +1809,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, K, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1809,7 +1818,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_pack_Wv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, qkv_Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1818,7 +1827,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           V, xn1, qkv_Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1827,7 +1836,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, V, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1836,7 +1845,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           K, attn_K_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1845,7 +1854,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           V, attn_V_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1854,7 +1863,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, attn, lse, attn_probs, attn_K_panel, attn_V_panel, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1863,7 +1872,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, attn, lse, attn_probs, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1872,7 +1881,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pack_Wo, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, out_Wo_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1881,7 +1890,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, resid, out_Wo_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1890,7 +1899,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pointwise, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, resid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1899,7 +1908,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, Wo, attn, resid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1908,7 +1917,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm2_rows, dim3((unsigned int)count), dim3((unsigned int)threads), 0, stream,
                           norm2, resid, inv_rms2, xn2, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1917,7 +1926,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_pack_Wg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, mlp_Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1926,7 +1935,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, xn2, mlp_Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1935,7 +1944,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, U, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1944,7 +1953,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_pack_Wu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, mlp_Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1953,7 +1962,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Vu, xn2, mlp_Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1962,7 +1971,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, Vu, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1971,7 +1980,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, Vu, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1980,7 +1989,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_pack_Wd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, mlp_Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1989,7 +1998,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_out, mlp_H, mlp_Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1998,7 +2007,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, mlp_out, mlp_H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -2007,7 +2016,7 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_add_y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           y, resid, mlp_out, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3669,7 +3678,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm1_rows, dim3((unsigned int)count), dim3((unsigned int)threads), 0, stream,
                           x, norm1, inv_rms1, xn1, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3678,7 +3687,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_pack_Wq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, qkv_Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3687,7 +3696,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, xn1, qkv_Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3696,7 +3705,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, Q, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3705,7 +3714,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_pack_Wk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, qkv_Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3714,7 +3723,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           K, xn1, qkv_Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3723,7 +3732,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, K, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3732,7 +3741,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_pack_Wv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, qkv_Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3741,7 +3750,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           V, xn1, qkv_Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3750,7 +3759,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, V, xn1, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3759,7 +3768,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           K, attn_K_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3768,7 +3777,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           V, attn_V_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3777,7 +3786,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, attn, lse, attn_probs, attn_K_panel, attn_V_panel, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3786,7 +3795,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Q, K, V, attn, lse, attn_probs, batch, n, heads, dh, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3795,7 +3804,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pack_Wo, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, out_Wo_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3804,7 +3813,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           attn, resid, out_Wo_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3813,7 +3822,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pointwise, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, resid, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3822,7 +3831,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           x, Wo, attn, resid, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3831,7 +3840,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm2_rows, dim3((unsigned int)count), dim3((unsigned int)threads), 0, stream,
                           norm2, resid, inv_rms2, xn2, batch, n, dm, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3840,7 +3849,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_pack_Wg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, mlp_Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3849,7 +3858,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, xn2, mlp_Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3858,7 +3867,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, U, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3867,7 +3876,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_pack_Wu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, mlp_Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3876,7 +3885,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Vu, xn2, mlp_Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3885,7 +3894,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, Vu, xn2, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3894,7 +3903,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, Vu, mlp_H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3903,7 +3912,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_pack_Wd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, mlp_Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3912,7 +3921,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           mlp_out, mlp_H, mlp_Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3921,7 +3930,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, mlp_out, mlp_H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3930,7 +3939,7 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_add_y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           y, resid, mlp_out, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -25,12 +25,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* WdT: reads Wd; scratch WdT
@@ -736,7 +745,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -745,7 +754,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_pack_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WdT, WdT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -754,7 +763,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, dH, WdT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -763,7 +772,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dH_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, WdT, dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -772,7 +781,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dU_dV_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, V, dH, dU, dV, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -781,7 +790,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -790,7 +799,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -799,7 +808,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WgT, WgT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -808,7 +817,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_pack_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WuT, WuT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -817,7 +826,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dX, dU, dV, WgT_panel, WuT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -826,7 +835,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dX, dU, WgT, dV, WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -835,7 +844,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -844,7 +853,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_pack_dU, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dU, dU_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -853,7 +862,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, XT, dU_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -862,7 +871,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWg_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, dU, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -871,7 +880,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, dV_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -880,7 +889,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, XT, dV_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -889,7 +898,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWu_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, dV, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -898,7 +907,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_HT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           H, HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -907,7 +916,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_pack_dF, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, dF_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -916,7 +925,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWd, HT, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -925,7 +934,7 @@ extern "C" int mlp_bwd_tiled_f64(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f64_dWd_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, dWd, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1637,7 +1646,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, WdT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1646,7 +1655,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_pack_WdT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WdT, WdT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1655,7 +1664,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, dH, WdT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1664,7 +1673,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dH_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, WdT, dH, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1673,7 +1682,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dU_dV_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, V, dH, dU, dV, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1682,7 +1691,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, WgT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1691,7 +1700,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, WuT, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1700,7 +1709,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WgT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WgT, WgT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1709,7 +1718,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_pack_WuT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WuT, WuT_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1718,7 +1727,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dX, dU, dV, WgT_panel, WuT_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1727,7 +1736,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dX, dU, WgT, dV, WuT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1736,7 +1745,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1745,7 +1754,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_pack_dU, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dU, dU_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1754,7 +1763,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, XT, dU_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1763,7 +1772,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWg_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWg, dU, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1772,7 +1781,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, dV_panel, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1781,7 +1790,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, XT, dV_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1790,7 +1799,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWu_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWu, dV, XT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1799,7 +1808,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_HT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           H, HT, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1808,7 +1817,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_pack_dF, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, dF_panel, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1817,7 +1826,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWd, HT, dF_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1826,7 +1835,7 @@ extern "C" int mlp_bwd_tiled_f32(
     {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_bwd_tiled_f32_dWd_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dF, dWd, HT, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -15,12 +15,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* U.pack_Wg: reads Wg; scratch Wg_panel
@@ -356,7 +365,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_pack_Wg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -365,7 +374,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, U, Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -374,7 +383,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wg, U, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -383,7 +392,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V_pack_Wu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -392,7 +401,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, V, Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -401,7 +410,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wu, V, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -410,7 +419,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -419,7 +428,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_pack_Wd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -428,7 +437,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           F, H, Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -437,7 +446,7 @@ extern "C" int mlp_fwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, F, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -779,7 +788,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_pack_Wg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wg, Wg_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -788,7 +797,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, U, Wg_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -797,7 +806,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wg, U, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -806,7 +815,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = ((dff) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V_pack_Wu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wu, Wu_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -815,7 +824,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*((dff) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, V, Wu_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -824,7 +833,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wu, V, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -833,7 +842,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           U, V, H, batch, n, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -842,7 +851,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_pack_Wd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, Wd_panel, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -851,7 +860,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           F, H, Wd_panel, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -860,7 +869,7 @@ extern "C" int mlp_fwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wd, F, H, batch, n, dm, dff);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -13,12 +13,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* Y.pack_Wo: reads Wo; scratch Wo_panel
@@ -172,7 +181,7 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pack_Wo, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, Wo_panel, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -181,7 +190,7 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -190,7 +199,7 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pointwise, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           R, Y, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -199,7 +208,7 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, Wo, R, Y, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -359,7 +368,7 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pack_Wo, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, Wo_panel, heads, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -368,7 +377,7 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, Y, Wo_panel, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -377,7 +386,7 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pointwise, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           R, Y, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -386,7 +395,7 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           O, Wo, R, Y, batch, heads, n, dh, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -23,12 +23,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* WqT: reads Wq; scratch WqT
@@ -677,7 +686,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, WqT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -686,7 +695,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, WkT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -695,7 +704,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, WvT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -704,7 +713,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WqT, WqT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -713,7 +722,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WkT, WkT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -722,7 +731,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_pack_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WvT, WvT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -731,7 +740,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dX, WqT_panel, WkT_panel, WvT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -740,7 +749,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dX, WqT, WkT, WvT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -749,7 +758,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -758,7 +767,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_pack_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dQ_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -767,7 +776,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWq, XT, dQ_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -776,7 +785,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWq_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dWq, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -785,7 +794,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_pack_dK, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, dK_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -794,7 +803,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWk, XT, dK_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -803,7 +812,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWk_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, dWk, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -812,7 +821,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, dV_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -821,7 +830,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWv, XT, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -830,7 +839,7 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f64_dWv_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, dWv, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1485,7 +1494,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, WqT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1494,7 +1503,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, WkT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1503,7 +1512,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, WvT, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1512,7 +1521,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WqT, WqT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1521,7 +1530,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WkT, WkT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1530,7 +1539,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = ((dm) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_pack_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           WvT, WvT_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1539,7 +1548,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*((dm) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dX, WqT_panel, WkT_panel, WvT_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1548,7 +1557,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dX_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dK, dV, dX, WqT, WkT, WvT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1557,7 +1566,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, XT, batch, n, dm);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1566,7 +1575,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_pack_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dQ_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1575,7 +1584,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWq, XT, dQ_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1584,7 +1593,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWq_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dQ, dWq, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1593,7 +1602,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_pack_dK, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, dK_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1602,7 +1611,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWk, XT, dK_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1611,7 +1620,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWk_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dK, dWk, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1620,7 +1629,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, dV_panel, batch, n, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1629,7 +1638,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = heads*((dh) / 4)*((dm + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dWv, XT, dV_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -1638,7 +1647,7 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     {
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_bwd_tiled_f32_dWv_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           dV, dWv, XT, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

@@ -14,12 +14,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* Q.pack_Wq: reads Wq; scratch Wq_panel
@@ -360,7 +369,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_pack_Wq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -369,7 +378,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Q, Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -378,7 +387,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wq, Q, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -387,7 +396,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_pack_Wk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -396,7 +405,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, K, Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -405,7 +414,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wk, K, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -414,7 +423,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_pack_Wv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -423,7 +432,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, V, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -432,7 +441,7 @@ extern "C" int qkv_proj_tiled_f64(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wv, V, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -779,7 +788,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_pack_Wq, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, Wq_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -788,7 +797,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Q, Wq_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -797,7 +806,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wq, Q, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -806,7 +815,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_pack_Wk, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, Wk_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -815,7 +824,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, K, Wk_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -824,7 +833,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wk, K, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -833,7 +842,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_pack_Wv, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, Wv_panel, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -842,7 +851,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*((dh) / 4)*((n + 1) / 2), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, V, Wv_panel, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -851,7 +860,7 @@ extern "C" int qkv_proj_tiled_f32(
     {
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           X, Wv, V, batch, n, dm, heads, dh);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

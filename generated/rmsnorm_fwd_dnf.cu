@@ -13,12 +13,21 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* A kernel launch on a stream, kernel<<<blocks, threads, 0, stream>>>(...); the host build
- * that runs this file without a GPU defines its own
+/* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
+ * block dim3, shared_bytes the dynamic shared memory a block); shared memory as arrays the
+ * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
+ * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
+ * dynamic shared memory. The host build that runs this file without a GPU defines its own
  * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef MOAGEN_SHARED
+extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
+#define MOAGEN_SHARED(T, name, count) __shared__ T name[count]
+#define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
+    T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
 /* A block's threads combine a value each, every thread getting the total: a tree over
@@ -26,13 +35,13 @@
 template <typename T, typename Combine>
 __device__ T moagen_block_reduce(T value, Combine combine)
 {
-    __shared__ T partial[1024];
+    MOAGEN_SHARED(T, partial, 1024);
     const unsigned int t = threadIdx.x;
     __syncthreads();  /* every thread has read the last reduction's total */
     partial[t] = value;
     __syncthreads();
     for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] = combine(partial[t], partial[t + half]);
+        if (t < half) partial[t] = combine(T(partial[t]), T(partial[t + half]));
         __syncthreads();
     }
     return partial[0];
@@ -97,7 +106,7 @@ extern "C" int rmsnorm_fwd_dnf_f64(
     {
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, (unsigned int)count, (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, dim3((unsigned int)count), dim3((unsigned int)threads), 0, stream,
                           x, weight, z, inv_rms, batch, n, d, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -157,7 +166,7 @@ extern "C" int rmsnorm_fwd_dnf_f32(
     {
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f32_rows, (unsigned int)count, (unsigned int)threads, stream,
+            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f32_rows, dim3((unsigned int)count), dim3((unsigned int)threads), 0, stream,
                           x, weight, z, inv_rms, batch, n, d, eps);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

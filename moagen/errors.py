@@ -34,3 +34,9 @@ class CompileError(MoagenError):
 
 class DeviceUnavailable(MoagenError):
     """A CUDA kernel was asked to run where there is no cuda-python or no GPU."""
+
+
+class EmulationCheckError(MoagenError, RuntimeError):
+    """A CUDA launch the host emulation's checks failed: a race on shared memory or an index
+    out of bounds (the race check), a shuffle it cannot run; the message names the kernel,
+    the array or call, and the threads."""

@@ -73,8 +73,8 @@ SOURCE = """
 #include <cuda_runtime.h>
 
 #ifndef MOAGEN_LAUNCH
-#define MOAGEN_LAUNCH(kernel, blocks, threads, stream, ...) \
-    kernel<<<(blocks), (threads), 0, (stream)>>>(__VA_ARGS__)
+#define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
 #endif
 
 __global__ void cover_kernel(double *hits, int64_t count)
@@ -117,23 +117,23 @@ __global__ void rotate(const double *x, double *y)
 
 extern "C" int cover(double *hits, int64_t count, int64_t threads)
 {
-    MOAGEN_LAUNCH(cover_kernel, (unsigned int)((count + threads - 1) / threads),
-                  (unsigned int)threads, 0, hits, count);
+    MOAGEN_LAUNCH(cover_kernel, dim3((unsigned int)((count + threads - 1) / threads)),
+                  dim3((unsigned int)threads), 0, 0, hits, count);
     return (int)cudaGetLastError();
 }
 
 extern "C" int add(double *total, const double *x, int64_t threads, int64_t reps, int atomic)
 {
     if (atomic)
-        MOAGEN_LAUNCH(add_atomic, 1, (unsigned int)threads, 0, total, x, reps);
+        MOAGEN_LAUNCH(add_atomic, dim3(1), dim3((unsigned int)threads), 0, 0, total, x, reps);
     else
-        MOAGEN_LAUNCH(add_plain, 1, (unsigned int)threads, 0, total, x, reps);
+        MOAGEN_LAUNCH(add_plain, dim3(1), dim3((unsigned int)threads), 0, 0, total, x, reps);
     return (int)cudaGetLastError();
 }
 
 extern "C" int rotate_blocks(const double *x, double *y, int64_t blocks, int64_t threads)
 {
-    MOAGEN_LAUNCH(rotate, (unsigned int)blocks, (unsigned int)threads, 0, x, y);
+    MOAGEN_LAUNCH(rotate, dim3((unsigned int)blocks), dim3((unsigned int)threads), 0, 0, x, y);
     return (int)cudaGetLastError();
 }
 """

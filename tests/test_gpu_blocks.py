@@ -54,8 +54,8 @@ def test_the_printer_reduces_across_the_block_and_orders_thread_0s_store():
     positions = [body.index(text) for text in order]
     assert positions == sorted(positions)
     assert body.count("__syncthreads();") == 1  # the reduction brings its own
-    assert "MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, (unsigned int)count, (unsigned int)threads" \
-        in source
+    assert ("MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, dim3((unsigned int)count), "
+            "dim3((unsigned int)threads), 0, stream") in source
     assert "__device__ T moagen_block_reduce(T value, Combine combine)" in source
 
 

@@ -13,6 +13,10 @@ def add_parser(sub):
     p.add_argument("--emulate", action="store_true",
                    help="run CUDA on the host, each block's threads an OpenMP team "
                         "(cuda-emulated); with no --lang, CUDA only")
+    p.add_argument("--racecheck", action="store_true",
+                   help="with --emulate: build the emulation with its race check over shared "
+                        "memory (MOAGEN_RACECHECK=1): a race between a block's threads, or an "
+                        "index out of bounds, fails the kernel's row")
     p.add_argument("--ranks", action="store_true",
                    help="the distributed kernels (moagen.ranks), C and Fortran, on the ranks "
                         "of the MPI job: mpirun -np P moagen verify --ranks")
@@ -28,6 +32,12 @@ def run(args):
         from moagen.ranks.verify import main as verify_ranks
         return verify_ranks(args.kernels or None, tuple(args.lang or ("c", "fortran")),
                             tuple(args.dtype or DTYPES))
+    if args.racecheck:
+        if not args.emulate:
+            raise SystemExit("moagen verify: --racecheck checks the CUDA emulation: add --emulate")
+        import os
+        from moagen.targets.cuda.build import RACECHECK_ENV
+        os.environ[RACECHECK_ENV] = "1"  # build_cuda_emulated's, in this process
     if args.emulate:
         langs = tuple(emulated(lang) for lang in args.lang or ("cuda",))
     else:

@@ -1,5 +1,6 @@
 """CUDA built with nvcc (host launchers, cubins for the GPUs we target) or with g++ for the
 host emulation."""
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,19 +33,32 @@ def build_cuda(source, stem, toolchain=None):
                            command)
 
 
-def build_cuda_emulated(source, stem, toolchain=None):
+# the environment variable that builds the emulation with its race check (MOAGEN_RACECHECK=1;
+# `moagen verify --emulate --racecheck` sets it)
+RACECHECK_ENV = "MOAGEN_RACECHECK"
+
+
+def racecheck_requested() -> bool:
+    return os.environ.get(RACECHECK_ENV, "") not in ("", "0")
+
+
+def build_cuda_emulated(source, stem, toolchain=None, racecheck=None):
     """Build CUDA source for the host, each block's threads an OpenMP team (the stand-in
     runtime header in CUDA_EMULATION), into a shared library of launchers over host
-    pointers; returns its path."""
+    pointers; returns its path. racecheck (None: as MOAGEN_RACECHECK says): with the
+    header's race check over shared memory (-DMOAGEN_RACECHECK), a launch it fails
+    returning moagenErrorCheckFailed."""
     tc = toolchain or Toolchain()
     header = (CUDA_EMULATION / "cuda_runtime.h").read_text()
+    racecheck = racecheck_requested() if racecheck is None else racecheck
+    defines = ("-DMOAGEN_RACECHECK",) if racecheck else ()
 
     def command(src, library):
         cxx = require(tc.cxx, "C++ compiler (to run CUDA on the host)", INSTALL_CXX)
-        return [cxx, "-x", "c++", f"-I{CUDA_EMULATION}", *tc.cxxflags, "-o", str(library),
-                str(src), *tc.cxxldflags]
+        return [cxx, "-x", "c++", f"-I{CUDA_EMULATION}", *defines, *tc.cxxflags, "-o",
+                str(library), str(src), *tc.cxxldflags]
 
-    key = ("cuda-emulated", source, header, tc.cxx, tc.cxxflags, tc.cxxldflags)
+    key = ("cuda-emulated", source, header, defines, tc.cxx, tc.cxxflags, tc.cxxldflags)
     return shared_library(source, stem, "cu", key, command)
 
 

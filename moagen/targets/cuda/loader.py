@@ -12,7 +12,7 @@ from pathlib import Path
 
 import cffi
 
-from moagen.errors import DeviceUnavailable
+from moagen.errors import DeviceUnavailable, EmulationCheckError
 from moagen.targets.abi import KernelCallable, flat_view
 from moagen.targets.c.loader import CTYPES, declaration, dlopen
 from moagen.targets.cuda.arrays import DeviceArray, DeviceView, to_device
@@ -33,7 +33,9 @@ def bind_on(gpu, library, signature, validate=None):
     """The kernel of `library` (a path) whose launcher `signature` describes, run on `gpu`."""
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature, result="int", trailing=("void *",)))
-    launcher = getattr(dlopen(ffi, library), signature.name)
+    ffi.cdef(EMULATION_ERROR)
+    lib = dlopen(ffi, library)
+    launcher = getattr(lib, signature.name)
     pointer_type = CTYPES[signature.dtype] + " *"
     n_arrays = len(signature.arrays)
     intents = [a.intent for a in signature.arrays]
@@ -44,7 +46,8 @@ def bind_on(gpu, library, signature, validate=None):
         for array in arrays:
             gpu.wait_for(array.stream, stream)
         check_launch(signature.name, launcher(*(ffi.cast(pointer_type, a.ptr) for a in arrays),
-                                              *args[n_arrays:], ffi.cast("void *", stream)))
+                                              *args[n_arrays:], ffi.cast("void *", stream)),
+                     lambda: emulation_error(ffi, lib))
         for host, array, intent in zip(args, arrays, intents):  # numpy arrays' results back
             if intent in ("inout", "out") and not isinstance(host, DeviceView):
                 gpu.copy_out(flat_view(host), array)
@@ -62,8 +65,23 @@ def _on_device(gpu, array, intent):
     return DeviceArray(gpu, (array.size,), array.dtype)
 
 
-def check_launch(name, code):
-    """A launcher's result: 0, or the cudaError_t of its first failure, raised."""
+# what the emulation's launchers return when one of its checks failed a launch (the race
+# check's, a shuffle's: templates/emulation/cuda_runtime.h), and the function that says which
+EMULATION_CHECK_FAILED = 9999
+EMULATION_ERROR = "const char *moagen_emulation_error(void);"
+
+
+def emulation_error(ffi, lib) -> str:
+    """The emulation's message for its last failed launch (lib: a library cdef'd with
+    EMULATION_ERROR)."""
+    return ffi.string(lib.moagen_emulation_error()).decode(errors="replace")
+
+
+def check_launch(name, code, message=None):
+    """A launcher's result: 0, or the cudaError_t of its first failure, raised; the
+    emulation's failed check as EmulationCheckError, with message() (what it says)."""
+    if code == EMULATION_CHECK_FAILED and message is not None:
+        raise EmulationCheckError(f"{name}: {message()}")
     if code != 0:
         raise RuntimeError(f"{name}: the CUDA launcher returned cudaError_t {code}")
 
