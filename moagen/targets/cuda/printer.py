@@ -55,7 +55,8 @@ class CudaPrinter(CPrinter):
             blocks = extent if per_block else sympy.ceiling(extent / threads)
             out.append({"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
                         "comment": self.comment(self.nest_comment(nest)), "count": count,
-                        "threads": threads, "per_block": per_block,
+                        "threads": threads, "per_block": per_block, "tiled": False,
+                        "template": [],
                         # the launch's geometry, in the signature's size symbols: what
                         # moagen.cost reads (blocks, waves, shared memory a block)
                         "grid": (blocks, sympy.Integer(1), sympy.Integer(1)),
