@@ -18,6 +18,7 @@ from typing import Tuple
 import sympy
 
 from moagen.errors import UnknownNameError
+from moagen.onf.loops import Loop, walk
 
 DTYPES = ("float64", "float32")
 DTYPE_SUFFIX = {"float64": "f64", "float32": "f32"}
@@ -45,6 +46,9 @@ class Signature:
     scalars: Tuple[str, ...]
     dtype: str  # one of DTYPES
     layout: str = "row"  # "row" (C order) or "col" (Fortran order), one of LAYOUTS
+    # (size, its largest value): a size the kernel is compiled for up to a bound (a tiled
+    # CUDA kernel's head dim: its register tiles' columns a compile-time count)
+    limits: Tuple[Tuple[str, int], ...] = ()
 
     @property
     def inputs(self):
@@ -66,5 +70,11 @@ def signature(onf, dtype: str) -> Signature:
                for b in onf.inputs]
               + [ArrayParam(b.name, b.shape, "out") for b in onf.outputs]
               + [ArrayParam(b.name, b.shape, "scratch") for b in onf.temps])
+    limits = {}
+    for nest in onf.nests:
+        for lp in walk(nest.body):
+            if isinstance(lp, Loop) and lp.gpu and lp.gpu.bounds:
+                for name, values in lp.gpu.bounds:
+                    limits[name] = min(limits.get(name, max(values)), max(values))
     return Signature(f"{onf.name}_{onf.variant}_{DTYPE_SUFFIX[dtype]}", tuple(arrays),
-                     onf.sizes, onf.scalars, dtype, onf.layout)
+                     onf.sizes, onf.scalars, dtype, onf.layout, tuple(limits.items()))

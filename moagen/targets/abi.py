@@ -309,6 +309,10 @@ class KernelCallable:
         fit = self._fits.get(key)
         if fit is None:
             sizes = self._sizes(input_shapes, given)
+            for name, limit in self.signature.limits:
+                if sizes[name] > limit:
+                    raise ValueError(f"{self.signature.name}: compiled for {name} up to {limit}, "
+                                     f"got {name}={sizes[name]} (another variant takes any)")
             shapes = self._shapes_at(sizes)
             for param, shape in zip(self._inputs, input_shapes):
                 if shape != shapes[param.name]:

@@ -33,7 +33,11 @@ class BlockTiles(Step):
     layer = "mapping"
 
     def rewrite_nest(self, nest, names):
-        Parallel(self.vars).rewrite_nest(nest, names)  # the same legality: raises if not
+        legality = Parallel(self.vars)  # the same as a parallel loop chain's
+        try:
+            legality.rewrite_nest(nest, names)
+        except ScheduleError as refused:
+            raise ScheduleError(str(refused).replace(str(legality), str(self), 1)) from None
         chain = perfect_chain(nest.body, len(self.vars))
         last = chain[-1]
         if last.start != 0 or self.rows < 1:

@@ -1,0 +1,129 @@
+"""The CUDA mapping steps of tiled kernels (moagen.steps.gpu) and their printer
+(moagen.targets.cuda.tiled), on attention_fwd's flash variant in FlashAttention-2's form:
+what the steps make of the ONF, what they refuse, the barriers the printer derives (each
+one needed: the race check fails the kernel without it) and the bound on the head dim."""
+import numpy as np
+import pytest
+
+from moagen import reference
+from moagen.emit import emit
+from moagen.errors import ScheduleError
+from moagen.onf.loops import Loop, walk
+from moagen.pipeline import onf_of
+from moagen.request import resolve
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
+from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
+from moagen.targets.cuda import emulated
+from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.cuda.loader import EmulationCheckError
+
+KERNEL, VARIANT = "attention_fwd", "flash"
+
+
+def _rows(onf):
+    return next(n for n in onf.nests if n.label == "rows")
+
+
+def test_the_flash_forward_on_cuda_is_a_block_per_row_tile_of_a_head():
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
+    loops = [s for s in walk(_rows(onf).body) if isinstance(s, Loop) and s.gpu]
+    grid = [lp.var.name for lp in loops if lp.gpu.kind == "grid"]
+    assert grid == ["b", "h", "i_blk"]
+    threads = {(lp.gpu.kind, lp.var.name, lp.gpu.threads, lp.gpu.tile) for lp in loops
+               if lp.gpu.kind.startswith("thread.")}
+    assert threads == {("thread.y", "i", 16, 4), ("thread.x", "j", 16, 4),
+                       ("thread.x", "c", 16, 4)}
+    # Q, K, V tiles and the score block in shared memory, V over K's; no scratch in global
+    # memory, and O only written, once, at the end (its tile in registers)
+    assert {b.name: b.over for b in onf.shared} == {"Q_tile": "", "K_tile": "",
+                                                   "V_tile": "K_tile", "probs": ""}
+    assert onf.temps == ()
+    o_reads = [s for s in walk(_rows(onf).body) if getattr(s, "array", None) == "O"]
+    assert len(o_reads) == 1
+
+
+def test_the_launch_is_a_3d_grid_of_16_by_16_threads_with_the_tiles_in_shared_memory():
+    from moagen.targets.cuda.printer import CudaPrinter
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    (kernel,) = [k for k in CudaPrinter(onf, "float32").kernels() if k["tiled"]]
+    assert kernel["block"] == (16, 16, 1)
+    assert [str(g) for g in kernel["grid"]] == ["idiv(n + 63, 64)", "heads", "batch"]
+    # per bound of d: Q and K tiles d x 68, V's over K's, the scores 64 x 68, 4 bytes each
+    bytes_at = {int(c.split("<= ")[1]): int(b) for c, _, b in kernel["launches"]}
+    assert bytes_at == {64: 4 * (2 * 64 * 68 + 64 * 68), 128: 4 * (2 * 128 * 68 + 64 * 68)}
+
+
+def _flash(dtype):
+    return onf_of(KERNEL, VARIANT, target="cuda", dtype=dtype, upto=5)  # the algorithm's
+
+
+@pytest.mark.parametrize("step, message", [
+    (ThreadTiles("i", 4, "z", nest="rows"), "axis is x or y"),
+    (ThreadTiles("i", 4, "y", nest="rows"), "no grid"),
+    (Stage("O", at="j_blk", nest="rows"), "not a read-only input"),
+    (SharedScratch("Q", fastest="i", nest="rows"), "not a scratch array"),
+    (RegisterTile("Q", nest="rows"), "not an output"),
+])
+def test_a_step_refuses_what_it_cannot_do_and_says_why(step, message):
+    with pytest.raises(ScheduleError, match=message):
+        step(_flash("float64"))
+
+
+def test_lanes_that_share_a_row_are_a_power_of_two_within_a_warp():
+    onf = BlockTiles(("b", "h", "i"), rows=64, nest="rows")(_flash("float64"))
+    ThreadTiles("j", 2, "x", nest="rows")(onf)  # 64 keys / 2: 32 lanes is fine, 12 is not
+    with pytest.raises(ScheduleError, match="power of two up to 32; got 12"):
+        ThreadTiles("c", 4, "x", threads=12, nest="rows")(onf)
+
+
+def test_block_tiles_take_the_parallel_loops_legality():
+    with pytest.raises(ScheduleError, match=r"block_tiles\(b, h, c, .*does not start with"):
+        BlockTiles(("b", "h", "c"), rows=64, nest="rows")(_flash("float64"))
+
+
+def test_a_head_dim_past_the_compiled_bounds_is_refused_before_the_launch():
+    fn = emulated.bind(build_cuda_emulated(emit(KERNEL, VARIANT, "cuda-emulated"), "tiles_bound"),
+                       resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False).signature())
+    q = np.zeros((1, 1, 3, 129))
+    with pytest.raises(ValueError, match="compiled for d up to 128, got d=129"):
+        fn(q, q, q, scale=0.1)
+
+
+SIZES = dict(batch=1, heads=2, n=70, d=9)  # two key blocks, the second short
+
+
+def _run(source, stem):
+    request = resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False)
+    fn = emulated.bind(build_cuda_emulated(source, stem, racecheck=True), request.signature())
+    rng = np.random.default_rng(3)
+    shape = (SIZES["batch"], SIZES["heads"], SIZES["n"], SIZES["d"])
+    q, k, v = (rng.standard_normal(shape) for _ in range(3))
+    o, lse = fn(q, k, v, scale=0.3)
+    want, want_lse = reference.attention_fwd_numpy(q, k, v, scale=0.3)
+    assert np.abs(o - want).max() < 1e-12 and np.abs(lse - want_lse).max() < 1e-12
+
+
+def _float64_kernel(source):
+    """The float64 tiled kernel's text: where its barriers are."""
+    start = source.index("__global__ void attention_fwd_flash_f64_rows(")
+    return start, source.index("\n}\n", start)
+
+
+def test_the_tiled_kernel_passes_the_race_check():
+    _run(emit(KERNEL, VARIANT, "cuda-emulated"), "tiles_race")
+
+
+# after the key block's K copy (its reads of K); before V's copy over K's memory (the scores'
+# reads of K); after it (the weighted sum's reads of V and of the other threads' scores)
+@pytest.mark.parametrize("which, array", [(3, "K_tile"), (4, "(K|V)_tile"), (5, "(V_tile|probs)")])
+def test_each_derived_barrier_is_needed(which, array):
+    source = emit(KERNEL, VARIANT, "cuda-emulated")
+    start, end = _float64_kernel(source)
+    kernel = source[start:end]
+    barriers = [k for k in range(len(kernel)) if kernel.startswith("__syncthreads();", k)]
+    # after Q's copy; a key block's top; after K's copy; before and after V's over it
+    assert len(barriers) == 5
+    cut = start + barriers[which - 1]
+    broken = source[:cut] + source[cut + len("__syncthreads();"):]
+    with pytest.raises(EmulationCheckError, match=rf"race on shared `{array}`"):
+        _run(broken, f"tiles_race_without_{which}")
