@@ -197,7 +197,8 @@ def flash_variant(causal: bool, loops=ROWS) -> Tunable:
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops),
                    defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
-                   cuda={"rows": 4, "lanes": 4},
+                   # a thread's register tile on block tiles (gpu_flash), else a thread's rows
+                   cuda={"rows": 4, "lanes": 8 if causal or loops != ROWS else 4},
                    dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
 
 

@@ -22,7 +22,7 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, bound_symbol
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def compose(composite: Composite, stage_onf) -> ONF:
     """The composite's ONF; stage_onf(stage) gives a stage kernel's ONF."""
     shapes = {a.name: a.shape for a in composite.inputs}
     known_sizes = set(composite.sizes)
-    nests, temps, schedule = [], [], []
+    nests, temps, schedule, shared = [], [], [], []
     for st in composite.stages:
         onf = stage_onf(st)
         where = f"{composite.name}, stage {st.label} ({st.kernel})"
@@ -90,8 +90,15 @@ def compose(composite: Composite, stage_onf) -> ONF:
         unknown = set(st.arrays) - set(names)
         if unknown:
             raise SpecError(f"{where}: binds {sorted(unknown)}, which the kernel does not have")
-        for buf in onf.temps:
+        for buf in onf.temps + onf.shared:
             names[buf.name] = f"{st.label}_{buf.name}"
+        # a tiled CUDA stage's shared tiles, and the compile-time bounds (MAX_d) of its
+        # sizes, in the composite's names
+        bounds = {x.name: v.name for x, v in sizes.items() if isinstance(v, sympy.Symbol)}
+        sizes = {**sizes, **{bound_symbol(x.name): bound_symbol(bounds[x.name])
+                             for x in sizes if x.name in bounds}}
+        shared += [Buffer(names[b.name], tuple(sympy.sympify(e).xreplace(sizes) for e in b.shape),
+                          names.get(b.over, "")) for b in onf.shared]
         for buf in onf.inputs + onf.outputs + onf.temps:
             shape = tuple(sympy.sympify(d).xreplace(sizes) for d in buf.shape)
             target = names[buf.name]
@@ -106,7 +113,7 @@ def compose(composite: Composite, stage_onf) -> ONF:
             shapes[target] = shape
             if buf in onf.temps:
                 temps.append(Buffer(target, shape))
-        rename = _Renamer(names, sizes)
+        rename = _Renamer(names, sizes, bounds)
         nests += [Nest(names.get(n.target, n.target),
                        tuple(rename.stmt(s) for s in n.body),
                        f"stage {st.label}: {st.kernel} {st.variant}\n{n.origin}",
@@ -122,7 +129,7 @@ def compose(composite: Composite, stage_onf) -> ONF:
                outputs=tuple(Buffer(a, shapes[a]) for a in returned),
                temps=tuple(Buffer(a, shapes[a]) for a in scratch) + tuple(temps),
                sizes=composite.sizes, scalars=composite.scalars, nests=tuple(nests),
-               schedule=tuple(schedule), flat=True)
+               schedule=tuple(schedule), flat=True, shared=tuple(shared))
 
 
 def format_stages(composite: Composite, stage: str, get_kernel) -> str:
@@ -154,15 +161,21 @@ def _renamed(e, sizes):
 class _Renamer:
     """A stage's statements in the composite's names: arrays renamed, sizes substituted."""
 
-    def __init__(self, arrays, sizes):
-        self.arrays, self.sizes = arrays, tuple(sizes.items())
+    def __init__(self, arrays, sizes, bounds):
+        self.arrays, self.sizes, self.bounds = arrays, tuple(sizes.items()), bounds
 
     def index(self, e):
         return _renamed(e, self.sizes)
 
     def stmt(self, s):
         if isinstance(s, Loop):
-            return replace(s, start=self.index(s.start), stop=self.index(s.stop),
+            gpu = s.gpu
+            if gpu is not None and gpu.bounds:
+                if any(name not in self.bounds for name, _ in gpu.bounds):
+                    raise SpecError(f"a tiled stage's bounded size is no size of the composite: "
+                                    f"{', '.join(name for name, _ in gpu.bounds)}")
+                gpu = replace(gpu, bounds=tuple((self.bounds[n], v) for n, v in gpu.bounds))
+            return replace(s, start=self.index(s.start), stop=self.index(s.stop), gpu=gpu,
                            body=tuple(self.stmt(b) for b in s.body))
         if isinstance(s, Store):
             return replace(s, array=self.arrays[s.array],

@@ -40,6 +40,12 @@ class GpuMark:
         return f"{self.kind}({self.threads} x {self.tile})"
 
 
+def bound_symbol(size: str) -> sympy.Symbol:
+    """MAX_<size>: the compile-time bound a tiled CUDA kernel is specialized at for a size
+    (GpuMark.bounds), in the index expressions of what is laid out to it."""
+    return sympy.Symbol(f"MAX_{size}", integer=True, positive=True)
+
+
 @dataclass(frozen=True)
 class Loop(Stmt):
     var: sympy.Symbol

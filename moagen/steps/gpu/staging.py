@@ -8,7 +8,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, map_stmt_exprs,
+from moagen.onf.loops import (Buffer, GpuMark, bound_symbol, Let, Loop, ONF, Store, Update, map_stmt_exprs,
                               walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.blocks import max_extent
@@ -66,7 +66,7 @@ class _Region:
 def bounded(e, bounds):
     """e with each size the kernel is compiled at bounds of as its bound, MAX_<size>: a
     compile-time row length for a tile whose rows hold up to that many."""
-    return sympy.sympify(e).xreplace({x: sympy.Symbol(f"MAX_{x.name}", integer=True, positive=True)
+    return sympy.sympify(e).xreplace({x: bound_symbol(x.name)
                        for x in sympy.sympify(e).free_symbols if x.name in dict(bounds)})
 
 

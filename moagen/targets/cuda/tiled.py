@@ -18,7 +18,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, Store, Update, walk
+from moagen.onf.loops import Let, Loop, Store, Update, bound_symbol, walk
 from moagen.steps.gpu.blocks import max_extent
 
 AXES = "xyz"
@@ -67,7 +67,7 @@ class TiledKernel:
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
-        return [f"MAX_{name}" for name in self.bounds]
+        return [bound_symbol(name).name for name in self.bounds]
 
     def specializations(self):
         """(the launch's condition, the template arguments, its shared bytes) per compiled
@@ -79,7 +79,7 @@ class TiledKernel:
             raise ScheduleError(f"nest {self.nest.label}: bounds for one size only, not "
                                 f"{', '.join(self.bounds)}")
         (name, values), = self.bounds.items()
-        at = lambda v: {x: v for x in shared.free_symbols if x.name == f"MAX_{name}"}
+        at = lambda v: {bound_symbol(name): v}
         return [(f"{name} <= {v}", f"<{v}>", self.p.index(shared.xreplace(at(v))))
                 for v in values]
 
@@ -109,7 +109,7 @@ class TiledKernel:
 
     def bound_values(self):
         """Each compiled bound as a substitution of its MAX_ symbol."""
-        return [{sympy.Symbol(f"MAX_{name}", integer=True, positive=True): v}
+        return [{bound_symbol(name): v}
                 for name, values in self.bounds.items() for v in values] or [{}]
 
     def prologue(self):
@@ -135,9 +135,9 @@ class TiledKernel:
         if most is not None:
             return str(-(-most // span))
         extent = sympy.expand(loop.stop - loop.start)
-        bound = extent.xreplace({x: sympy.Symbol(f"MAX_{x.name}") for x in extent.free_symbols
+        bound = extent.xreplace({x: bound_symbol(x.name) for x in extent.free_symbols
                                  if x.name in self.bounds})
-        if bound.free_symbols - {sympy.Symbol(f"MAX_{n}") for n in self.bounds}:
+        if bound.free_symbols - {bound_symbol(n) for n in self.bounds}:
             raise ScheduleError(f"nest {self.nest.label}: the loop over {loop.var} has no "
                                 "compile-time most iterations; give BlockTiles a bound for "
                                 f"{', '.join(sorted(s.name for s in extent.free_symbols))}")
