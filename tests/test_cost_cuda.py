@@ -161,3 +161,13 @@ def test_cost_cuda_reports_launch_occupancy_loops_and_bound(capsys):
     assert inv_rms["hot_loop"]["fma"] > 0  # the sum of squares
     assert inv_rms["bytes"] == 4 * (1000 * 64 + 1000)  # x read, one number a row written
     assert call["measured"] is None
+    code = main(["cost", "rmsnorm_fwd", "--variant", "naive", "--cuda", "--dtype", "float32",
+                 "-D", "batch=1", "-D", "n=1000"])  # d from the bench: 1024
+    out, _ = capsys.readouterr()
+    assert code == 0
+    table = out[out.index("CUDA kernels on an H200"):]
+    assert "n=1000 d=1024" in table.splitlines()[0]
+    assert "blocks/SM" in table and "innermost loops" in table and "no measurement" in table
+    row = next(line.split() for line in table.splitlines()
+               if line.split()[:1] == ["rmsnorm_fwd_naive_f32_inv_rms"])
+    assert row[1:5] == ["inv_rms", "8x1x1", "8", "128x1x1"]

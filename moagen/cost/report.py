@@ -142,11 +142,12 @@ def format_gpu(m) -> str:
     sizes = " ".join(f"{k}={v}" for k, v in m.sizes.items())
     lines = [f"{m.kernel}, variant {m.variant}: CUDA kernels on an {g.name} ({g.arch}, {g.sms} SMs), "
              f"{m.dtype}, {sizes}"]
-    rows = [("__global__ kernel", "nest", "grid", "block", "waves", "regs", "spill st/ld B",
+    rows = [("__global__ kernel", "nest", "grid", "blocks", "block", "waves", "regs", "spill st/ld B",
              "smem static+dyn B", "blocks/SM", "warps/SM", "limited by", "MB moved", "GFLOP",
              "bound us", "bound by")]
     for k in m.kernels:
-        rows.append((k.name, k.nest, "x".join(map(str, k.grid)), "x".join(map(str, k.block)),
+        rows.append((k.name, k.nest, "x".join(map(str, k.grid)), str(k.blocks),
+                     "x".join(map(str, k.block)),
                      f"{k.waves:.3g}", str(k.registers), f"{k.spill_stores}/{k.spill_loads}",
                      f"{k.static_shared}+{k.dynamic_shared}", str(k.occupancy.blocks),
                      f"{k.occupancy.warps} ({k.occupancy.fraction:.0%})", k.occupancy.limiter,

@@ -2,7 +2,7 @@
 variant compiled for the GPUs moagen targets, with ptxas' registers, shared memory and
 spills, and the atomic instructions in its SASS (cuobjdump, from the pip packages
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), next to the ONF's atomic updates in the
-nest the kernel runs."""
+nest the kernel runs, and its innermost loops' instruction mix (moagen.cost.sass_loops)."""
 import os
 import re
 import shutil
