@@ -27,7 +27,10 @@ def add_parser(sub):
                    help="the simulated last-level cache (default: %(default)s)")
     p.add_argument("--cuda", action="store_true",
                    help="compile the CUDA kernels (sm_80, sm_90): registers, shared memory, "
-                        "spills and SASS atomics next to the ONF's atomic updates")
+                        "spills and SASS atomics next to the ONF's atomic updates; on an H200 "
+                        "(sm_90) at the -D sizes (the bench's for those not given): grid, "
+                        "waves, occupancy, the innermost loops' SASS instruction mix, bytes, "
+                        "flops and a roofline bound beside PyTorch's measured time")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--ranks", metavar="P,P,...",
                    help="a distributed kernel (moagen.ranks) on P ranks: time, bytes and memory "
@@ -54,21 +57,28 @@ def run(args):
     costs = [predict(kernel.name, kernel.variant(v).name, args.dtype)
              for v in (args.variant or kernel.variants)]
     points = _points(args.define, args.sweep)
+    if args.cuda:  # the GPU's numbers need sizes: the bench's where -D gives none
+        points = [_with_bench_sizes(kernel, p) for p in points or [{}]]
     envs = [costs[0].sizes_from(p) for p in points]  # every error before the first long run
     if args.measure and not envs:
         raise SizeError(f"--measure needs sizes: -D SIZE=N for each of "
                         f"{', '.join(s.name for s in costs[0].sizes)}")
     cache = CacheConfig(ll_bytes=args.ll)
     records = _measured(costs, points, envs, args.dtype, cache) if args.measure else None
-    cuda = {}
+    cuda, gpu = {}, []
     if args.cuda:
+        from moagen.cost.gpu import H200
+        from moagen.cost.gpu_metrics import gpu_metrics
         from moagen.cost.sass import inspect
         cuda = {c.variant: inspect(c.kernel, c.variant, args.dtype) for c in costs}
+        gpu = [gpu_metrics(c.kernel, c.variant, args.dtype, {s.name: v for s, v in env.items()},
+                           H200, cuda[c.variant]) for c in costs for env in envs]
     if args.json:
         doc = ({"measured": records} if records else
                {"costs": [report.cost_json(c, env) for c in costs for env in envs or [None]]})
         if cuda:
             doc["cuda"] = {variant: report.cuda_json(r) for variant, r in cuda.items()}
+            doc["gpu"] = [report.gpu_json(m) for m in gpu]
         print(json.dumps(doc, indent=1))
         return
     if records:
@@ -80,6 +90,8 @@ def run(args):
     for variant, reports in cuda.items():
         print(f"{costs[0].kernel}, variant {variant}: CUDA kernels ({args.dtype})")
         print(report.format_cuda(reports))
+    for m in gpu:
+        print(report.format_gpu(m))
 
 
 def _over_ranks(args):
@@ -122,6 +134,17 @@ def _measured(costs, points, envs, dtype, cache):
             counts = measure(cost.kernel, cost.variant, sizes, dtype, cache)
             records.append(report.measured_json(cost, env, counts, cache.line))
     return records
+
+
+def _with_bench_sizes(kernel, given):
+    """The -D sizes, and the kernel's bench sizes (at its middle length, or at -D n) for
+    those not given; just the -D sizes for a kernel with no bench."""
+    from moagen.bench import calls
+    if kernel.bench is None:
+        return given
+    lengths = calls.lengths(kernel.name, quick=False)
+    n = given.get("n", lengths[len(lengths) // 2])
+    return {**calls.sizes(kernel.name, n), **given}
 
 
 def _points(defines, sweep):

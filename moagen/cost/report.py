@@ -116,4 +116,106 @@ def format_cuda(reports) -> str:
 
 
 def cuda_json(reports) -> list:
-    return [dict(vars(r), onf_atomics={a: str(n) for a, n in r.onf_atomics.items()}) for r in reports]
+    return [dict(vars(r), onf_atomics={a: str(n) for a, n in r.onf_atomics.items()},
+                 loops=[m.as_dict() for m in r.loops]) for r in reports]
+
+
+LOOP_COLUMNS = ("FFMA", "DFMA", "FMUL", "FADD", "DMUL", "DADD", "HMMA", "DMMA", "LDG", "LD", "STG",
+                "ST", "LDS", "STS", "LDL", "STL", "SHFL", "BAR", "atomics", "integer")
+
+
+def _ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _maybe(v, scale=1.0, digits=4) -> str:
+    return "?" if v is None else f"{v * scale:,.{digits}g}"
+
+
+def format_gpu(m) -> str:
+    """A call's CUDA kernels on a GPU model (moagen.cost.gpu_metrics.CallMetrics): launch,
+    resources and occupancy; the innermost loops' instructions; bytes, flops and bounds."""
+    from moagen.cost.gpu import OCCUPANCY_ROUNDING
+    from moagen.cost.gpu_metrics import GPU_TRAFFIC
+
+    g = m.gpu
+    sizes = " ".join(f"{k}={v}" for k, v in m.sizes.items())
+    lines = [f"{m.kernel}, variant {m.variant}: CUDA kernels on an {g.name} ({g.arch}, {g.sms} SMs), "
+             f"{m.dtype}, {sizes}"]
+    rows = [("__global__ kernel", "nest", "grid", "blocks", "block", "waves", "regs", "spill st/ld B",
+             "smem static+dyn B", "blocks/SM", "warps/SM", "limited by", "MB moved", "GFLOP",
+             "bound us", "bound by")]
+    for k in m.kernels:
+        rows.append((k.name, k.nest, "x".join(map(str, k.grid)), str(k.blocks),
+                     "x".join(map(str, k.block)),
+                     f"{k.waves:.3g}", str(k.registers), f"{k.spill_stores}/{k.spill_loads}",
+                     f"{k.static_shared}+{k.dynamic_shared}", str(k.occupancy.blocks),
+                     f"{k.occupancy.warps} ({k.occupancy.fraction:.0%})", k.occupancy.limiter,
+                     _maybe(k.bytes, 1e-6), _maybe(k.flops, 1e-9), _maybe(k.bound_s, 1e6),
+                     k.bound_by))
+    lines += _table(rows, indent="  ")
+    measured = (f"PyTorch measured {m.measured.ms:g} ms ({m.measured.source}: "
+                f"{m.measured.computes})" if m.measured else
+                "no measurement (no PyTorch time at this kernel, dtype and sizes)")
+    lines.append(f"  call: {_maybe(m.bytes, 1e-6)} MB, {_maybe(m.flops, 1e-9)} GFLOP; roofline "
+                 f"bound {_maybe(m.bound_s, 1e3)} ms (the launches' max(bytes / "
+                 f"{g.hbm_bytes_per_s / 1e12:g} TB/s, flops / {g.peak_flops[m.dtype] / 1e12:g} "
+                 f"TFLOP/s) added); {measured}")
+    lines.append("  innermost loops (SASS; * the one with the most FMA, the kernel's summary; "
+                 "total: all its innermost loops)")
+    mixes_of = {k.name: list(k.loops.loops) + ([k.loops.total] if len(k.loops.loops) > 1 else [])
+                for k in m.kernels}
+    every = [mix for mixes in mixes_of.values() for mix in mixes]
+    # a class no loop of the call has is left out (--json has every one)
+    shown = [c for c in LOOP_COLUMNS if c in ("FFMA" if m.dtype == "float32" else "DFMA", "LDG")
+             or any(mix.counts[c] for mix in every)]
+    vectors = [("LDG.128", "ldg_128"), ("LDS.128", "lds_128")]
+    vectors = [(head, key) for head, key in vectors if any(getattr(x, key) for x in every)]
+    rows = [("__global__ kernel", "loop", "instr", *shown, *(head for head, _ in vectors),
+             "FMA/gld", "FMA/LDS", "gld+gst")]
+    for k in m.kernels:
+        if not mixes_of[k.name]:
+            rows.append((k.name, "no loop", *[""] * (len(rows[0]) - 2)))
+        for mix in mixes_of[k.name]:
+            mark = "*" if mix is k.loops.hot else ""
+            where = "total" if mix is k.loops.total else f"{mix.start:#x}-{mix.end:#x}{mark}"
+            rows.append((k.name, where, str(mix.instructions),
+                         *(str(mix.counts[c]) for c in shown),
+                         *(str(getattr(mix, key)) for _, key in vectors),
+                         _ratio(mix.fma_per_global_load), _ratio(mix.fma_per_shared_load),
+                         str(mix.global_loads + mix.global_stores)))
+    lines += _table(rows, indent="  ")
+    lines += _notes(f"Occupancy: {OCCUPANCY_ROUNDING}. waves: blocks / ({g.sms} SMs x blocks "
+                    f"an SM). MB moved: {GPU_TRAFFIC}; flops: moagen.cost.flops (exp, div "
+                    "apart, not in the bound).",
+                    "Loops: a backward BRA spans [its target, itself]; innermost: containing no "
+                    "other; static counts (an unrolled body counts each copy). Columns no loop "
+                    "has are left out (--json has all). FMA: FFMA + DFMA (HMMA, DMMA apart); "
+                    "gld: LDG + LD (generic), gst: STG + ST; integer: IMAD, IADD3, LEA, SHF, LOP3.",
+                    "Trust: registers, spills, shared memory and the loops' instructions are "
+                    "the compiler's; occupancy and waves follow from them exactly; the bound is "
+                    "a floor (perhaps within 30-50% for a well-tiled kernel, far below the time "
+                    "of an untiled one); bank conflicts, scheduling, latency and L2 hit rates "
+                    "need the device.")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_json(m) -> dict:
+    from dataclasses import asdict
+    kernels = []
+    for k in m.kernels:
+        kernels.append(dict(
+            name=k.name, nest=k.nest, grid=list(k.grid), block=list(k.block), blocks=k.blocks,
+            threads=k.threads, waves=k.waves, registers=k.registers,
+            spill_stores=k.spill_stores, spill_loads=k.spill_loads,
+            static_shared=k.static_shared, dynamic_shared=k.dynamic_shared,
+            occupancy=dict(blocks=k.occupancy.blocks, warps=k.occupancy.warps,
+                           fraction=k.occupancy.fraction, limiter=k.occupancy.limiter,
+                           limits=dict(k.occupancy.limits)),
+            loops=[mix.as_dict() for mix in k.loops.loops],
+            hot_loop=k.loops.hot.as_dict() if k.loops.hot else None,
+            loops_total=k.loops.total.as_dict() if k.loops.total else None,
+            bytes=k.bytes, flops=k.flops, bound_s=k.bound_s, bound_by=k.bound_by))
+    return dict(kernel=m.kernel, variant=m.variant, dtype=m.dtype, sizes=m.sizes,
+                gpu=asdict(m.gpu), kernels=kernels, bytes=m.bytes, flops=m.flops,
+                bound_s=m.bound_s, measured=asdict(m.measured) if m.measured else None)

@@ -2,7 +2,7 @@
 variant compiled for the GPUs moagen targets, with ptxas' registers, shared memory and
 spills, and the atomic instructions in its SASS (cuobjdump, from the pip packages
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), next to the ONF's atomic updates in the
-nest the kernel runs."""
+nest the kernel runs, and its innermost loops' instruction mix (moagen.cost.sass_loops)."""
 import os
 import re
 import shutil
@@ -14,6 +14,7 @@ from typing import Dict, Tuple
 
 import sympy
 
+from moagen.cost.sass_loops import LoopMix, innermost_loops
 from moagen.targets.cuda.build import CUDA_ARCHS, compile_cuda
 from moagen.targets.cuda.printer import CudaPrinter
 from moagen.emit import emit, stem
@@ -39,6 +40,7 @@ class KernelReport:
     spill_loads: int
     sass_atomics: int  # atomic instructions in its SASS (static count)
     onf_atomics: Dict[str, sympy.Expr]  # atomic updates per array of its nest, per call
+    loops: Tuple[LoopMix, ...] = ()  # its SASS's innermost loops (moagen.cost.sass_loops)
 
 
 def inspect(kernel: str, variant: str = None, dtype: str = "float64",
@@ -52,13 +54,14 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
     for arch in archs:
         result = compile_cuda(source, stem(kernel, onf.variant), arch)
         ptxas = ptxas_resources(result.ptxas_report)
-        atomics = _sass_atomics(result.cubin)
+        bodies = sass_by_function(result.cubin)
         for name, nest in zip(names, onf.nests):
-            if name not in ptxas or name not in atomics:
+            if name not in ptxas or name not in bodies:
                 raise MoagenError(f"{result.cubin} has no kernel {name}")
             reports.append(KernelReport(arch, name, nest.label, **ptxas[name],
-                                        sass_atomics=atomics[name],
-                                        onf_atomics=atomic_updates(onf.with_nests([nest]))))
+                                        sass_atomics=len(ATOMIC.findall(bodies[name])),
+                                        onf_atomics=atomic_updates(onf.with_nests([nest])),
+                                        loops=tuple(innermost_loops(bodies[name]))))
     return reports
 
 
@@ -74,11 +77,6 @@ def ptxas_resources(report: str) -> Dict[str, dict]:
                          spill_stores=number(r"(\d+) bytes spill stores"),
                          spill_loads=number(r"(\d+) bytes spill loads"))
     return out
-
-
-def _sass_atomics(cubin: Path) -> Dict[str, int]:
-    """Atomic instructions per function in the cubin's SASS."""
-    return {name: len(ATOMIC.findall(body)) for name, body in sass_by_function(cubin).items()}
 
 
 def sass_by_function(cubin: Path) -> Dict[str, str]:
