@@ -271,13 +271,14 @@ main() {
     record_machine
     # what each step took on the H200 (2026-12-04, docs/results/h200-2026-12-04/) or is
     # estimated to take: verify-cuda 74 s; device-arrays about 100 s (it ran past 90 s once);
-    # pycuda's build about 40 s on 16 cores (its longest C++ file), its tests 10 s; the tiny
+    # pycuda's build about 40 s on 16 cores (its longest C++ files; 112 s of g++ in all on a
+    # 2-core EPYC, where it built against a stand-in libcuda), its tests 10 s; the tiny
     # LM 30 s, operators 10 s; atomics 15 s (0.4 s a round at n 2048); the four attention
     # benches 15, 20, 35 and 15 s of kernel time (6 calls a size) and 10 s each to start
     # and build; decode and the MLP 10 s each: 7.5 minutes
     step verify-cuda 100 verify_cuda
     step device-arrays 130 device_arrays
-    step pycuda 75 pycuda_arrays
+    step pycuda 90 pycuda_arrays
     step tiny-lm 40 tiny_lm
     step operators 20 operator_times
     step atomics 30 atomics
