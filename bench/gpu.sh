@@ -1,17 +1,23 @@
 #!/bin/bash
 # The GPU checks of moagen, on a machine with an NVIDIA GPU and no network (an H200: python3
-# 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 9 minutes:
+# 3.12 with numpy, torch, cupy, cuda-python, nvcc 13 and gcc 13.3; no cffi, no pycuda). In
+# under 8 minutes (DEADLINE, below):
 #   1. every CUDA kernel, variant and dtype verified on the device against numpy and PyTorch,
 #      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
-#      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py), the tiny language
-#      model (examples/train_tiny_lm.py) trained on the GPU with moagen's operators and PyTorch's,
-#      and each operator's forward + backward timed against PyTorch's (its --operators);
+#      moagen.torch on CUDA tensors tested (tests/test_torch_cuda.py); pycuda built from its
+#      source (carried) and kernels called with its GPUArrays (tests/test_pycuda_gpu.py);
+#      the tiny language model (examples/train_tiny_lm.py) trained on the GPU with moagen's
+#      operators and PyTorch's, and each operator's forward + backward timed against
+#      PyTorch's (its --operators);
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
-#   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
-#      d 64, n 1024 to 16384, by CUDA events on device-resident arrays (the online variant, and
-#      the flash one moagen.torch runs on CUDA tensors); and decode
-#      (flash-decoding's split) against SDPA and the device's copy bandwidth; and the tiled
-#      MLP's forward and backward against PyTorch's;
+#   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, by CUDA events on
+#      device-resident arrays, at batch 1 and 8 heads: d 64, the online variant and the flash
+#      one moagen.torch runs on CUDA tensors, float32 and float64, n 1024, 4096, 16384; d 128,
+#      the flash variant alone, float32 at the same n, float64 at n 1024 and 4096 (the sweep
+#      shrunk to fit: at 4 heads, d 64 the first run took 0.52 s (float32) and 0.70 s
+#      (float64) a call of online at n 16384, 6 calls a size; 8 heads and d 128 are four
+#      times that); and decode (flash-decoding's split) against SDPA and the device's copy
+#      bandwidth; and the tiled MLP's forward and backward against PyTorch's;
 #   4. OpenACC C, C without restrict and Fortran timed next to CUDA, where gcc offloads there;
 # results, summaries and plots under WORK, packed into one archive in OUT
 # (gpu-results.tar.gz) next to the machine, verification, atomics and bench summaries: a
@@ -22,8 +28,17 @@
 #   bench/gpu.sh --dry-run          # here, no GPU: every step on the CUDA emulation, small sizes
 #
 # Each step is a function, run under a time limit of its own (a new step: a function, and
-# its line in main); the script goes on after a failed step (what it measured stays in its
-# JSON lines), then exits non-zero if any step failed.
+# its line in main), cut to the time left before the script's DEADLINE; the script goes on
+# after a failed step (what it measured stays in its JSON lines), skips the steps there is no
+# time left for (the last, least needed), then exits non-zero if any step failed or was
+# skipped.
+#
+# What is carried (wheelhouse/, made by prepare, with the working tree: 64 MiB at most in
+# all): cffi and pycparser (0.3 MiB), and in wheelhouse/pycuda/ pycuda 2026.1's source
+# (1.6 MiB) with the wheels it needs to build and run that the machine lacks: pure Python
+# (pytools, platformdirs, mako, typing_extensions, setuptools, wheel, packaging) but for two
+# small binary ones for its Python 3.12 (markupsafe, siphash24), 1.4 MiB. wheelhouse/: 3.4
+# MiB; with the tracked files (19.8 MiB on 2026-12-04) 23 MiB.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=wheelhouse
@@ -33,9 +48,20 @@ FAILED=()
 prepare() {
     local pyver=${PYVER:-3.12}  # the GPU machine's Python
     mkdir -p "$WHEELS"
-    "$PY" -m pip download --no-deps --only-binary=:all: --python-version "$pyver" \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d "$WHEELS" cffi==2.0.0 pycparser==2.23
+    local binary=(--no-deps --only-binary=:all: --python-version "$pyver" --implementation cp
+                  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+                  --platform manylinux2014_x86_64)
+    mkdir -p "$WHEELS/pycuda"
+    "$PY" -m pip download "${binary[@]}" -d "$WHEELS" cffi==2.0.0 pycparser==2.23 || return
+    # pycuda's source, built there against the driver (it links libcuda); what it imports
+    # (pytools: platformdirs, siphash24, typing_extensions; mako: markupsafe) and what
+    # building it takes besides the machine's numpy (setuptools, wheel: packaging)
+    "$PY" -m pip download --no-deps --no-binary :all: --no-build-isolation -d "$WHEELS/pycuda" \
+        pycuda==2026.1 || return
+    "$PY" -m pip download "${binary[@]}" -d "$WHEELS/pycuda" pytools==2026.1.1 \
+        platformdirs==4.14.9 siphash24==1.9 typing_extensions==4.16.0 mako==1.4.3 \
+        markupsafe==3.0.4 setuptools==84.2.1 wheel==0.48.0 packaging==26.4 || return
+    du -sh "$WHEELS" "$WHEELS/pycuda"
     echo "wheels in $WHEELS; carry it to the GPU machine"
 }
 
@@ -51,10 +77,17 @@ setup_python() {
     export MOAGEN_NVCCFLAGS=${MOAGEN_NVCCFLAGS:--O3 -arch=sm_90}
 }
 
-# step NAME SECONDS FUNCTION [ARGS...]: one step under its limit, its output in WORK/NAME.txt
+# step NAME SECONDS FUNCTION [ARGS...]: one step under its limit (no later than DEADLINE
+# seconds into the script), its output in WORK/NAME.txt
 step() {
-    local name=$1 limit=$(($2 * LIMIT_SCALE)) start=$SECONDS
+    local name=$1 limit=$(($2 * LIMIT_SCALE)) start=$SECONDS left=$((DEADLINE - SECONDS))
     shift 2
+    if [ "$left" -lt 10 ]; then
+        echo "== $name: SKIPPED, ${left}s left before the deadline"
+        FAILED+=("$name(skipped)")
+        return
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
     echo "== $name (limit ${limit}s): $*"
     export -f "$1"
     if timeout "$limit" bash -c '"$@"' step "$@" > "$WORK/$name.txt" 2>&1; then
@@ -70,7 +103,7 @@ record_machine() {
     { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
       nvcc --version | tail -n 2 || true
       "$PY" -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
-      "$PY" -m pip list 2>/dev/null | grep -iE '^(cuda-bindings|cupy|cffi) ' || true
+      "$PY" -m pip list 2>/dev/null | grep -iE '^(cuda-bindings|cupy[-a-z0-9]*|cffi|pycuda|setuptools) ' || true
     } > "$WORK/machine.txt" 2>&1
     cat "$WORK/machine.txt"
 }
@@ -96,17 +129,55 @@ device_arrays() {
         tests/test_torch_cuda.py
 }
 
+# pycuda built from the carried source (bench/build_pycuda.py: setuptools' build with every
+# core compiling), installed offline into SITE with what it imports that the machine lacks,
+# then kernels called with its GPUArrays; in a dry run (no libcuda to link against, minutes
+# of C++ on 2 cores) the carried files are checked, the install resolved offline, and the
+# same tests run (they skip without a GPU) next to the GPUArray kind on the emulation
+pycuda_arrays() {
+    local dir=$WHEELS/pycuda sdist build_site=$WORK/pycuda-build-site wheel
+    sdist=$(ls "$dir"/pycuda-2026.1.tar.gz 2>/dev/null) ||
+        { echo "no pycuda source in $dir: run 'bench/gpu.sh prepare' where there is network"; return 2; }
+    local limit=()
+    "$PY" -c "import pytest_timeout" 2>/dev/null && limit=(--timeout 60)
+    if [ -n "$DRY_RUN" ]; then
+        # the source's metadata, and what it needs resolved from the carried wheels alone for
+        # the GPU machine's Python
+        "$PY" -m pip install --dry-run --no-deps --ignore-installed --no-index \
+            --no-build-isolation "$sdist" || return
+        "$PY" -m pip install --dry-run --target "$WORK/pycuda-dry-run" --no-index \
+            --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
+            --platform manylinux_2_17_x86_64 --find-links "$dir" pytools platformdirs mako \
+            setuptools wheel || return
+        "$PY" -m pytest -v -p no:cacheprovider tests/test_cuda_array_kinds.py tests/test_pycuda_gpu.py
+        return
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --target "$build_site" \
+        "$dir"/setuptools-*.whl "$dir"/wheel-*.whl "$dir"/packaging-*.whl || return
+    PYTHONPATH="$build_site:$PYTHONPATH" "$PY" bench/build_pycuda.py "$sdist" "$WORK/pycuda-wheel" ||
+        { echo "pycuda did not build from $sdist"; return 1; }
+    wheel=$(ls "$WORK"/pycuda-wheel/pycuda-*.whl) || return
+    local module wanted=("$wheel")  # only what the machine lacks: a newer torch's own stays
+    for module in pytools platformdirs siphash24 typing_extensions mako markupsafe; do
+        "$PY" -c "import $module" 2>/dev/null || wanted+=("$(ls "$dir/$module"-*.whl)")
+    done
+    "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "${wanted[@]}" || return
+    "$PY" -c "import pycuda, pycuda.autoprimaryctx as p; print('pycuda', pycuda.VERSION_TEXT, 'on', p.device.name())" ||
+        return
+    "$PY" -m pytest -v -p no:cacheprovider "${limit[@]}" tests/test_pycuda_gpu.py
+}
+
 # the tiny model's training on the GPU, moagen's operators and PyTorch's in lockstep: float64
 # losses equal to 1e-9 at every step (the example exits non-zero otherwise), the step times
 tiny_lm() {
-    "$PY" examples/train_tiny_lm.py --device cuda --steps $LM_STEPS --dtype float64 float32 \
-        --out "$WORK/tiny-lm"
+    "$PY" examples/train_tiny_lm.py --device "$LM_DEVICE" --steps $LM_STEPS $LM_SIZES \
+        --dtype float64 float32 --out "$WORK/tiny-lm"
 }
 
 # each moagen.torch operator's forward + backward against PyTorch's, at the tiny LM's sizes
 operator_times() {
-    "$PY" examples/train_tiny_lm.py --device cuda --operators 30 --dtype float64 float32 \
-        --out "$WORK/tiny-lm"
+    "$PY" examples/train_tiny_lm.py --device "$LM_DEVICE" --operators $LM_OPERATOR_CALLS \
+        $LM_SIZES --dtype float64 float32 --out "$WORK/tiny-lm"
 }
 
 atomics() {
@@ -114,11 +185,12 @@ atomics() {
         --out "$WORK/atomics.jsonl"
 }
 
-# attention forward against SDPA on the same GPU: bench_vs_sdpa DTYPE D
+# attention forward against SDPA on the same GPU, batch 1 and BENCH_HEADS heads:
+# bench_vs_sdpa DTYPE D "KERNEL:VARIANT..." "N..."
 bench_vs_sdpa() {
-    "$PY" -m moagen.cli bench --lang "$CUDA" --kernels $BENCH_KERNELS --dtype "$1" --size d="$2" \
-        --n $BENCH_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
-        --out "$WORK/bench-$1-d$2.jsonl"
+    "$PY" -m moagen.cli bench --lang "$CUDA" --kernels $3 --dtype "$1" --size batch=1 \
+        --size heads="$BENCH_HEADS" --size d="$2" --n $4 --threads "$JOBS" --baselines torch \
+        --untuned $DRY_RUN --out "$WORK/bench-$1-d$2.jsonl"
 }
 
 # decode, a memory-bound kernel: its GB/s against the device's copy bandwidth (% copy)
@@ -157,7 +229,8 @@ pack() {
         [ -e "$results" ] && "$PY" -m moagen.cli report "$results" > /dev/null
     done
     tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
-    cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/device-arrays.txt "$WORK"/tiny-lm.txt \
+    cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/device-arrays.txt "$WORK"/pycuda.txt \
+        "$WORK"/tiny-lm.txt \
         "$WORK"/operators.txt "$WORK"/atomics.txt "$OUT"/ 2>/dev/null
     cat "$WORK"/bench-*/summary.md > "$OUT/bench-summary.md" 2>/dev/null
     echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
@@ -165,43 +238,59 @@ pack() {
 
 main() {
     export OUT=${OUT:-bench-results/gpu} WORK=${WORK:-/tmp/moagen-gpu} PY
-    SITE=${SITE:-/tmp/moagen-site}
+    export SITE=${SITE:-/tmp/moagen-site} WHEELS
     export JOBS=$(nproc)
     rm -rf "$WORK"
     mkdir -p "$OUT" "$WORK/verify"
+    local d64 d128 d128_f64
     if [ "${1:-}" = --dry-run ]; then
-        # the CUDA emulation in the GPU's place; the same commands, sizes a 2-core machine runs
-        export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64" DECODE_N="40"
-        export LM_STEPS=0 MLP_N="16"
+        # the CUDA emulation in the GPU's place (the tiny LM on the host's C kernels); the
+        # same commands, sizes a 2-core machine runs
+        export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" DECODE_N="40" MLP_N="16"
+        export LM_DEVICE=cpu LM_STEPS=1 LM_OPERATOR_CALLS=1 BENCH_HEADS=2
+        export LM_SIZES="--batch 2 --context 8 --d-model 16 --heads 2 --kv-heads 1 --d-ff 24
+            --layers 1 --chars 2000 --generate 4 --threads 1"
         LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
+        DEADLINE=${DEADLINE:-1500}
         local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
-        local sizes="float32:16 float64:16"
+        d64="32 64" d128="32" d128_f64="32"
     else
-        export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 4096 16384"
-        export DECODE_N="8192 32768" LM_STEPS=60 MLP_N="1024 4096"
+        export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" DECODE_N="8192 32768" MLP_N="1024 4096"
+        export LM_DEVICE=cuda LM_STEPS=60 LM_OPERATOR_CALLS=30 LM_SIZES= BENCH_HEADS=8
         LIMIT_SCALE=1
+        # 8 minutes from here; the limits below add up to more (each is what its step may
+        # need), so the last steps are the ones a slow run gives up
+        DEADLINE=${DEADLINE:-465}
         local kernels=all
-        local sizes="float32:64 float64:64"
+        d64="1024 4096 16384" d128="1024 4096 16384" d128_f64="1024 4096"
     fi
-    export BENCH_KERNELS="attention_fwd:online attention_fwd:flash"
+    local both="attention_fwd:online attention_fwd:flash" flash=attention_fwd:flash
     setup_python
     [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
     export VERIFY_KERNELS=$kernels
     record_machine
-    # limits that add up to 8.6 minutes (verify-cuda took 74 s on the H200)
-    step verify-cuda 110 verify_cuda
-    [ -n "$DRY_RUN" ] || step device-arrays 150 device_arrays
-    [ -n "$DRY_RUN" ] || step tiny-lm 45 tiny_lm
-    [ -n "$DRY_RUN" ] || step operators 20 operator_times
-    step atomics 35 atomics
-    local size
-    for size in $sizes; do
-        step "bench-${size/:/-d}" 45 bench_vs_sdpa "${size%:*}" "${size#*:}"
-    done
-    step bench-decode 25 bench_decode
-    step bench-mlp 30 bench_mlp
+    # what each step took on the H200 (2026-12-04, docs/results/h200-2026-12-04/) or is
+    # estimated to take: verify-cuda 74 s; device-arrays about 100 s (it ran past 90 s once);
+    # pycuda's build about 40 s on 16 cores (its longest C++ files; 112 s of g++ in all on a
+    # 2-core EPYC, where it built against a stand-in libcuda), its tests 10 s; the tiny
+    # LM 30 s, operators 10 s; atomics 15 s (0.4 s a round at n 2048); the four attention
+    # benches 15, 20, 35 and 15 s of kernel time (6 calls a size) and 10 s each to start
+    # and build; decode and the MLP 10 s each: 7.5 minutes
+    step verify-cuda 100 verify_cuda
+    step device-arrays 130 device_arrays
+    step pycuda 90 pycuda_arrays
+    step tiny-lm 40 tiny_lm
+    step operators 20 operator_times
+    step atomics 30 atomics
+    step bench-float32-d64 40 bench_vs_sdpa float32 64 "$both" "$d64"
+    step bench-float64-d64 45 bench_vs_sdpa float64 64 "$both" "$d64"
+    step bench-float32-d128 55 bench_vs_sdpa float32 128 "$flash" "$d128"
+    step bench-float64-d128 35 bench_vs_sdpa float64 128 "$flash" "$d128_f64"
+    step bench-decode 20 bench_decode
+    step bench-mlp 25 bench_mlp
     step openacc 10 openacc_c_vs_fortran
     pack
+    echo "done in $SECONDS s"
     if [ ${#FAILED[@]} -gt 0 ]; then
         echo "failed steps: ${FAILED[*]}"
         exit 1

@@ -42,6 +42,8 @@ def stand_in(devices=1):
     """A module with the driver calls Driver makes, over host memory."""
     ok = (CUresult.CUDA_SUCCESS,)
     memory, calls = {}, []
+    primary = Handle(0xC0)
+    contexts = {}  # an allocation's start -> the context it was made in, where not the primary
 
     def allocation(ptr):
         return next(((start, len(buf)) for start, buf in memory.items()
@@ -56,7 +58,10 @@ def stand_in(devices=1):
         found = allocation(int(ptr))
         if found is None:
             return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
-        return ok + ({"start": found[0], "size": found[1], "ordinal": 0}[kind],)
+        if kind == "context" and contexts.get(found[0]) == "unknown":
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        return ok + ({"start": found[0], "size": found[1], "ordinal": 0,
+                      "context": contexts.get(found[0], primary)}[kind],)
 
     def record(event, stream):
         event["t"] = time.perf_counter()
@@ -72,10 +77,11 @@ def stand_in(devices=1):
         CUevent_flags=types.SimpleNamespace(CU_EVENT_DEFAULT=0),
         CUpointer_attribute=types.SimpleNamespace(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR="start",
                                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE="size",
-                                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL="ordinal"),
+                                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL="ordinal",
+                                                  CU_POINTER_ATTRIBUTE_CONTEXT="context"),
         cuInit=lambda flags: ok, cuDeviceGetCount=lambda: ok + (devices,),
         cuDeviceGet=lambda i: ok + (i,), cuDeviceGetName=lambda n, dev: ok + (b"Stand-in\0\0",),
-        cuDevicePrimaryCtxRetain=lambda dev: ok + ("context",),
+        cuDevicePrimaryCtxRetain=lambda dev: ok + (primary,),
         cuCtxSetCurrent=lambda ctx: ok, cuCtxSynchronize=lambda: ok,
         cuMemAlloc=alloc, cuMemFree=lambda p: (memory.pop(int(p)), ok)[1],
         cuMemcpyHtoD=copy, cuMemcpyDtoH=copy, cuMemcpyDtoD=copy,
@@ -88,6 +94,7 @@ def stand_in(devices=1):
     for name, function in vars(module).items():
         if name.startswith("cu"):
             function.__name__ = name  # as the real functions are named in our errors
+    module.contexts = contexts
     return module, memory, calls
 
 
@@ -140,6 +147,21 @@ def test_pointers_outside_its_memory_are_refused(driver):
         gpu.check(device_view(_Interface(host.ctypes.data, (12,))), "x")
     with pytest.raises(ValueError, match="run past the end of its allocation"):
         gpu.check(device_view(_Interface(array.ptr + 8, (12,))), "x")
+
+
+def test_memory_of_another_context_is_refused(driver):
+    """pycuda.autoinit's arrays live in a context of pycuda's own, which a kernel launched in
+    the primary context would fault on; a pointer whose context the driver will not name is
+    judged by its range alone."""
+    gpu, _, _ = driver
+    module = sys.modules["cuda.bindings.driver"]
+    array = DeviceArray(gpu, (4, 3), np.float64)
+    module.contexts[array.ptr] = Handle(0xD0)
+    with pytest.raises(ValueError, match=r"x: it was allocated in a CUDA context of its own, not "
+                                         r"the device's primary context .*pycuda.autoprimaryctx"):
+        gpu.check(array, "x")
+    module.contexts[array.ptr] = "unknown"
+    gpu.check(array, "x")
 
 
 def test_other_streams_are_waited_for(driver):

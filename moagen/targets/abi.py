@@ -8,7 +8,8 @@ fail here with a message that names the argument, never later with wrong numbers
 
 A kernel that runs on a device (CUDA) also takes device arrays, any object with
 `__cuda_array_interface__`, checked the same way (moagen.targets.cuda.arrays); all of one
-call's arrays are then on the device, and the outputs it allocates too. Such a call may
+call's arrays are then on the device, and the outputs it allocates too (of the inputs'
+kind where arrays.KINDS knows it: pycuda GPUArrays, else DeviceArrays). Such a call may
 name the stream it is queued on:
 
     fn(*device_arrays, **scalars, out=None, stream=handle)  # a cudaStream_t as an int
@@ -22,7 +23,7 @@ import sympy
 
 from moagen.moa.expr import INDEX_NAMESPACE
 
-from moagen.targets.cuda.arrays import DeviceArray, DeviceView, device_view
+from moagen.targets.cuda.arrays import DeviceArray, DeviceView, array_kind, device_view
 
 # Host kernels' scratch comes from their thread's arena, one block of memory every host
 # kernel the thread calls shares (one runs at a time on a thread), grown to the largest
@@ -239,7 +240,14 @@ class KernelCallable:
                              "numpy array: pass every array on the device, or every one on the host")
         return sides == {True}
 
-    def _empty(self, shape, on_device):
+    def _empty(self, shape, on_device, kind=None, what=None):
+        """A new array: numpy's on the host; on the device a DeviceArray, or for a kind of
+        device array (arrays.KINDS) one its library allocates, as a DeviceView of it whose
+        memory the device checks (`what`: the output it is, for the message)."""
+        if kind is not None:
+            view = device_view(kind.empty(shape, self._dtype, self._order), what)
+            self._check_memory(f"{what} (allocated by {kind.name})", view)
+            return view
         if on_device:
             return DeviceArray(self.device, shape, self._dtype, self._order)
         return np.empty(shape, self._dtype, order=self._order)
@@ -386,10 +394,13 @@ class KernelCallable:
 
     def _outputs_for(self, out, sizes, shapes, inputs, on_device):
         """The caller's `out` arrays after checking them (as DeviceViews where they are
-        device arrays), or new ones on the inputs' side."""
+        device arrays), or new ones on the inputs' side, of the inputs' kind where they are
+        all of one (arrays.array_kind: pycuda GPUArrays in, GPUArrays out)."""
         params = self._outputs
         if out is None:
-            return [self._empty(shapes[p.name], on_device) for p in params]
+            kind = array_kind(inputs) if on_device else None
+            return [self._empty(shapes[p.name], on_device, kind, self._out_argument[p.name])
+                    for p in params]
         if len(params) == 1:
             out = (out,)
         elif not isinstance(out, (tuple, list)) or len(out) != len(params):

@@ -9,6 +9,12 @@ without a copy, and get() copies it to a numpy array.
 
 A device (moagen.targets.cuda.driver.Driver on a GPU, moagen.targets.cuda.emulated.HostDevice in
 the emulation) allocates, copies and checks pointers; these classes only describe memory.
+
+The kinds of device array a call's outputs come back as are known here and only here
+(KINDS): a call whose device arrays are all of one kind gets its new outputs allocated as
+that kind (a pycuda GPUArray's outputs are GPUArrays), every other call DeviceArrays. A
+kind is recognised by the module and name of its type, so its library is imported only
+once one of its arrays has been passed.
 """
 import math
 from dataclasses import dataclass
@@ -128,6 +134,46 @@ class DeviceArray(DeviceView):
         host = np.empty(self.shape, self.dtype, order="C" if self.flags.c_contiguous else "F")
         self.device.copy_out(host, self)
         return host
+
+
+@dataclass(frozen=True)
+class ArrayKind:
+    """One library's device arrays. module, type_name: where their type (or a base of it) is
+    defined; empty(shape, dtype, order): a new array of that kind, in the memory the library
+    allocates (the caller checks that it is the kernels' device's)."""
+    name: str
+    module: str
+    type_name: str
+    empty: object
+
+    def matches(self, cls) -> bool:
+        return any(c.__name__ == self.type_name and c.__module__ == self.module
+                   for c in cls.__mro__)
+
+
+def _pycuda_empty(shape, dtype, order):
+    # a GPUArray was passed, so pycuda is imported already; it allocates in its current
+    # context, which must be the kernels' (the primary: pycuda.autoprimaryctx)
+    from pycuda import gpuarray
+    return gpuarray.empty(shape, dtype, order=order)
+
+
+KINDS = (ArrayKind("pycuda", "pycuda.gpuarray", "GPUArray", _pycuda_empty),)
+_KIND_OF_TYPE = {}  # type -> its ArrayKind or None, as first looked up
+
+
+def array_kind(views):
+    """The ArrayKind all these DeviceViews' objects are of, or None (none, mixed kinds, or
+    objects no kind knows: DeviceArrays come back)."""
+    kinds = set()
+    for view in views:
+        cls = type(view.obj)
+        try:
+            kind = _KIND_OF_TYPE[cls]
+        except KeyError:
+            kind = _KIND_OF_TYPE[cls] = next((k for k in KINDS if k.matches(cls)), None)
+        kinds.add(kind)
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def to_device(device, host) -> DeviceArray:

@@ -40,6 +40,7 @@ class Driver:
             handle = self._call(driver.cuDeviceGet, self.ordinal)
             self.name = self._call(driver.cuDeviceGetName, 256, handle).split(b"\0")[0].decode()
             self._context = self._call(driver.cuDevicePrimaryCtxRetain, handle)
+            self._context_handle = _handle(self._context)
             self.activate()
         except RuntimeError as error:  # no libcuda (no driver), no device, a broken one
             raise DeviceUnavailable(f"no usable CUDA device: {error}") from error
@@ -90,8 +91,24 @@ class Driver:
                              f"({error})") from error
         if ordinal != self.ordinal:
             raise ValueError(f"{where}: it is on GPU {ordinal}; the kernels run on GPU {self.ordinal}")
+        context = self._context_of(pointer)
+        if None not in (context, self._context_handle) and context != self._context_handle:
+            raise ValueError(f"{where}: it was allocated in a CUDA context of its own, not the "
+                             "device's primary context the kernels run in (pycuda.autoinit makes "
+                             "one: import pycuda.autoprimaryctx instead)")
         if view.ptr + view.nbytes > start + size:
             raise ValueError(f"{where}: its {view.nbytes} bytes run past the end of its allocation")
+
+    def _context_of(self, pointer):
+        """The handle (an int) of the context an allocation was made in; None where the
+        driver names none or will not say (then only the range checks judge it)."""
+        try:
+            context = self._call(self._driver.cuPointerGetAttribute,
+                                 self._driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_CONTEXT,
+                                 pointer)
+        except CudaError:
+            return None
+        return _handle(context)
 
     def wait_for(self, stream, launch_stream=0):
         """Wait for the work queued on an array's stream (interface version 3) before a
@@ -137,6 +154,15 @@ class Driver:
             raise CudaError(f"{function.__name__}: {err.name}: "
                             f"{text.decode() if isinstance(text, bytes) else text}")
         return values[0] if len(values) == 1 else tuple(values) or None
+
+
+def _handle(context):
+    """A CUcontext's address as an int (None for the null context, or where the binding
+    will not say)."""
+    try:
+        return int(context) or None
+    except (TypeError, ValueError):
+        return None
 
 
 class _Allocation:

@@ -1,8 +1,9 @@
 """Run CUDA kernels: the nvcc-built library's host launchers take device pointers, a device
 (cuda_driver.Driver, through cuda-python) holds the memory. A kernel takes numpy arrays,
 copied to the GPU and the results back, or device arrays (anything with
-`__cuda_array_interface__`: a CUDA torch tensor, a cupy array, a DeviceArray), used where
-they are with no copy; its outputs are then DeviceArrays, unless `out` names the caller's.
+`__cuda_array_interface__`: a CUDA torch tensor, a cupy array, a pycuda GPUArray, a
+DeviceArray), used where they are with no copy; its outputs are then DeviceArrays (pycuda
+GPUArrays where the inputs were: arrays.KINDS), unless `out` names the caller's.
 A call on device arrays is queued on a stream (`stream=`, a cudaStream_t as an int; the
 legacy default stream unless given) and returns without waiting for the kernel, as CUDA
 libraries do; a call on numpy arrays runs on the legacy default stream and returns when
