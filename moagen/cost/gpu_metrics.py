@@ -94,7 +94,7 @@ def gpu_metrics(kernel: str, variant: str, dtype: str, sizes: Dict[str, int],
     itemsize = np.dtype(dtype).itemsize
     out = []
     for record, nest, counted in zip(records, onf.nests, view.nests):
-        r = reports[record["name"]]
+        r = reports[record["name"] + _instance(record, sizes)]
         grid = tuple(_number(g, sizes) for g in record["grid"])
         block = tuple(int(b) for b in record["block"])
         dynamic = _number(record["dynamic_shared_bytes"], sizes)
@@ -116,6 +116,17 @@ def gpu_metrics(kernel: str, variant: str, dtype: str, sizes: Dict[str, int],
     return CallMetrics(kernel=onf.name, variant=onf.variant, dtype=dtype, sizes=dict(sizes),
                        gpu=gpu, kernels=tuple(out),
                        measured=gpu_measured.torch_time(onf.name, dtype, sizes))
+
+
+def _instance(record, sizes) -> str:
+    """The template arguments of the kernel a tiled launch runs at the sizes ("" if none)."""
+    for condition, arguments in record.get("instances", ()):
+        if sympy.sympify(condition).xreplace(
+                {s: sympy.Integer(v) for s, v in _env(condition, sizes).items()}) == sympy.true:
+            return arguments
+    if record.get("instances"):
+        raise SizeError(f"{record['name']}: no compiled bound holds the sizes {sizes}")
+    return ""
 
 
 def _env(expr, sizes):

@@ -48,14 +48,17 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
     """One KernelReport per __global__ kernel of the variant's `dtype` launcher, per arch."""
     # the ONF emit prints for the dtype
     onf = onf_of(kernel, variant, target=get_target("cuda").kind, dtype=dtype)
-    names = [k["name"] for k in CudaPrinter(onf, dtype).kernels()]  # one per nest, in order
+    # one per nest, in order: a tiled kernel's, one per compiled bound (kernel<64>, ...)
+    names = [[k["name"] + arguments for _, arguments, _ in k["launches"]] if k["tiled"]
+             else [k["name"]] for k in CudaPrinter(onf, dtype).kernels()]
     source = emit(kernel, onf.variant, "cuda")
     reports = []
     for arch in archs:
         result = compile_cuda(source, stem(kernel, onf.variant), arch)
         ptxas = ptxas_resources(result.ptxas_report)
         bodies = sass_by_function(result.cubin)
-        for name, nest in zip(names, onf.nests):
+        for name, nest in ((name, nest) for instances, nest in zip(names, onf.nests)
+                           for name in instances):
             if name not in ptxas or name not in bodies:
                 raise MoagenError(f"{result.cubin} has no kernel {name}")
             reports.append(KernelReport(arch, name, nest.label, **ptxas[name],
@@ -101,6 +104,12 @@ def cuobjdump():
 
 
 def _unmangle(symbol: str) -> str:
-    """The function name of a mangled C++ symbol (_Z<length><name><parameters>)."""
+    """The function name of a mangled C++ symbol (_Z<length><name><parameters>), with its
+    integer template arguments where it has them (_Z..rowsILi64EEv..: rows<64>)."""
     m = re.match(r"_Z(\d+)", symbol)
-    return symbol[m.end():m.end() + int(m.group(1))] if m else symbol
+    if not m:
+        return symbol
+    end = m.end() + int(m.group(1))
+    template = re.match(r"I((?:Li-?\d+E)+)E", symbol[end:])
+    values = re.findall(r"Li(-?\d+)E", template.group(1)) if template else ()
+    return symbol[m.end():end] + (f"<{', '.join(values)}>" if values else "")

@@ -74,14 +74,18 @@ class CudaPrinter(CPrinter):
         self.tiled = None
         used = names_used(nest.body) - {b.name for b in self.onf.shared}
         grid = kernel.grid_dims()
-        _, shared_bytes = kernel.shared_layout()
+        instances = kernel.instances()
         return {"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
                 "comment": self.comment(self.nest_comment(nest)),
                 "count": self.index(sympy.Mul(*grid)), "tiled": True,
                 "template": kernel.template(), "launches": kernel.specializations(),
                 "grid_text": ", ".join(f"(unsigned int)({self.index(g)})" for g in grid),
                 "block_text": ", ".join(map(str, kernel.block_dims)),
-                "grid": grid, "block": kernel.block_dims, "dynamic_shared_bytes": shared_bytes,
+                "grid": grid, "block": kernel.block_dims,
+                # the bytes of the instance the sizes launch (NaN: past every bound)
+                "dynamic_shared_bytes": sympy.Piecewise(
+                    *((b, c) for c, _, b in instances), (sympy.nan, True)),
+                "instances": [(c, arguments) for c, arguments, _ in instances],
                 "params": [p for name, p in zip(self.arg_names(), self.params()) if name in used],
                 "args": [name for name in self.arg_names() if name in used],
                 "prologue": prologue, "body": body}

@@ -69,6 +69,17 @@ class TiledKernel:
     def template(self):
         return [bound_symbol(name).name for name in self.bounds]
 
+    def instances(self):
+        """(the sizes' condition for it, the template arguments, its shared bytes) of each
+        compiled bound, as sympy expressions."""
+        _, shared = self.shared_layout()
+        if not self.bounds:
+            return [(sympy.true, "", shared)]
+        (name, values), = self.bounds.items()
+        size = next(s for s in self.p.onf.sizes if s.name == name)
+        return [(sympy.Le(size, v), f"<{v}>", shared.xreplace({bound_symbol(name): v}))
+                for v in values]
+
     def specializations(self):
         """(the launch's condition, the template arguments, its shared bytes) per compiled
         bound."""
