@@ -126,7 +126,8 @@ extern "C" int rotate_dynamic_blocks(const double *x, double *y, double *fresh, 
 
 // shared-memory patterns for the race check: how 0 rotates with the barrier, 1 without it,
 // 2 has two threads write one element, 3 reads past the end, 4 adds atomically, 5 is a
-// block-wide tree sum (two barriers a level), 6 the same with one missing
+// block-wide tree sum (a barrier a level), 6 the same with one missing, 7 swaps neighbours
+// with __syncwarp between (one warp: no race), 8 swaps halves of the block so (two warps)
 __global__ void patterns(const double *x, double *y, int how)
 {
     MOAGEN_SHARED(double, tile, 64);
@@ -147,6 +148,10 @@ __global__ void patterns(const double *x, double *y, int how)
         atomicAdd(&tile[0], x[t]);
         __syncthreads();
         y[t] = tile[0];
+    } else if (how == 7 || how == 8) {
+        tile[t] = x[t];
+        __syncwarp();
+        y[t] = tile[how == 7 ? t ^ 1 : (t + n / 2) % n];
     } else {
         tile[t] = x[t];
         __syncthreads();
@@ -360,6 +365,14 @@ def test_the_race_check_catches_two_threads_writing_one_element(checked, block):
 def test_the_race_check_catches_a_missing_barrier_in_a_tree_sum(checked):
     element, one, two = _race(checked, (32, 1), 6)  # no barrier after the level of 4
     assert element < 4 and {one, two} <= set(range(8))
+
+
+def test_syncwarp_orders_a_warps_lanes_only(checked):
+    x, y = np.arange(1.0, 65), np.zeros(64)
+    assert checked("pattern", x, y, 32, 1, 7) == 0
+    assert (y[:32] == x[np.arange(32) ^ 1]).all()
+    element, one, two = _race(checked, (64, 1), 8)
+    assert {one, two} == {element, (element + 32) % 64}
 
 
 def test_the_race_check_refuses_an_index_out_of_bounds(checked):
