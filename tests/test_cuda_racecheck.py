@@ -422,6 +422,11 @@ def test_verify_racecheck_passes(capsys, monkeypatch):
     assert rows and all(" cuda-emulated " in r and r.endswith(" pass") for r in rows)
 
 
+def test_verify_racecheck_needs_the_emulation(capsys):
+    assert main(["verify", "--racecheck", "rmsnorm_fwd", "--lang", "cuda"]) == 2
+    assert "--racecheck checks the CUDA emulation: add --emulate" in capsys.readouterr().err
+
+
 def test_verify_reports_a_failed_check_as_a_failed_row():
     def load(kernel, variant, lang, dtype):
         def fn(*args, **scalars):
