@@ -164,6 +164,23 @@ __global__ void patterns(const double *x, double *y, int how)
     __syncthreads();
 }
 
+// two views of one stretch of the dynamic buffer: b[k] is a[16 + k]
+__global__ void aliased(const float *x, float *y, int barrier)
+{
+    MOAGEN_SHARED_AT(float, a, 0, 32);
+    MOAGEN_SHARED_AT(float, b, 16 * sizeof(float), 16);
+    const unsigned int t = threadIdx.x;
+    a[t] = x[t];
+    if (barrier) __syncthreads();
+    y[t] = b[(t + 1) % 16];
+}
+
+extern "C" int alias(const float *x, float *y, int barrier)
+{
+    MOAGEN_LAUNCH(aliased, dim3(1), dim3(32), 32 * sizeof(float), 0, x, y, barrier);
+    return (int)cudaGetLastError();
+}
+
 // shared elements in C's expressions: assigned from another array's, updated, passed to
 // math functions and compared
 __global__ void expressions(const float *x, float *y)
@@ -203,6 +220,7 @@ int half_mask(double *);
 int rotate_dynamic_blocks(const double *, double *, double *, int64_t, int64_t, int64_t, int64_t);
 int pattern(const double *, double *, int, int, int);
 int expression(const float *, float *);
+int alias(const float *, float *, int);
 """ + EMULATION_ERROR
 
 CTYPES = {np.float64: "double[]", np.float32: "float[]", np.int32: "int[]"}
@@ -373,6 +391,17 @@ def test_syncwarp_orders_a_warps_lanes_only(checked):
     assert (y[:32] == x[np.arange(32) ^ 1]).all()
     element, one, two = _race(checked, (64, 1), 8)
     assert {one, two} == {element, (element + 32) % 64}
+
+
+def test_the_race_check_sees_views_of_the_dynamic_buffer_alias(checked):
+    x, y = np.arange(1.0, 33, dtype=np.float32), np.zeros(32, np.float32)
+    assert checked("alias", x, y, 1) == 0
+    assert (y == x[16 + (np.arange(32) + 1) % 16]).all()
+    with pytest.raises(EmulationCheckError,
+                       match=r"race on shared `(a|b)`\[(\d+)\] in block \(0,0,0\): thread "
+                             r"\(\d+,0,0\) (wrote|read) `(a|b)`\[\d+\]") as raised:
+        checked("alias", x, y, 0)
+    assert "`a`[" in str(raised.value) and "`b`[" in str(raised.value)
 
 
 def test_the_race_check_refuses_an_index_out_of_bounds(checked):
