@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: system-packages all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench example-lm clean
+.PHONY: system-packages all generated build verify verify-cuda-emulated verify-cuda-racecheck build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench example-lm clean
 
 all: generated build
 
@@ -28,6 +28,9 @@ verify: $(VENV)/.installed
 
 verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
 	$(MOAGEN) verify --lang cuda --emulate
+
+verify-cuda-racecheck: $(VENV)/.installed  # the same, every shared-memory access race-checked
+	$(MOAGEN) verify --lang cuda --emulate --racecheck
 
 # OpenACC C and Fortran with gcc's nvptx offloading (apt-get install gcc-12-offload-nvptx),
 # run on the host where there is no GPU; and their device code side by side (docs/OPENACC.md)

@@ -126,7 +126,8 @@ extern "C" int rotate_dynamic_blocks(const double *x, double *y, double *fresh, 
 
 // shared-memory patterns for the race check: how 0 rotates with the barrier, 1 without it,
 // 2 has two threads write one element, 3 reads past the end, 4 adds atomically, 5 is a
-// block-wide tree sum (two barriers a level), 6 the same with one missing
+// block-wide tree sum (a barrier a level), 6 the same with one missing, 7 swaps neighbours
+// with __syncwarp between (one warp: no race), 8 swaps halves of the block so (two warps)
 __global__ void patterns(const double *x, double *y, int how)
 {
     MOAGEN_SHARED(double, tile, 64);
@@ -147,6 +148,10 @@ __global__ void patterns(const double *x, double *y, int how)
         atomicAdd(&tile[0], x[t]);
         __syncthreads();
         y[t] = tile[0];
+    } else if (how == 7 || how == 8) {
+        tile[t] = x[t];
+        __syncwarp();
+        y[t] = tile[how == 7 ? t ^ 1 : (t + n / 2) % n];
     } else {
         tile[t] = x[t];
         __syncthreads();
@@ -157,6 +162,23 @@ __global__ void patterns(const double *x, double *y, int how)
         y[t] = tile[0];
     }
     __syncthreads();
+}
+
+// two views of one stretch of the dynamic buffer: b[k] is a[16 + k]
+__global__ void aliased(const float *x, float *y, int barrier)
+{
+    MOAGEN_SHARED_AT(float, a, 0, 32);
+    MOAGEN_SHARED_AT(float, b, 16 * sizeof(float), 16);
+    const unsigned int t = threadIdx.x;
+    a[t] = x[t];
+    if (barrier) __syncthreads();
+    y[t] = b[(t + 1) % 16];
+}
+
+extern "C" int alias(const float *x, float *y, int barrier)
+{
+    MOAGEN_LAUNCH(aliased, dim3(1), dim3(32), 32 * sizeof(float), 0, x, y, barrier);
+    return (int)cudaGetLastError();
 }
 
 // shared elements in C's expressions: assigned from another array's, updated, passed to
@@ -198,6 +220,7 @@ int half_mask(double *);
 int rotate_dynamic_blocks(const double *, double *, double *, int64_t, int64_t, int64_t, int64_t);
 int pattern(const double *, double *, int, int, int);
 int expression(const float *, float *);
+int alias(const float *, float *, int);
 """ + EMULATION_ERROR
 
 CTYPES = {np.float64: "double[]", np.float32: "float[]", np.int32: "int[]"}
@@ -362,6 +385,25 @@ def test_the_race_check_catches_a_missing_barrier_in_a_tree_sum(checked):
     assert element < 4 and {one, two} <= set(range(8))
 
 
+def test_syncwarp_orders_a_warps_lanes_only(checked):
+    x, y = np.arange(1.0, 65), np.zeros(64)
+    assert checked("pattern", x, y, 32, 1, 7) == 0
+    assert (y[:32] == x[np.arange(32) ^ 1]).all()
+    element, one, two = _race(checked, (64, 1), 8)
+    assert {one, two} == {element, (element + 32) % 64}
+
+
+def test_the_race_check_sees_views_of_the_dynamic_buffer_alias(checked):
+    x, y = np.arange(1.0, 33, dtype=np.float32), np.zeros(32, np.float32)
+    assert checked("alias", x, y, 1) == 0
+    assert (y == x[16 + (np.arange(32) + 1) % 16]).all()
+    with pytest.raises(EmulationCheckError,
+                       match=r"race on shared `(a|b)`\[(\d+)\] in block \(0,0,0\): thread "
+                             r"\(\d+,0,0\) (wrote|read) `(a|b)`\[\d+\]") as raised:
+        checked("alias", x, y, 0)
+    assert "`a`[" in str(raised.value) and "`b`[" in str(raised.value)
+
+
 def test_the_race_check_refuses_an_index_out_of_bounds(checked):
     x, y = np.arange(1.0, 33), np.zeros(32)
     with pytest.raises(EmulationCheckError,
@@ -407,6 +449,11 @@ def test_verify_racecheck_passes(capsys, monkeypatch):
                  "--dtype", "float32"]) == 0
     rows = capsys.readouterr().out.splitlines()[1:-1]
     assert rows and all(" cuda-emulated " in r and r.endswith(" pass") for r in rows)
+
+
+def test_verify_racecheck_needs_the_emulation(capsys):
+    assert main(["verify", "--racecheck", "rmsnorm_fwd", "--lang", "cuda"]) == 2
+    assert "--racecheck checks the CUDA emulation: add --emulate" in capsys.readouterr().err
 
 
 def test_verify_reports_a_failed_check_as_a_failed_row():

@@ -25,7 +25,7 @@ def add_parser(sub):
 
 def run(args):
     from moagen import verify
-    from moagen.errors import DeviceUnavailable
+    from moagen.errors import DeviceUnavailable, MoagenError
     from moagen.targets import emulated
 
     if args.ranks:
@@ -33,8 +33,9 @@ def run(args):
         return verify_ranks(args.kernels or None, tuple(args.lang or ("c", "fortran")),
                             tuple(args.dtype or DTYPES))
     if args.racecheck:
-        if not args.emulate:
-            raise SystemExit("moagen verify: --racecheck checks the CUDA emulation: add --emulate")
+        if not args.emulate and "cuda-emulated" not in (args.lang or ()):
+            raise MoagenError("--racecheck checks the CUDA emulation: add --emulate (or --lang "
+                              "cuda-emulated)")
         import os
         from moagen.targets.cuda.build import RACECHECK_ENV
         os.environ[RACECHECK_ENV] = "1"  # build_cuda_emulated's, in this process

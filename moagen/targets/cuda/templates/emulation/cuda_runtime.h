@@ -284,6 +284,9 @@ struct moagen_shadow {
     std::vector<moagen_word> words;
     omp_lock_t lock;
     explicit moagen_shadow(size_t bytes) : words((bytes + 3) / 4) { omp_init_lock(&lock); }
+    moagen_shadow(const moagen_shadow &) = delete;
+    moagen_shadow &operator=(const moagen_shadow &) = delete;
+    ~moagen_shadow() { omp_destroy_lock(&lock); }
 };
 
 static inline moagen_access moagen_now(const char *name, long long index)
