@@ -17,6 +17,7 @@ from moagen.cost.model import SizeError, value
 from moagen.cost.sass_loops import LoopSummary, summarize
 from moagen.cost.traffic import nest_traffic
 from moagen.cost.view import counting_view
+from moagen.errors import MoagenError
 
 # what the bytes assume on a GPU (the traffic model's cache assumption, with the GPU's caches)
 GPU_TRAFFIC = ("each kernel one pass over HBM; what its nest reuses (a K/V block, a row of "
@@ -91,6 +92,9 @@ def gpu_metrics(kernel: str, variant: str, dtype: str, sizes: Dict[str, int],
         reports = inspect(kernel, onf.variant, dtype, archs=(gpu.arch,))
     reports = {r.name: r for r in reports if r.arch == gpu.arch}
     view = counting_view(onf)
+    if not len(records) == len(onf.nests) == len(view.nests):
+        raise MoagenError(f"{kernel} {onf.variant}: {len(records)} CUDA kernels for "
+                          f"{len(onf.nests)} nests ({len(view.nests)} counted)")
     itemsize = np.dtype(dtype).itemsize
     out = []
     for record, nest, counted in zip(records, onf.nests, view.nests):
