@@ -15,6 +15,7 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.algebra.causal import CausalBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.steps.algebra.online import OnlineSoftmax
+from moagen.onf.names import loop_role
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
@@ -163,13 +164,15 @@ def gpu_flash(nest, rows, lanes, block):
     takes K's memory once the scores are taken: float64 at d 128 then fits a block's
     shared memory (170 KB of 227)."""
     columns = block // lanes
+    key_blocks = loop_role("j", "blk")  # OnlineSoftmax's loop over blocks of keys
+    keys = Stage("K", at=key_blocks, nest=nest)
     return (BlockTiles(ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             ThreadTiles("i", rows, "y", nest=nest),
             ThreadTiles("j", lanes, "x", nest=nest),
             ThreadTiles("c", lanes, "x", threads=columns, nest=nest),
             RegisterTile("O", nest=nest),
-            Stage("Q", at="i", nest=nest), Stage("K", at="j_blk", nest=nest),
-            Stage("V", at="j_blk", over="K_tile", nest=nest),
+            Stage("Q", at="i", nest=nest), keys,
+            Stage("V", at=key_blocks, over=keys.tile, nest=nest),
             SharedScratch("probs", fastest="i", nest=nest))
 
 

@@ -138,6 +138,11 @@ class Stage(Step):
     nest: Optional[str] = None
     layer = "mapping"
 
+    @property
+    def tile(self) -> str:
+        """The shared array it creates (what another Stage's `over` names)."""
+        return f"{self.array}_tile"
+
     def __call__(self, onf: ONF) -> ONF:
         if self.array not in {b.name for b in onf.inputs} or self.array in onf.inout:
             raise ScheduleError(f"{self}: {self.array} is not a read-only input of {onf.name}")
@@ -154,7 +159,9 @@ class Stage(Step):
             region = _region(self, self.array, accesses, inside)
             fastest = _fastest(region, accesses)
             order, shape = _tile_layout(region, fastest, grid_bounds(nest))
-            name = names.claim(names.new(f"{self.array}_tile"))
+            if self.tile in names.reserved:
+                raise ScheduleError(f"{self}: the name {self.tile} is taken")
+            name = names.claim(self.tile)
             if self.over and self.over not in {b.name for b in shared}:
                 raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
             shared.append(Buffer(name, shape, over=self.over))
