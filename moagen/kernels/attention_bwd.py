@@ -211,7 +211,7 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32):
     registers, the thread's own) or by `lanes` columns (its output rows, in registers over
     all the other side's blocks).
 
-    dQ: Q's and dO's tiles staged once, each key block's K and V; dS in shared memory,
+    dQ: Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; dS in shared memory,
     over K's tile once the scores are taken, and K again, laid out by columns for dQ += dS
     K, over V's. keys: dK and dV rows; each query block's Q, dO, lse, delta and (again:
     227 KB hold no block's K and V tiles beside the query block's at float64, d 128) its K
@@ -228,6 +228,7 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32):
           RegisterTile("dQ", nest="dQ"),
           RegisterScratch("qk_block", nest="dQ"), RegisterScratch("dov_block", nest="dQ"),
           Stage("Q", at="i", nest="dQ"), Stage("dO", at="i", nest="dQ"),
+          Stage("lse", at="i", nest="dQ"), Stage("delta", at="i", nest="dQ"),
           Stage("K", at="j_blk", by="j", nest="dQ"), Stage("V", at="j_blk", nest="dQ"),
           SharedScratch("t_block", fastest="i", over="K_tile", nest="dQ"),
           Stage("K", at="j_blk", by="c", over="V_tile", nest="dQ"))
