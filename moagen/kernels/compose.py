@@ -22,7 +22,7 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def compose(composite: Composite, stage_onf) -> ONF:
     """The composite's ONF; stage_onf(stage) gives a stage kernel's ONF."""
     shapes = {a.name: a.shape for a in composite.inputs}
     known_sizes = set(composite.sizes)
-    nests, temps, schedule = [], [], []
+    nests, temps, schedule, shared = [], [], [], []
     for st in composite.stages:
         onf = stage_onf(st)
         where = f"{composite.name}, stage {st.label} ({st.kernel})"
@@ -90,7 +90,7 @@ def compose(composite: Composite, stage_onf) -> ONF:
         unknown = set(st.arrays) - set(names)
         if unknown:
             raise SpecError(f"{where}: binds {sorted(unknown)}, which the kernel does not have")
-        for buf in onf.temps:
+        for buf in onf.temps + onf.shared:
             names[buf.name] = f"{st.label}_{buf.name}"
         for buf in onf.inputs + onf.outputs + onf.temps:
             shape = tuple(sympy.sympify(d).xreplace(sizes) for d in buf.shape)
@@ -106,7 +106,12 @@ def compose(composite: Composite, stage_onf) -> ONF:
             shapes[target] = shape
             if buf in onf.temps:
                 temps.append(Buffer(target, shape))
+        # a tiled CUDA nest's compile-time bounds of sizes (MAX_d) under the composite's
+        # names of the sizes (MAX_dh), its shared tiles under the stage's label
+        sizes = {**sizes, **_bound_names(where, onf, sizes)}
         rename = _Renamer(names, sizes)
+        shared += [Buffer(names[b.name], tuple(rename.index(e) for e in b.shape),
+                          over=names[b.over] if b.over else "") for b in onf.shared]
         nests += [Nest(names.get(n.target, n.target),
                        tuple(rename.stmt(s) for s in n.body),
                        f"stage {st.label}: {st.kernel} {st.variant}\n{n.origin}",
@@ -122,7 +127,26 @@ def compose(composite: Composite, stage_onf) -> ONF:
                outputs=tuple(Buffer(a, shapes[a]) for a in returned),
                temps=tuple(Buffer(a, shapes[a]) for a in scratch) + tuple(temps),
                sizes=composite.sizes, scalars=composite.scalars, nests=tuple(nests),
-               schedule=tuple(schedule), flat=True)
+               schedule=tuple(schedule), flat=True, shared=tuple(shared))
+
+
+def _bound_names(where, onf, sizes):
+    """MAX_<size> -> MAX_<the composite's size> for each size a grid of the stage is
+    compiled at bounds of; that size must map to one of the composite's sizes."""
+    out = {}
+    for n in onf.nests:
+        for lp in walk(n.body):
+            if not (isinstance(lp, Loop) and lp.gpu and lp.gpu.bounds):
+                continue
+            for name, _ in lp.gpu.bounds:
+                size = sympy.Symbol(name, integer=True, positive=True)
+                target = next((v for k, v in sizes.items() if k.name == name), size)
+                if not isinstance(target, sympy.Symbol):
+                    raise SpecError(f"{where}: size {name}, a bound of a tiled CUDA nest, maps "
+                                    f"to {target}, not a size")
+                out[sympy.Symbol(f"MAX_{name}", integer=True, positive=True)] = \
+                    sympy.Symbol(f"MAX_{target.name}", integer=True, positive=True)
+    return out
 
 
 def format_stages(composite: Composite, stage: str, get_kernel) -> str:
@@ -162,7 +186,13 @@ class _Renamer:
 
     def stmt(self, s):
         if isinstance(s, Loop):
-            return replace(s, start=self.index(s.start), stop=self.index(s.stop),
+            gpu = s.gpu
+            if gpu is not None and gpu.bounds:
+                bounds = {k.name: v for k, v in self.sizes}
+                gpu = replace(gpu, bounds=tuple(
+                    (getattr(bounds.get(name), "name", name), values)
+                    for name, values in gpu.bounds))
+            return replace(s, start=self.index(s.start), stop=self.index(s.stop), gpu=gpu,
                            body=tuple(self.stmt(b) for b in s.body))
         if isinstance(s, Store):
             return replace(s, array=self.arrays[s.array],
