@@ -18,7 +18,7 @@ from typing import Optional
 
 from moagen import reference
 from moagen.kernels import attention
-from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
+from moagen.kernels.attention import (CHECK_SIZES, HEAD_DIM_BOUNDS, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
                                       softmax_scale)
 from moagen.kernels.cases import Check, references
 from moagen.kernels.chain import backward
@@ -34,12 +34,14 @@ from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.partials import PartBuffers
 from moagen.steps.algebra.scatter import Scatter
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
+from moagen.steps.gpu.staging import RegisterScratch, RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.distribute import Distribute
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.hoist import Hoist
 from moagen.steps.loop.interchange import BlockInterchange
-from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.parallel import GpuThreads, Parallel
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.unroll import keys_summed, rows_together, tiled
 
@@ -194,7 +196,57 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
         # for all the key rows (dQ's part is indexed by the query rows: it stays as it is)
         summed = tiled("i", keys)
         schedule += (Distribute(summed, nest="keys"), ColumnTiles("keys", summed, "c", lanes))
+    if not (forward or parts or lanes or causal or loops != Rows()):
+        # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
+        # schedule and mapping as they are (OpenACC's too)
+        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
+                      {"cpu": (*mapping, *extra), "cuda": gpu_flash_bwd()})
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
+
+
+def gpu_flash_bwd(rows=4, lanes=4, block=32):
+    """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
+    per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
+    tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
+    registers, the thread's own) or by `lanes` columns (its output rows, in registers over
+    all the other side's blocks).
+
+    dQ: Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; dS in shared memory,
+    over K's tile once the scores are taken, and K again, laid out by columns for dQ += dS
+    K, over V's. keys: dK and dV rows; each query block's Q, dO, lse, delta and (again:
+    227 KB hold no block's K and V tiles beside the query block's at float64, d 128) its K
+    and V tiles staged, P and dS over K's and V's tiles once the scores are taken, and Q
+    and dO again, laid out by columns for dK += dS^T Q and dV += P^T dO, over their
+    first tiles. float64 at d 128: 208 KB of shared memory a block (either pass).
+
+    delta: a GPU thread per query row."""
+    threads = KEY_BLOCK // lanes
+    dq = (BlockTiles(QUERY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="dQ"),
+          ThreadTiles("i", rows, "y", nest="dQ"),
+          ThreadTiles("j", lanes, "x", nest="dQ"),
+          ThreadTiles("c", lanes, "x", threads=threads, nest="dQ"),
+          RegisterTile("dQ", nest="dQ"),
+          RegisterScratch("qk_block", nest="dQ"), RegisterScratch("dov_block", nest="dQ"),
+          Stage("Q", at="i", nest="dQ"), Stage("dO", at="i", nest="dQ"),
+          Stage("lse", at="i", nest="dQ"), Stage("delta", at="i", nest="dQ"),
+          Stage("K", at="j_blk", by="j", nest="dQ"), Stage("V", at="j_blk", nest="dQ"),
+          SharedScratch("t_block", fastest="i", over="K_tile", nest="dQ"),
+          Stage("K", at="j_blk", by="c", over="V_tile", nest="dQ"))
+    keys = (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="keys"),
+            ThreadTiles("j", rows, "y", nest="keys"),
+            ThreadTiles("i", lanes, "x", nest="keys"),
+            ThreadTiles("c", lanes, "x", threads=threads, nest="keys"),
+            RegisterTile("dK", nest="keys"), RegisterTile("dV", nest="keys"),
+            RegisterScratch("qk_block2", nest="keys"), RegisterScratch("dov_block2", nest="keys"),
+            Stage("K", at="i_blk", nest="keys"), Stage("V", at="i_blk", nest="keys"),
+            Stage("Q", at="i_blk", by="i", nest="keys"),
+            Stage("dO", at="i_blk", by="i", nest="keys"),
+            Stage("lse", at="i_blk", nest="keys"), Stage("delta", at="i_blk", nest="keys"),
+            SharedScratch("t2_block", fastest="j", over="K_tile3", nest="keys"),
+            SharedScratch("t3_block", fastest="j", over="V_tile2", nest="keys"),
+            Stage("Q", at="i_blk", by="c", over="Q_tile2", nest="keys"),
+            Stage("dO", at="i_blk", by="c", over="dO_tile2", nest="keys"))
+    return (GpuThreads(QUERY_ROWS, nest="delta"), *dq, *keys)
 
 
 # the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes

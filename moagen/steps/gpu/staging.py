@@ -32,24 +32,27 @@ def _accesses(stmts, array, around=()):
             yield s, around
 
 
-def _replace_accesses(stmts, array, fn):
+def _replace_accesses(stmts, array, fn, serves=lambda around: True, around=()):
     """stmts with every read of array replaced by fn(access) and every store's index by
-    fn's on a stand-in read."""
+    fn's on a stand-in read; only those whose loops around (within stmts, after `around`)
+    `serves` accepts."""
     def expr(e):
         if isinstance(e, S.Access) and e.array == array:
             return fn(e)
         return S.map_children(e, expr)
 
-    def stmt(s):
+    def stmt(s, around):
         if isinstance(s, Loop):
-            return replace(s, body=tuple(stmt(b) for b in s.body))
+            return replace(s, body=tuple(stmt(b, around + (s,)) for b in s.body))
+        if not serves(around):
+            return s
         s = map_stmt_exprs(s, expr)
         if isinstance(s, Store) and s.array == array:
             moved = fn(S.Access(s.array, s.index))
             return replace(s, array=moved.array, index=moved.index)
         return s
 
-    return tuple(stmt(s) for s in stmts)
+    return tuple(stmt(s, around) for s in stmts)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def _tile_layout(region, fastest, bounds):
 
 @dataclass(frozen=True)
 class Stage(Step):
-    """The reads of input `array` inside each loop over `at` from a tile of it in shared
+    """The reads of input `array` (or of a scratch array the nest only reads, a row's delta)
+    inside each loop over `at` from a tile of it in shared
     memory, copied at the start of the loop's body by all the block's threads (the flat
     element e of the tile to thread e mod the block's size: consecutive threads on
     consecutive addresses of the source's last axis), elements past a shorter last tile
@@ -131,10 +135,16 @@ class Stage(Step):
 
     over: the tile placed over another shared tile's memory (a block's K tile, once its
     scores are taken), its copy just before the first statement of the loop's body that
-    reads it rather than at the start: one tile's shared memory less."""
+    reads it rather than at the start: one tile's shared memory less.
+
+    by: only the reads inside a thread loop over `by` (the phase whose register tiles walk
+    that axis: K by keys in the scores, by columns in dQ += dS K), laid out for them; the
+    array's other reads another Stage's (a second tile of the same rows, each phase's reads
+    along its own fastest axis: vector loads in both)."""
     array: str
     at: str = shown("at {at}")
     over: str = option("over {over}", "")
+    by: str = option("by {by}", "")
     nest: Optional[str] = None
     layer = "mapping"
 
@@ -144,17 +154,32 @@ class Stage(Step):
         return f"{self.array}_tile"
 
     def __call__(self, onf: ONF) -> ONF:
-        if self.array not in {b.name for b in onf.inputs} or self.array in onf.inout:
-            raise ScheduleError(f"{self}: {self.array} is not a read-only input of {onf.name}")
         nest = self.nest_called(onf)
+        # an input, or a scratch array an earlier nest wrote (delta, by a kernel of its own)
+        readable = ({b.name for b in onf.inputs} - set(onf.inout)) | \
+            {b.name for b in onf.temps}
+        if self.array not in readable or any(
+                isinstance(a, Store) for a, _ in _accesses(nest.body, self.array)):
+            raise ScheduleError(f"{self}: {self.array} is not an input of {onf.name} or a "
+                                "scratch array, read only in the nest")
         names = kernel_names(onf)
         shared = list(onf.shared)
 
+        def serves(around):
+            return not self.by or any(lp.var.name == self.by and lp.gpu is not None
+                                      and lp.gpu.kind.startswith("thread.") for lp in around)
+
         def stage(loop):
-            accesses = list(_accesses(loop.body, self.array, (loop,)))
+            # the loops around it inside the grid too: a block's key rows, where a query
+            # block's loop stages their K tile
+            outer = tuple(lp for lp in _ancestors(nest.body, loop) if not (
+                lp.gpu and lp.gpu.kind == "grid"))
+            accesses = [(a, around) for a, around in
+                        _accesses(loop.body, self.array, outer + (loop,)) if serves(around)]
             if not accesses:
                 raise ScheduleError(f"{self}: nothing inside the loop over {self.at} reads "
-                                    f"{self.array}")
+                                    f"{self.array}" + (f" in a thread loop over {self.by}"
+                                                       if self.by else ""))
             inside = [lp for _, around in accesses for lp in around]
             region = _region(self, self.array, accesses, inside)
             fastest = _fastest(region, accesses)
@@ -168,9 +193,10 @@ class Stage(Step):
             copy = _copy(name, self.array, region, order, names)
             moved = lambda a: S.Access(name, tuple(
                 sympy.sympify(a.index[p]) - region.loops[p].start for p in order))
-            body = _replace_accesses(loop.body, self.array, moved)
+            body = _replace_accesses(loop.body, self.array, moved, serves, (loop,))
             first = next(k for k, s in enumerate(loop.body)
-                         if any(True for _ in _accesses((s,), self.array))) if self.over else 0
+                         if any(serves((loop,) + around) for _, around in
+                                _accesses((s,), self.array))) if self.over else 0
             return replace(loop, body=body[:first] + (copy,) + body[first:])
 
         body, count = _rewrite(nest.body, lambda lp: lp.var.name == self.at, stage)
@@ -183,7 +209,7 @@ class Stage(Step):
 def _copy(tile, array, region, order, names) -> Loop:
     """The block's copy of the tile: loops over its elements in the source's order, the
     last over the block's x threads (consecutive threads on consecutive addresses), the one
-    before over its y threads."""
+    before over its y threads; a 1-D tile's one loop over all of them (copy.xy)."""
     spanned = [p for p, lp in enumerate(region.loops) if lp is not None]
     extents = dict(zip(spanned, region.extents()))
     coords = {p: sympy.Symbol(names.claim(names.new("e")), integer=True) for p in spanned}
@@ -196,7 +222,9 @@ def _copy(tile, array, region, order, names) -> Loop:
     if inside:
         value = S.Select(sympy.And(*inside), value, S.Num(0.0))
     body = (Store(tile, tuple(coords[p] for p in order), value),)
-    kinds = {spanned[-1]: "copy.x", **({spanned[-2]: "copy.y"} if len(spanned) > 1 else {})}
+    # a 1-D tile (a block's lse) over all the block's threads, flat: no two copy one element
+    kinds = {spanned[-1]: "copy.x", spanned[-2]: "copy.y"} if len(spanned) > 1 else \
+        {spanned[-1]: "copy.xy"}
     for p in reversed(spanned):
         mark = GpuMark(kinds[p]) if p in kinds else None
         body = (Loop(coords[p], sympy.Integer(0), sympy.sympify(extents[p]), body, gpu=mark),)
@@ -232,9 +260,11 @@ class SharedScratch(Step):
     of the range they span, the position `fastest` (an index variable) laid out last and
     padded. Every access must be inside the grid, each position of its index a loop
     variable (or a loop variable less the start of the block of keys it is in) of the same
-    range in every access."""
+    range in every access. over: placed over a shared tile's memory (the printer's barriers
+    keep the tile's last reads before the scratch's first writes)."""
     array: str
     fastest: str = shown("{fastest} fastest")
+    over: str = option("over {over}", "")
     nest: Optional[str] = None
     layer = "mapping"
 
@@ -276,8 +306,10 @@ class SharedScratch(Step):
         body = _replace_accesses(nest.body, self.array, local)
         temps = tuple(b for b in onf.temps if b.name != self.array)
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
+        if self.over and self.over not in {b.name for b in onf.shared}:
+            raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
         return replace(onf.with_nests(nests, str(self)), temps=temps,
-                       shared=onf.shared + (Buffer(self.array, shape),))
+                       shared=onf.shared + (Buffer(self.array, shape, over=self.over),))
 
 
 def _arrays(nest):
@@ -311,13 +343,28 @@ def _local_index(e, span):
     return sympy.expand(e - span[1])
 
 
+def _ancestors(stmts, target, around=()):
+    """The loops around statement `target` (by identity) within stmts, or None."""
+    for s in stmts:
+        if s is target:
+            return around
+        if isinstance(s, Loop):
+            found = _ancestors(s.body, target, around + (s,))
+            if found is not None:
+                return found
+    return None
+
+
 @dataclass(frozen=True)
 class RegisterTile(Step):
     """An output's elements in the registers of the thread that owns them, from its first
     write to its last: every access inside the thread loops whose variables index it (the
     same loops in every access), the other positions indexed by grid loops. The first write
     becomes a local per iteration of those thread loops (a thread's tile), the accesses
-    until the last write that local, the last write a store of it."""
+    until the last write that local, the last write a store of it. Where the last write
+    adds into it (dQ += dS K over every block of keys), it is an addition into the local
+    too, and the store of the local follows the outermost loop around it that is not
+    around the first write, over the first write's thread loops."""
     array: str
     nest: Optional[str] = None
     layer = "mapping"
@@ -341,6 +388,101 @@ class RegisterTile(Step):
         names = kernel_names(onf)
         local = names.claim(names.new(f"{self.array}_reg"))
         first, last = stores[0], stores[-1]
+        tail = None  # (the statement the store of the local follows, that store's loops)
+        if last.accumulate is not None:
+            a, b = _ancestors(nest.body, first), _ancestors(nest.body, last)
+            m = 0
+            while m < min(len(a), len(b)) and a[m] is b[m]:
+                m += 1
+            if m >= len(b):
+                raise ScheduleError(f"{self}: {self.array}'s last addition is inside the loops "
+                                    "of its first write")
+            chain = a[m:]
+            if any(lp.gpu is None or not lp.gpu.kind.startswith("thread.") for lp in chain):
+                raise ScheduleError(f"{self}: the loops of {self.array}'s first write inside "
+                                    "those of its last are not all thread loops")
+            tail = (b[m], chain)
+
+        def expr(e):
+            if isinstance(e, S.Access) and e.array == self.array:
+                return S.Local(local)
+            return S.map_children(e, expr)
+
+        def stmt(s):
+            if isinstance(s, Loop):
+                return replace(s, body=block(s.body))
+            value = expr(s.value)
+            if s is first:
+                return Let(local, value)
+            if s is last and tail is None:
+                return replace(s, value=value)
+            if isinstance(s, Store) and s.array == self.array:
+                return Update(local, s.accumulate or "=", value)
+            return replace(s, value=value)
+
+        def block(stmts):
+            out = []
+            for s in stmts:
+                out.append(stmt(s))
+                if tail is not None and s is tail[0]:
+                    body = (Store(self.array, first.index, S.Local(local)),)
+                    for lp in reversed(tail[1]):
+                        body = (replace(lp, body=body),)
+                    out += body
+            return tuple(out)
+
+        body = block(nest.body)
+        nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
+        return onf.with_nests(nests, str(self))
+
+
+@dataclass(frozen=True)
+class RegisterScratch(Step):
+    """A scratch array of the nest (a block's scores) in registers, where each thread only
+    reads back the elements it wrote (the scores a thread's register tile took, read by the
+    same thread loops to make dS): every access inside the grid, each position of its index
+    a grid loop's variable or one thread loop's (plus what does not change inside it: j -
+    64*j_blk), the same thread loops (variable and range) in every access, each thread loop
+    around an access indexing it, and a plain store first. Its first store becomes a local
+    of those thread loops, the other stores assignments to it, its reads that local. A
+    scratch array other threads read (dS, read by every thread of a row in dQ += dS K)
+    stays in memory (SharedScratch)."""
+    array: str
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.array not in {b.name for b in onf.temps}:
+            raise ScheduleError(f"{self}: {self.array} is not a scratch array of {onf.name}")
+        nest = self.nest_called(onf)
+        if any(self.array in _arrays(n) for n in onf.nests if n is not nest):
+            raise ScheduleError(f"{self}: other nests use {self.array}: it outlives a block")
+        accesses = list(_accesses(nest.body, self.array))
+        if not accesses or not isinstance(accesses[0][0], Store) or accesses[0][0].accumulate:
+            raise ScheduleError(f"{self}: {self.array} is not written first by a plain store")
+        owners = None
+        for access, around in accesses:
+            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"}
+            threads = {lp.var: lp for lp in around if lp.gpu and lp.gpu.kind.startswith("thread.")}
+            if not grid:
+                raise ScheduleError(f"{self}: {self.array} is used outside the grid")
+            used = set()
+            for e in map(sympy.sympify, access.index):
+                if e in grid:
+                    continue
+                span = _span(e, threads)
+                if span is None:
+                    raise ScheduleError(f"{self}: {self.array}'s index {e} is no grid or thread "
+                                        "loop's variable: other threads read what one wrote")
+                used.add(span[0])
+            key = frozenset((lp.gpu.kind, lp.var, lp.start, lp.stop) for lp in threads.values())
+            if used != set(threads) or (owners is not None and key != owners):
+                raise ScheduleError(f"{self}: {self.array} is not indexed by the same thread "
+                                    "loops in every access: other threads read what one wrote")
+            owners = key
+        names = kernel_names(onf)
+        local = names.claim(names.new(f"{self.array}_reg"))
+        first = accesses[0][0]
 
         def expr(e):
             if isinstance(e, S.Access) and e.array == self.array:
@@ -353,12 +495,11 @@ class RegisterTile(Step):
             value = expr(s.value)
             if s is first:
                 return Let(local, value)
-            if s is last:
-                return replace(s, value=value)
             if isinstance(s, Store) and s.array == self.array:
                 return Update(local, s.accumulate or "=", value)
             return replace(s, value=value)
 
         body = tuple(stmt(s) for s in nest.body)
+        temps = tuple(b for b in onf.temps if b.name != self.array)
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
-        return onf.with_nests(nests, str(self))
+        return replace(onf.with_nests(nests, str(self)), temps=temps)

@@ -14,6 +14,8 @@ local a thread loop accumulates and a statement outside it reads (a row's max ov
 its lanes took) is combined across the lanes by `__shfl_xor_sync`. Statements that could
 touch elements past the loops' ranges are guarded, never the whole list (a guard around a
 barrier or a shuffle would leave threads out of it)."""
+from dataclasses import replace
+
 import sympy
 
 from moagen.errors import ScheduleError
@@ -47,7 +49,8 @@ class TiledKernel:
 
     def __init__(self, printer, nest):
         self.p, self.nest = printer, nest
-        self.grid, self.body = grid_chain(nest)
+        self.grid, body = grid_chain(nest)
+        self.body = _distinct_locals(body)
         if len(self.grid) > len(AXES):
             raise ScheduleError(f"nest {nest.label}: {len(self.grid)} grid loops; a CUDA grid "
                                 f"has {len(AXES)} axes")
@@ -206,12 +209,14 @@ class TiledKernel:
     def copy(self, loop, depth):
         """A block's copy: its last loop over the x threads (consecutive threads on
         consecutive elements), the one before over the y threads, any other a loop of
-        every thread."""
+        every thread; a 1-D copy's one loop over all the block's threads (copy.xy)."""
         if (loop.start.free_symbols | loop.stop.free_symbols) & {lp.var for lp in self.ctx}:
             raise ScheduleError(f"nest {self.nest.label}: a block's copy depends on a thread")
         pad, v = self.p.indent * depth, loop.var
         first, step = {"copy.x": ("tx", self.block_dims[0]),
-                       "copy.y": ("ty", self.block_dims[1])}.get(
+                       "copy.y": ("ty", self.block_dims[1]),
+                       "copy.xy": (f"ty * {self.block_dims[0]} + tx",
+                                   self.block_dims[0] * self.block_dims[1])}.get(
             loop.gpu.kind if loop.gpu else "", (self.p.index(loop.start), 1))
         saved, self.ctx = self.ctx, []
         inner = []
@@ -339,6 +344,49 @@ def _shared_accesses(s, storage, around):
             yield storage[x.array], False, (frozenset(around), x.array, sympy.expand(x.offset))
     if isinstance(s, Store) and s.array in storage:
         yield storage[s.array], True, (frozenset(around), s.array, sympy.expand(s.index[0]))
+
+
+def _distinct_locals(stmts):
+    """stmts with a local defined inside different thread loops (dQ's `t`: one per query
+    row and key of a block's scores, then one per query row in dQ += dS K) one local per
+    set of loops, `<name>_<k>` after the first: each a thread's register array of its own
+    slots. A read is of the latest definition before it, in the order of the statements."""
+    names = {}  # (name, the thread loops around its definition) -> its name here
+    taken = {s.name for s in walk(stmts) if isinstance(s, Let)}
+    env = {}
+
+    def expr(e):
+        if isinstance(e, S.Local) and e.name in env:
+            return S.Local(env[e.name])
+        return S.map_children(e, expr)
+
+    def block(stmts, around):
+        out = []
+        for s in stmts:
+            if isinstance(s, Loop):
+                inner = around + ((_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+                out.append(replace(s, body=block(s.body, inner)))
+                continue
+            value = expr(s.value)
+            if isinstance(s, Let):
+                key = (s.name, frozenset(around))
+                if key not in names:
+                    new, k = s.name, 0
+                    if any(n == s.name for n, _ in names):
+                        while new in taken:
+                            k += 1
+                            new = f"{s.name}_{k}"
+                    taken.add(new)
+                    names[key] = new
+                env[s.name] = names[key]
+                out.append(Let(names[key], value))
+            elif isinstance(s, Update):
+                out.append(Update(env.get(s.name, s.name), s.op, value))
+            else:
+                out.append(replace(s, value=value))
+        return tuple(out)
+
+    return block(stmts, ())
 
 
 def _definitions(stmts, around=()):
