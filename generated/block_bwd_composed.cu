@@ -1128,7 +1128,7 @@ __global__ void block_bwd_composed_f64_attn_delta(
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: writes attn_delta_tile, attn_lse_tile, attn_dO_tile, attn_Q_tile, attn_V_tile, attn_K_tile, attn_t_block, attn_K_tile2; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
+/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_dO_tile, attn_dQ_Q_tile, attn_dQ_V_tile, attn_dQ_K_tile_by_j, attn_t_block, attn_dQ_K_tile_by_c; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
  * for b / h / i_blk / i / e6 (simd), e5 (simd), e3, e, c (simd), j_blk / e4 (simd), e2
  *     (simd), e9, e7, j, j (simd), e11 / e10 (simd), e8 (simd), c (simd), e12 (simd)
  */
@@ -1152,37 +1152,37 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(double, attn_Q_tile, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_dO_tile, 288*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_lse_tile, 576*MAX_dh, 36);
-    MOAGEN_SHARED_AT(double, attn_delta_tile, 576*MAX_dh + 288, 36);
-    MOAGEN_SHARED_AT(double, attn_K_tile, 576*MAX_dh + 576, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_V_tile, 1120*MAX_dh + 576, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_Q_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_dO_tile, 288*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_lse_tile, 576*MAX_dh, 36);
+    MOAGEN_SHARED_AT(double, attn_dQ_delta_tile, 576*MAX_dh + 288, 36);
+    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_j, 576*MAX_dh + 576, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_V_tile, 1120*MAX_dh + 576, 68*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_t_block, 576*MAX_dh + 576, 2304);
-    MOAGEN_SHARED_AT(double, attn_K_tile2, 1120*MAX_dh + 576, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_c, 1120*MAX_dh + 576, 64*MAX_dh + 256);
     double dQ_reg[4][((MAX_dh + 63) / 64) * 4];
     double qk[4][4];
     double dov[4][4];
     double qk_block_reg[4][4];
     double dov_block_reg[4][4];
-    double lse_tile_at[4];
-    double delta_tile_at[4];
+    double dQ_lse_tile_at[4];
+    double dQ_delta_tile_at[4];
     double t[4][4];
     double t_1[4];
     for (int e6 = ty * 16 + tx; e6 < 32; e6 += 128) {
-        attn_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0);
+        attn_dQ_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0);
     }
     for (int e5 = ty * 16 + tx; e5 < 32; e5 += 128) {
-        attn_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0);
+        attn_dQ_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0);
     }
     for (int e3 = ty; e3 < 32; e3 += 8) {
         for (int e4 = tx; e4 < dh; e4 += 16) {
-            attn_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
+            attn_dQ_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
         }
     }
     for (int e = ty; e < 32; e += 8) {
         for (int e2 = tx; e2 < dh; e2 += 16) {
-            attn_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0);
+            attn_dQ_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0);
         }
     }
     #pragma unroll
@@ -1199,12 +1199,12 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         __syncthreads();
         for (int e9 = ty; e9 < 64; e9 += 8) {
             for (int e10 = tx; e10 < dh; e10 += 16) {
-                attn_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
+                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
         for (int e7 = ty; e7 < 64; e7 += 8) {
             for (int e8 = tx; e8 < dh; e8 += 16) {
-                attn_K_tile[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0);
+                attn_dQ_K_tile_by_j[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0);
             }
         }
         __syncthreads();
@@ -1224,7 +1224,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                    qk[s_i][s_j] += attn_Q_tile[36*c + i - 32*i_blk] * attn_K_tile[68*c + j - 64*j_blk];
+                    qk[s_i][s_j] += attn_dQ_Q_tile[36*c + i - 32*i_blk] * attn_dQ_K_tile_by_j[68*c + j - 64*j_blk];
                 }
             }
         }
@@ -1244,7 +1244,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                    dov[s_i][s_j] += attn_dO_tile[36*c + i - 32*i_blk] * attn_V_tile[68*c + j - 64*j_blk];
+                    dov[s_i][s_j] += attn_dQ_dO_tile[36*c + i - 32*i_blk] * attn_dQ_V_tile[68*c + j - 64*j_blk];
                 }
             }
         }
@@ -1269,12 +1269,12 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-            lse_tile_at[s_i] = attn_lse_tile[i - 32*i_blk];
+            dQ_lse_tile_at[s_i] = attn_dQ_lse_tile[i - 32*i_blk];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-            delta_tile_at[s_i] = attn_delta_tile[i - 32*i_blk];
+            dQ_delta_tile_at[s_i] = attn_dQ_delta_tile[i - 32*i_blk];
         }
         __syncthreads();
         #pragma unroll
@@ -1301,7 +1301,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                t[s_i][s_j] = scale * exp(scale * qk[s_i][s_j] - lse_tile_at[s_i]) * (dov[s_i][s_j] - delta_tile_at[s_i]);
+                t[s_i][s_j] = scale * exp(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
         #pragma unroll
@@ -1315,7 +1315,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         }
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < dh; e12 += 16) {
-                attn_K_tile2[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
+                attn_dQ_K_tile_by_c[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
             }
         }
         __syncthreads();
@@ -1331,7 +1331,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dQ_reg[s_i][s_c] += t_1[s_i] * attn_K_tile2[c + (MAX_dh + 4)*(j - 64*j_blk)];
+                    dQ_reg[s_i][s_c] += t_1[s_i] * attn_dQ_K_tile_by_c[c + (MAX_dh + 4)*(j - 64*j_blk)];
                 }
             }
         }
@@ -1347,7 +1347,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     }
 }
 
-/* attn.keys: writes attn_delta_tile2, attn_lse_tile2, attn_dO_tile2, attn_Q_tile2, attn_V_tile2, attn_K_tile3, attn_t2_block, attn_t3_block, attn_Q_tile3, attn_dO_tile3; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
+/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_dO_tile_by_i, attn_keys_Q_tile_by_i, attn_keys_V_tile, attn_keys_K_tile, attn_t2_block, attn_t3_block, attn_keys_Q_tile_by_c, attn_keys_dO_tile_by_c; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
  * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e19, e17, e15, e13, i,
  *     i (simd), e23, e25 / e20 (simd), e18 (simd), e16 (simd), e14 (simd), c (simd), e24
  *     (simd), e26 (simd)
@@ -1373,16 +1373,16 @@ __global__ void block_bwd_composed_f64_attn_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(double, attn_K_tile3, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_V_tile2, 288*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_Q_tile2, 576*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_dO_tile2, 1120*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_lse_tile2, 1664*MAX_dh, 68);
-    MOAGEN_SHARED_AT(double, attn_delta_tile2, 1664*MAX_dh + 544, 68);
+    MOAGEN_SHARED_AT(double, attn_keys_K_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_V_tile, 288*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_i, 576*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_i, 1120*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_lse_tile, 1664*MAX_dh, 68);
+    MOAGEN_SHARED_AT(double, attn_keys_delta_tile, 1664*MAX_dh + 544, 68);
     MOAGEN_SHARED_AT(double, attn_t2_block, 0, 2304);
     MOAGEN_SHARED_AT(double, attn_t3_block, 288*MAX_dh, 2304);
-    MOAGEN_SHARED_AT(double, attn_Q_tile3, 576*MAX_dh, 64*MAX_dh + 256);
-    MOAGEN_SHARED_AT(double, attn_dO_tile3, 1120*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_c, 576*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_c, 1120*MAX_dh, 64*MAX_dh + 256);
     double dK_reg[4][((MAX_dh + 63) / 64) * 4];
     double dV_reg[4][((MAX_dh + 63) / 64) * 4];
     double qk[4][4];
@@ -1414,29 +1414,29 @@ __global__ void block_bwd_composed_f64_attn_keys(
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
         __syncthreads();
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
-            attn_delta_tile2[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
+            attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
         for (int e21 = ty * 16 + tx; e21 < 64; e21 += 128) {
-            attn_lse_tile2[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0);
+            attn_keys_lse_tile[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
         for (int e19 = ty; e19 < 64; e19 += 8) {
             for (int e20 = tx; e20 < dh; e20 += 16) {
-                attn_dO_tile2[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
+                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
         for (int e17 = ty; e17 < 64; e17 += 8) {
             for (int e18 = tx; e18 < dh; e18 += 16) {
-                attn_Q_tile2[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0);
+                attn_keys_Q_tile_by_i[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0);
             }
         }
         for (int e15 = ty; e15 < 32; e15 += 8) {
             for (int e16 = tx; e16 < dh; e16 += 16) {
-                attn_V_tile2[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0);
+                attn_keys_V_tile[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0);
             }
         }
         for (int e13 = ty; e13 < 32; e13 += 8) {
             for (int e14 = tx; e14 < dh; e14 += 16) {
-                attn_K_tile3[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0);
+                attn_keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0);
             }
         }
         __syncthreads();
@@ -1456,7 +1456,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                    qk[s_j][s_i] += attn_Q_tile2[68*c + i - 64*i_blk] * attn_K_tile3[36*c + j - 32*j_blk];
+                    qk[s_j][s_i] += attn_keys_Q_tile_by_i[68*c + i - 64*i_blk] * attn_keys_K_tile[36*c + j - 32*j_blk];
                 }
             }
         }
@@ -1476,7 +1476,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                    dov[s_j][s_i] += attn_dO_tile2[68*c + i - 64*i_blk] * attn_V_tile2[36*c + j - 32*j_blk];
+                    dov[s_j][s_i] += attn_keys_dO_tile_by_i[68*c + i - 64*i_blk] * attn_keys_V_tile[36*c + j - 32*j_blk];
                 }
             }
         }
@@ -1523,7 +1523,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                t2[s_j][s_i] = exp(scale * qk[s_j][s_i] - attn_lse_tile2[i - 64*i_blk]);
+                t2[s_j][s_i] = exp(scale * qk[s_j][s_i] - attn_keys_lse_tile[i - 64*i_blk]);
             }
         }
         #pragma unroll
@@ -1532,7 +1532,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                t3[s_j][s_i] = scale * t2[s_j][s_i] * (dov[s_j][s_i] - attn_delta_tile2[i - 64*i_blk]);
+                t3[s_j][s_i] = scale * t2[s_j][s_i] * (dov[s_j][s_i] - attn_keys_delta_tile[i - 64*i_blk]);
             }
         }
         #pragma unroll
@@ -1555,12 +1555,12 @@ __global__ void block_bwd_composed_f64_attn_keys(
         }
         for (int e23 = ty; e23 < 64; e23 += 8) {
             for (int e24 = tx; e24 < dh; e24 += 16) {
-                attn_Q_tile3[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
+                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
             }
         }
         for (int e25 = ty; e25 < 64; e25 += 8) {
             for (int e26 = tx; e26 < dh; e26 += 16) {
-                attn_dO_tile3[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
+                attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
             }
         }
         __syncthreads();
@@ -1581,7 +1581,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dK_reg[s_j][s_c] += t3_1[s_j] * attn_Q_tile3[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                    dK_reg[s_j][s_c] += t3_1[s_j] * attn_keys_Q_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
                 }
             }
             #pragma unroll
@@ -1590,7 +1590,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_dO_tile3[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
                 }
             }
         }
@@ -3978,7 +3978,7 @@ __global__ void block_bwd_composed_f32_attn_delta(
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: writes attn_delta_tile, attn_lse_tile, attn_dO_tile, attn_Q_tile, attn_V_tile, attn_K_tile, attn_t_block, attn_K_tile2; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
+/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_dO_tile, attn_dQ_Q_tile, attn_dQ_V_tile, attn_dQ_K_tile_by_j, attn_t_block, attn_dQ_K_tile_by_c; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
  * for b / h / i_blk / i / e6 (simd), e5 (simd), e3, e, c (simd), j_blk / e4 (simd), e2
  *     (simd), e9, e7, j, j (simd), e11 / e10 (simd), e8 (simd), c (simd), e12 (simd)
  */
@@ -4002,37 +4002,37 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(float, attn_Q_tile, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_dO_tile, 144*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_lse_tile, 288*MAX_dh, 36);
-    MOAGEN_SHARED_AT(float, attn_delta_tile, 288*MAX_dh + 144, 36);
-    MOAGEN_SHARED_AT(float, attn_K_tile, 288*MAX_dh + 288, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_V_tile, 560*MAX_dh + 288, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_Q_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_dO_tile, 144*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_lse_tile, 288*MAX_dh, 36);
+    MOAGEN_SHARED_AT(float, attn_dQ_delta_tile, 288*MAX_dh + 144, 36);
+    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_j, 288*MAX_dh + 288, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_V_tile, 560*MAX_dh + 288, 68*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_t_block, 288*MAX_dh + 288, 2304);
-    MOAGEN_SHARED_AT(float, attn_K_tile2, 560*MAX_dh + 288, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_c, 560*MAX_dh + 288, 64*MAX_dh + 256);
     float dQ_reg[4][((MAX_dh + 63) / 64) * 4];
     float qk[4][4];
     float dov[4][4];
     float qk_block_reg[4][4];
     float dov_block_reg[4][4];
-    float lse_tile_at[4];
-    float delta_tile_at[4];
+    float dQ_lse_tile_at[4];
+    float dQ_delta_tile_at[4];
     float t[4][4];
     float t_1[4];
     for (int e6 = ty * 16 + tx; e6 < 32; e6 += 128) {
-        attn_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0f);
+        attn_dQ_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0f);
     }
     for (int e5 = ty * 16 + tx; e5 < 32; e5 += 128) {
-        attn_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0f);
+        attn_dQ_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0f);
     }
     for (int e3 = ty; e3 < 32; e3 += 8) {
         for (int e4 = tx; e4 < dh; e4 += 16) {
-            attn_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
+            attn_dQ_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
         }
     }
     for (int e = ty; e < 32; e += 8) {
         for (int e2 = tx; e2 < dh; e2 += 16) {
-            attn_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0f);
+            attn_dQ_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0f);
         }
     }
     #pragma unroll
@@ -4049,12 +4049,12 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         __syncthreads();
         for (int e9 = ty; e9 < 64; e9 += 8) {
             for (int e10 = tx; e10 < dh; e10 += 16) {
-                attn_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
+                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
         for (int e7 = ty; e7 < 64; e7 += 8) {
             for (int e8 = tx; e8 < dh; e8 += 16) {
-                attn_K_tile[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0f);
+                attn_dQ_K_tile_by_j[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0f);
             }
         }
         __syncthreads();
@@ -4074,7 +4074,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                    qk[s_i][s_j] += attn_Q_tile[36*c + i - 32*i_blk] * attn_K_tile[68*c + j - 64*j_blk];
+                    qk[s_i][s_j] += attn_dQ_Q_tile[36*c + i - 32*i_blk] * attn_dQ_K_tile_by_j[68*c + j - 64*j_blk];
                 }
             }
         }
@@ -4094,7 +4094,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                    dov[s_i][s_j] += attn_dO_tile[36*c + i - 32*i_blk] * attn_V_tile[68*c + j - 64*j_blk];
+                    dov[s_i][s_j] += attn_dQ_dO_tile[36*c + i - 32*i_blk] * attn_dQ_V_tile[68*c + j - 64*j_blk];
                 }
             }
         }
@@ -4119,12 +4119,12 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-            lse_tile_at[s_i] = attn_lse_tile[i - 32*i_blk];
+            dQ_lse_tile_at[s_i] = attn_dQ_lse_tile[i - 32*i_blk];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-            delta_tile_at[s_i] = attn_delta_tile[i - 32*i_blk];
+            dQ_delta_tile_at[s_i] = attn_dQ_delta_tile[i - 32*i_blk];
         }
         __syncthreads();
         #pragma unroll
@@ -4151,7 +4151,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                t[s_i][s_j] = scale * expf(scale * qk[s_i][s_j] - lse_tile_at[s_i]) * (dov[s_i][s_j] - delta_tile_at[s_i]);
+                t[s_i][s_j] = scale * expf(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
         #pragma unroll
@@ -4165,7 +4165,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         }
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < dh; e12 += 16) {
-                attn_K_tile2[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
+                attn_dQ_K_tile_by_c[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
             }
         }
         __syncthreads();
@@ -4181,7 +4181,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dQ_reg[s_i][s_c] += t_1[s_i] * attn_K_tile2[c + (MAX_dh + 4)*(j - 64*j_blk)];
+                    dQ_reg[s_i][s_c] += t_1[s_i] * attn_dQ_K_tile_by_c[c + (MAX_dh + 4)*(j - 64*j_blk)];
                 }
             }
         }
@@ -4197,7 +4197,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     }
 }
 
-/* attn.keys: writes attn_delta_tile2, attn_lse_tile2, attn_dO_tile2, attn_Q_tile2, attn_V_tile2, attn_K_tile3, attn_t2_block, attn_t3_block, attn_Q_tile3, attn_dO_tile3; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
+/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_dO_tile_by_i, attn_keys_Q_tile_by_i, attn_keys_V_tile, attn_keys_K_tile, attn_t2_block, attn_t3_block, attn_keys_Q_tile_by_c, attn_keys_dO_tile_by_c; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
  * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e19, e17, e15, e13, i,
  *     i (simd), e23, e25 / e20 (simd), e18 (simd), e16 (simd), e14 (simd), c (simd), e24
  *     (simd), e26 (simd)
@@ -4223,16 +4223,16 @@ __global__ void block_bwd_composed_f32_attn_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(float, attn_K_tile3, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_V_tile2, 144*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_Q_tile2, 288*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_dO_tile2, 560*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_lse_tile2, 832*MAX_dh, 68);
-    MOAGEN_SHARED_AT(float, attn_delta_tile2, 832*MAX_dh + 272, 68);
+    MOAGEN_SHARED_AT(float, attn_keys_K_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_V_tile, 144*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_i, 288*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_i, 560*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_lse_tile, 832*MAX_dh, 68);
+    MOAGEN_SHARED_AT(float, attn_keys_delta_tile, 832*MAX_dh + 272, 68);
     MOAGEN_SHARED_AT(float, attn_t2_block, 0, 2304);
     MOAGEN_SHARED_AT(float, attn_t3_block, 144*MAX_dh, 2304);
-    MOAGEN_SHARED_AT(float, attn_Q_tile3, 288*MAX_dh, 64*MAX_dh + 256);
-    MOAGEN_SHARED_AT(float, attn_dO_tile3, 560*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_c, 288*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_c, 560*MAX_dh, 64*MAX_dh + 256);
     float dK_reg[4][((MAX_dh + 63) / 64) * 4];
     float dV_reg[4][((MAX_dh + 63) / 64) * 4];
     float qk[4][4];
@@ -4264,29 +4264,29 @@ __global__ void block_bwd_composed_f32_attn_keys(
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
         __syncthreads();
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
-            attn_delta_tile2[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);
+            attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
         for (int e21 = ty * 16 + tx; e21 < 64; e21 += 128) {
-            attn_lse_tile2[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0f);
+            attn_keys_lse_tile[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
         for (int e19 = ty; e19 < 64; e19 += 8) {
             for (int e20 = tx; e20 < dh; e20 += 16) {
-                attn_dO_tile2[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
+                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
         for (int e17 = ty; e17 < 64; e17 += 8) {
             for (int e18 = tx; e18 < dh; e18 += 16) {
-                attn_Q_tile2[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0f);
+                attn_keys_Q_tile_by_i[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0f);
             }
         }
         for (int e15 = ty; e15 < 32; e15 += 8) {
             for (int e16 = tx; e16 < dh; e16 += 16) {
-                attn_V_tile2[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0f);
+                attn_keys_V_tile[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0f);
             }
         }
         for (int e13 = ty; e13 < 32; e13 += 8) {
             for (int e14 = tx; e14 < dh; e14 += 16) {
-                attn_K_tile3[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0f);
+                attn_keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0f);
             }
         }
         __syncthreads();
@@ -4306,7 +4306,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                    qk[s_j][s_i] += attn_Q_tile2[68*c + i - 64*i_blk] * attn_K_tile3[36*c + j - 32*j_blk];
+                    qk[s_j][s_i] += attn_keys_Q_tile_by_i[68*c + i - 64*i_blk] * attn_keys_K_tile[36*c + j - 32*j_blk];
                 }
             }
         }
@@ -4326,7 +4326,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                    dov[s_j][s_i] += attn_dO_tile2[68*c + i - 64*i_blk] * attn_V_tile2[36*c + j - 32*j_blk];
+                    dov[s_j][s_i] += attn_keys_dO_tile_by_i[68*c + i - 64*i_blk] * attn_keys_V_tile[36*c + j - 32*j_blk];
                 }
             }
         }
@@ -4373,7 +4373,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                t2[s_j][s_i] = expf(scale * qk[s_j][s_i] - attn_lse_tile2[i - 64*i_blk]);
+                t2[s_j][s_i] = expf(scale * qk[s_j][s_i] - attn_keys_lse_tile[i - 64*i_blk]);
             }
         }
         #pragma unroll
@@ -4382,7 +4382,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                t3[s_j][s_i] = scale * t2[s_j][s_i] * (dov[s_j][s_i] - attn_delta_tile2[i - 64*i_blk]);
+                t3[s_j][s_i] = scale * t2[s_j][s_i] * (dov[s_j][s_i] - attn_keys_delta_tile[i - 64*i_blk]);
             }
         }
         #pragma unroll
@@ -4405,12 +4405,12 @@ __global__ void block_bwd_composed_f32_attn_keys(
         }
         for (int e23 = ty; e23 < 64; e23 += 8) {
             for (int e24 = tx; e24 < dh; e24 += 16) {
-                attn_Q_tile3[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
+                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
             }
         }
         for (int e25 = ty; e25 < 64; e25 += 8) {
             for (int e26 = tx; e26 < dh; e26 += 16) {
-                attn_dO_tile3[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
+                attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
             }
         }
         __syncthreads();
@@ -4431,7 +4431,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dK_reg[s_j][s_c] += t3_1[s_j] * attn_Q_tile3[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                    dK_reg[s_j][s_c] += t3_1[s_j] * attn_keys_Q_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
                 }
             }
             #pragma unroll
@@ -4440,7 +4440,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_dO_tile3[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
                 }
             }
         }

@@ -450,7 +450,7 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     }
 }
 
-/* attn.rows: writes attn_Q_tile, attn_K_tile, attn_probs, attn_V_tile, attn, lse; reads Q, K, V
+/* attn.rows: writes attn_rows_Q_tile, attn_rows_K_tile, attn_probs, attn_rows_V_tile, attn, lse; reads Q, K, V
  * for b / h / i_blk / i / e, c (simd), j_blk / e2 (simd), e3, j, j (simd), c, e5 / e4
  *     (simd), c (simd), e6 (simd)
  */
@@ -472,9 +472,9 @@ __global__ void block_fwd_composed_f64_attn_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(double, attn_Q_tile, 0, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_K_tile, 544*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_V_tile, 544*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_rows_Q_tile, 0, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_rows_K_tile, 544*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_rows_V_tile, 544*MAX_dh, 64*MAX_dh + 256);
     MOAGEN_SHARED_AT(double, attn_probs, 1088*MAX_dh, 4352);
     double O_reg[4][((MAX_dh + 63) / 64) * 4];
     double row_max[4];
@@ -487,7 +487,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
     double t[4];
     for (int e = ty; e < 64; e += 16) {
         for (int e2 = tx; e2 < dh; e2 += 16) {
-            attn_Q_tile[e + 68*e2] = (e + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e + 64*i_blk + n*(b*heads + h)) + e2] : 0.0);
+            attn_rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e + 64*i_blk + n*(b*heads + h)) + e2] : 0.0);
         }
     }
     #pragma unroll
@@ -514,7 +514,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
         __syncthreads();
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < dh; e4 += 16) {
-                attn_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
+                attn_rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
         __syncthreads();
@@ -534,7 +534,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                    qk[s_i][s_j] += attn_Q_tile[68*c + i - 64*i_blk] * attn_K_tile[68*c + j - 64*j_blk];
+                    qk[s_i][s_j] += attn_rows_Q_tile[68*c + i - 64*i_blk] * attn_rows_K_tile[68*c + j - 64*j_blk];
                 }
             }
         }
@@ -625,7 +625,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
         __syncthreads();
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
-                attn_V_tile[e5*(MAX_dh + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
+                attn_rows_V_tile[e5*(MAX_dh + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
         __syncthreads();
@@ -641,7 +641,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    O_reg[s_i][s_c] += t[s_i] * attn_V_tile[c + (MAX_dh + 4)*(j - 64*j_blk)];
+                    O_reg[s_i][s_c] += t[s_i] * attn_rows_V_tile[c + (MAX_dh + 4)*(j - 64*j_blk)];
                 }
             }
         }
@@ -1804,7 +1804,7 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     }
 }
 
-/* attn.rows: writes attn_Q_tile, attn_K_tile, attn_probs, attn_V_tile, attn, lse; reads Q, K, V
+/* attn.rows: writes attn_rows_Q_tile, attn_rows_K_tile, attn_probs, attn_rows_V_tile, attn, lse; reads Q, K, V
  * for b / h / i_blk / i / e, c (simd), j_blk / e2 (simd), e3, j, j (simd), c, e5 / e4
  *     (simd), c (simd), e6 (simd)
  */
@@ -1826,9 +1826,9 @@ __global__ void block_fwd_composed_f32_attn_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(float, attn_Q_tile, 0, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_K_tile, 272*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_V_tile, 272*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_rows_Q_tile, 0, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_rows_K_tile, 272*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_rows_V_tile, 272*MAX_dh, 64*MAX_dh + 256);
     MOAGEN_SHARED_AT(float, attn_probs, 544*MAX_dh, 4352);
     float O_reg[4][((MAX_dh + 63) / 64) * 4];
     float row_max[4];
@@ -1841,7 +1841,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
     float t[4];
     for (int e = ty; e < 64; e += 16) {
         for (int e2 = tx; e2 < dh; e2 += 16) {
-            attn_Q_tile[e + 68*e2] = (e + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e + 64*i_blk + n*(b*heads + h)) + e2] : 0.0f);
+            attn_rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e + 64*i_blk + n*(b*heads + h)) + e2] : 0.0f);
         }
     }
     #pragma unroll
@@ -1868,7 +1868,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
         __syncthreads();
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < dh; e4 += 16) {
-                attn_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
+                attn_rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
         __syncthreads();
@@ -1888,7 +1888,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                    qk[s_i][s_j] += attn_Q_tile[68*c + i - 64*i_blk] * attn_K_tile[68*c + j - 64*j_blk];
+                    qk[s_i][s_j] += attn_rows_Q_tile[68*c + i - 64*i_blk] * attn_rows_K_tile[68*c + j - 64*j_blk];
                 }
             }
         }
@@ -1979,7 +1979,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
         __syncthreads();
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
-                attn_V_tile[e5*(MAX_dh + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
+                attn_rows_V_tile[e5*(MAX_dh + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
         __syncthreads();
@@ -1995,7 +1995,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    O_reg[s_i][s_c] += t[s_i] * attn_V_tile[c + (MAX_dh + 4)*(j - 64*j_blk)];
+                    O_reg[s_i][s_c] += t[s_i] * attn_rows_V_tile[c + (MAX_dh + 4)*(j - 64*j_blk)];
                 }
             }
         }

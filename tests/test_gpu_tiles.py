@@ -35,8 +35,8 @@ def test_the_flash_forward_on_cuda_is_a_block_per_row_tile_of_a_head():
                        ("thread.x", "c", 16, 4)}
     # Q, K, V tiles and the score block in shared memory, V over K's; no scratch in global
     # memory, and O only written, once, at the end (its tile in registers)
-    assert {b.name: b.over for b in onf.shared} == {"Q_tile": "", "K_tile": "",
-                                                   "V_tile": "K_tile", "probs": ""}
+    assert {b.name: b.over for b in onf.shared} == {"rows_Q_tile": "", "rows_K_tile": "",
+                                                   "rows_V_tile": "rows_K_tile", "probs": ""}
     assert onf.temps == ()
     o_reads = [s for s in walk(_rows(onf).body) if getattr(s, "array", None) == "O"]
     assert len(o_reads) == 1
@@ -115,7 +115,8 @@ def test_the_tiled_kernel_passes_the_race_check():
 
 # after the key block's K copy (its reads of K); before V's copy over K's memory (the scores'
 # reads of K); after it (the weighted sum's reads of V and of the other threads' scores)
-@pytest.mark.parametrize("which, array", [(3, "K_tile"), (4, "(K|V)_tile"), (5, "(V_tile|probs)")])
+@pytest.mark.parametrize("which, array", [(3, "rows_K_tile"), (4, "rows_(K|V)_tile"),
+                                          (5, "(rows_V_tile|probs)")])
 def test_each_derived_barrier_is_needed(which, array):
     source = emit(KERNEL, VARIANT, "cuda-emulated")
     start, end = _float64_kernel(source)

@@ -28,6 +28,7 @@ from moagen.moa.expr import array, psi
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import substitute
 from moagen.moa.spec import KernelSpec
+from moagen.onf.names import loop_role
 from moagen.steps.algebra.causalrows import CausalRows
 from moagen.steps.algebra.keyblocks import KeyBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
@@ -221,6 +222,9 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32):
 
     delta: a GPU thread per query row."""
     threads = KEY_BLOCK // lanes
+    key_blocks, query_blocks = loop_role("j", "blk"), loop_role("i", "blk")
+    k_scores = Stage("K", at=key_blocks, by="j", nest="dQ")
+    v_dq = Stage("V", at=key_blocks, nest="dQ")
     dq = (BlockTiles(QUERY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="dQ"),
           ThreadTiles("i", rows, "y", nest="dQ"),
           ThreadTiles("j", lanes, "x", nest="dQ"),
@@ -229,23 +233,23 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32):
           RegisterScratch("qk_block", nest="dQ"), RegisterScratch("dov_block", nest="dQ"),
           Stage("Q", at="i", nest="dQ"), Stage("dO", at="i", nest="dQ"),
           Stage("lse", at="i", nest="dQ"), Stage("delta", at="i", nest="dQ"),
-          Stage("K", at="j_blk", by="j", nest="dQ"), Stage("V", at="j_blk", nest="dQ"),
-          SharedScratch("t_block", fastest="i", over="K_tile", nest="dQ"),
-          Stage("K", at="j_blk", by="c", over="V_tile", nest="dQ"))
+          k_scores, v_dq,
+          SharedScratch("t_block", fastest="i", over=k_scores.tile, nest="dQ"),
+          Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest="dQ"))
+    k_keys, v_keys = (Stage(a, at=query_blocks, nest="keys") for a in ("K", "V"))
+    q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest="keys") for a in ("Q", "dO"))
     keys = (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="keys"),
             ThreadTiles("j", rows, "y", nest="keys"),
             ThreadTiles("i", lanes, "x", nest="keys"),
             ThreadTiles("c", lanes, "x", threads=threads, nest="keys"),
             RegisterTile("dK", nest="keys"), RegisterTile("dV", nest="keys"),
             RegisterScratch("qk_block2", nest="keys"), RegisterScratch("dov_block2", nest="keys"),
-            Stage("K", at="i_blk", nest="keys"), Stage("V", at="i_blk", nest="keys"),
-            Stage("Q", at="i_blk", by="i", nest="keys"),
-            Stage("dO", at="i_blk", by="i", nest="keys"),
-            Stage("lse", at="i_blk", nest="keys"), Stage("delta", at="i_blk", nest="keys"),
-            SharedScratch("t2_block", fastest="j", over="K_tile3", nest="keys"),
-            SharedScratch("t3_block", fastest="j", over="V_tile2", nest="keys"),
-            Stage("Q", at="i_blk", by="c", over="Q_tile2", nest="keys"),
-            Stage("dO", at="i_blk", by="c", over="dO_tile2", nest="keys"))
+            k_keys, v_keys, q_scores, do_scores,
+            Stage("lse", at=query_blocks, nest="keys"), Stage("delta", at=query_blocks, nest="keys"),
+            SharedScratch("t2_block", fastest="j", over=k_keys.tile, nest="keys"),
+            SharedScratch("t3_block", fastest="j", over=v_keys.tile, nest="keys"),
+            Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest="keys"),
+            Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest="keys"))
     return (GpuThreads(QUERY_ROWS, nest="delta"), *dq, *keys)
 
 

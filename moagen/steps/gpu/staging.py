@@ -150,8 +150,10 @@ class Stage(Step):
 
     @property
     def tile(self) -> str:
-        """The shared array it creates (what another Stage's `over` names)."""
-        return f"{self.array}_tile"
+        """The shared array it creates, named after the nest, the array and the axis it is
+        laid out for (what another step's `over` names): rows_K_tile, dQ_K_tile_by_c."""
+        nest = f"{self.nest.replace('.', '_')}_" if self.nest else ""
+        return f"{nest}{self.array}_tile" + (f"_by_{self.by}" if self.by else "")
 
     def __call__(self, onf: ONF) -> ONF:
         nest = self.nest_called(onf)
