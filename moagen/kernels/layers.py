@@ -25,8 +25,8 @@ def threads_per_tile(cpu_steps: Tuple, tiles: Mapping[str, Tuple[str, ...]]) -> 
     """A mapping for the CPU and the GPU targets: the GPU's derived from the CPU's
     (gpu_threads), except that each nest named in `tiles` runs a GPU thread per iteration
     of the loops it names (a register tile's every tile, where the CPU runs a thread per
-    column of tiles: too few threads to fill a GPU; docs/PERFORMANCE.md, "CUDA: a verified
-    reference, not yet fast")."""
+    column of tiles: too few threads to fill a GPU; docs/PERFORMANCE.md, "CUDA:
+    FlashAttention-2's form for attention, judged without a GPU")."""
     gpu = tuple(GpuThreads(tiles[step.nest], nest=step.nest) if step.nest in tiles else step
                 for step in gpu_threads(cpu_steps))
     return {"cpu": tuple(cpu_steps),
