@@ -271,11 +271,7 @@ class SharedScratch(Step):
     layer = "mapping"
 
     def __call__(self, onf: ONF) -> ONF:
-        if self.array not in {b.name for b in onf.temps}:
-            raise ScheduleError(f"{self}: {self.array} is not a scratch array of {onf.name}")
-        nest = self.nest_called(onf)
-        if any(self.array in _arrays(n) for n in onf.nests if n is not nest):
-            raise ScheduleError(f"{self}: other nests use {self.array}: it outlives a block")
+        nest = _scratch_nest(self, onf)
         accesses = list(_accesses(nest.body, self.array))
         grid = {lp.var for _, around in accesses for lp in around
                 if lp.gpu and lp.gpu.kind == "grid"}
@@ -405,22 +401,10 @@ class RegisterTile(Step):
                                     "those of its last are not all thread loops")
             tail = (b[m], chain)
 
-        def expr(e):
-            if isinstance(e, S.Access) and e.array == self.array:
-                return S.Local(local)
-            return S.map_children(e, expr)
-
         def stmt(s):
             if isinstance(s, Loop):
                 return replace(s, body=block(s.body))
-            value = expr(s.value)
-            if s is first:
-                return Let(local, value)
-            if s is last and tail is None:
-                return replace(s, value=value)
-            if isinstance(s, Store) and s.array == self.array:
-                return Update(local, s.accumulate or "=", value)
-            return replace(s, value=value)
+            return _to_local(s, self.array, local, first, last if tail is None else None)
 
         def block(stmts):
             out = []
@@ -454,11 +438,7 @@ class RegisterScratch(Step):
     layer = "mapping"
 
     def __call__(self, onf: ONF) -> ONF:
-        if self.array not in {b.name for b in onf.temps}:
-            raise ScheduleError(f"{self}: {self.array} is not a scratch array of {onf.name}")
-        nest = self.nest_called(onf)
-        if any(self.array in _arrays(n) for n in onf.nests if n is not nest):
-            raise ScheduleError(f"{self}: other nests use {self.array}: it outlives a block")
+        nest = _scratch_nest(self, onf)
         accesses = list(_accesses(nest.body, self.array))
         if not accesses or not isinstance(accesses[0][0], Store) or accesses[0][0].accumulate:
             raise ScheduleError(f"{self}: {self.array} is not written first by a plain store")
@@ -486,22 +466,40 @@ class RegisterScratch(Step):
         local = names.claim(names.new(f"{self.array}_reg"))
         first = accesses[0][0]
 
-        def expr(e):
-            if isinstance(e, S.Access) and e.array == self.array:
-                return S.Local(local)
-            return S.map_children(e, expr)
-
         def stmt(s):
             if isinstance(s, Loop):
                 return replace(s, body=tuple(stmt(b) for b in s.body))
-            value = expr(s.value)
-            if s is first:
-                return Let(local, value)
-            if isinstance(s, Store) and s.array == self.array:
-                return Update(local, s.accumulate or "=", value)
-            return replace(s, value=value)
+            return _to_local(s, self.array, local, first)
 
         body = tuple(stmt(s) for s in nest.body)
         temps = tuple(b for b in onf.temps if b.name != self.array)
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
         return replace(onf.with_nests(nests, str(self)), temps=temps)
+
+
+def _scratch_nest(step, onf):
+    """The nest of a step placing a scratch array a block's own: the array one of the
+    kernel's scratch arrays, used by that nest alone."""
+    if step.array not in {b.name for b in onf.temps}:
+        raise ScheduleError(f"{step}: {step.array} is not a scratch array of {onf.name}")
+    nest = step.nest_called(onf)
+    if any(step.array in _arrays(n) for n in onf.nests if n is not nest):
+        raise ScheduleError(f"{step}: other nests use {step.array}: it outlives a block")
+    return nest
+
+
+def _to_local(s, array, local, first, kept=None):
+    """Statement s with array's elements as the local: its reads, `first` (a store) the
+    local's definition, its other stores updates of it; `kept`, a store, stays a store (of
+    what the local holds then)."""
+    def expr(e):
+        if isinstance(e, S.Access) and e.array == array:
+            return S.Local(local)
+        return S.map_children(e, expr)
+
+    value = expr(s.value)
+    if s is first:
+        return Let(local, value)
+    if s is not kept and isinstance(s, Store) and s.array == array:
+        return Update(local, s.accumulate or "=", value)
+    return replace(s, value=value)
