@@ -63,7 +63,7 @@ extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
 #endif
 
 /* rows: writes rows_Q_tile, rows_K_tile, probs, rows_V_tile, O, lse; reads Q, K, V
- * for b / h / i_blk / i / e, c (simd), j_blk / e2 (simd), e3, j, j (simd), c, e5 / e4
+ * for b / h / i_blk / i / e, c (simd), j_blk, c / e2 (simd), e3, j, j (simd), c, e5 / e4
  *     (simd), c (simd), e6 (simd)
  */
 template <int MAX_d>
@@ -269,7 +269,16 @@ __global__ void attention_fwd_flash_f64_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < d) O[c + d*(i + n*(b*heads + h))] = O_reg[s_i][s_c] / row_sum[s_i];
+            O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
+        }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < d) O[c + d*(i + n*(b*heads + h))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll
@@ -319,7 +328,7 @@ else if (d <= 128) {
 }
 
 /* rows: writes rows_Q_tile, rows_K_tile, probs, rows_V_tile, O, lse; reads Q, K, V
- * for b / h / i_blk / i / e, c (simd), j_blk / e2 (simd), e3, j, j (simd), c, e5 / e4
+ * for b / h / i_blk / i / e, c (simd), j_blk, c / e2 (simd), e3, j, j (simd), c, e5 / e4
  *     (simd), c (simd), e6 (simd)
  */
 template <int MAX_d>
@@ -525,7 +534,16 @@ __global__ void attention_fwd_flash_f32_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < d) O[c + d*(i + n*(b*heads + h))] = O_reg[s_i][s_c] / row_sum[s_i];
+            O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
+        }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < d) O[c + d*(i + n*(b*heads + h))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll

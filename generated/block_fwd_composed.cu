@@ -451,7 +451,7 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
 }
 
 /* attn.rows: writes attn_rows_Q_tile, attn_rows_K_tile, attn_probs, attn_rows_V_tile, attn, lse; reads Q, K, V
- * for b / h / i_blk / i / e, c (simd), j_blk / e2 (simd), e3, j, j (simd), c, e5 / e4
+ * for b / h / i_blk / i / e, c (simd), j_blk, c / e2 (simd), e3, j, j (simd), c, e5 / e4
  *     (simd), c (simd), e6 (simd)
  */
 template <int MAX_dh>
@@ -657,7 +657,16 @@ __global__ void block_fwd_composed_f64_attn_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < dh) attn[c + dh*(i + n*(b*heads + h))] = O_reg[s_i][s_c] / row_sum[s_i];
+            O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
+        }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < dh) attn[c + dh*(i + n*(b*heads + h))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll
@@ -1805,7 +1814,7 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
 }
 
 /* attn.rows: writes attn_rows_Q_tile, attn_rows_K_tile, attn_probs, attn_rows_V_tile, attn, lse; reads Q, K, V
- * for b / h / i_blk / i / e, c (simd), j_blk / e2 (simd), e3, j, j (simd), c, e5 / e4
+ * for b / h / i_blk / i / e, c (simd), j_blk, c / e2 (simd), e3, j, j (simd), c, e5 / e4
  *     (simd), c (simd), e6 (simd)
  */
 template <int MAX_dh>
@@ -2011,7 +2020,16 @@ __global__ void block_fwd_composed_f32_attn_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < dh) attn[c + dh*(i + n*(b*heads + h))] = O_reg[s_i][s_c] / row_sum[s_i];
+            O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
+        }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < dh) attn[c + dh*(i + n*(b*heads + h))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll

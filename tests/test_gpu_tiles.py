@@ -60,7 +60,7 @@ def _flash(dtype):
 @pytest.mark.parametrize("step, message", [
     (ThreadTiles("i", 4, "z", nest="rows"), "axis is x or y"),
     (ThreadTiles("i", 4, "y", nest="rows"), "no grid"),
-    (Stage("O", at="j_blk", nest="rows"), "O is not an input of attention_fwd"),
+    (Stage("O", at="j_blk", nest="rows"), "O is not an input of attention_fwd or an array"),
     (SharedScratch("Q", fastest="i", nest="rows"), "not a scratch array"),
     (RegisterTile("Q", nest="rows"), "not an output"),
 ])

@@ -197,6 +197,13 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
         # for all the key rows (dQ's part is indexed by the query rows: it stays as it is)
         summed = tiled("i", keys)
         schedule += (Distribute(summed, nest="keys"), ColumnTiles("keys", summed, "c", lanes))
+    if forward and not (parts or lanes or causal or loops != Rows()):
+        # the fused kernel on a GPU: the flash forward's blocks (delta with O, from its
+        # registers), then the backward's two passes
+        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
+                      {"cpu": (*mapping, *extra),
+                       "cuda": attention.gpu_flash("forward", 4, 4, block)
+                               + gpu_flash_bwd(scratch=FWDBWD_SCRATCH)[1:]})
     if not (forward or parts or lanes or causal or loops != Rows()):
         # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
         # schedule and mapping as they are (OpenACC's too)
@@ -205,7 +212,13 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
 
-def gpu_flash_bwd(rows=4, lanes=4, block=32):
+# the block scratch KeyBlocks makes in the backward's dQ and keys passes: its names there
+BWD_SCRATCH = {"dS": "t_block", "P2": "t2_block", "dS2": "t3_block"}
+# ... and in the fused kernel's, after the forward's pass took a name of its own
+FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block"}
+
+
+def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH):
     """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
     per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
     tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
@@ -234,7 +247,7 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32):
           Stage("Q", at="i", nest="dQ"), Stage("dO", at="i", nest="dQ"),
           Stage("lse", at="i", nest="dQ"), Stage("delta", at="i", nest="dQ"),
           k_scores, v_dq,
-          SharedScratch("t_block", fastest="i", over=k_scores.tile, nest="dQ"),
+          SharedScratch(scratch["dS"], fastest="i", over=k_scores.tile, nest="dQ"),
           Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest="dQ"))
     k_keys, v_keys = (Stage(a, at=query_blocks, nest="keys") for a in ("K", "V"))
     q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest="keys") for a in ("Q", "dO"))
@@ -246,8 +259,8 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32):
             RegisterScratch("qk_block2", nest="keys"), RegisterScratch("dov_block2", nest="keys"),
             k_keys, v_keys, q_scores, do_scores,
             Stage("lse", at=query_blocks, nest="keys"), Stage("delta", at=query_blocks, nest="keys"),
-            SharedScratch("t2_block", fastest="j", over=k_keys.tile, nest="keys"),
-            SharedScratch("t3_block", fastest="j", over=v_keys.tile, nest="keys"),
+            SharedScratch(scratch["P2"], fastest="j", over=k_keys.tile, nest="keys"),
+            SharedScratch(scratch["dS2"], fastest="j", over=v_keys.tile, nest="keys"),
             Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest="keys"),
             Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest="keys"))
     return (GpuThreads(QUERY_ROWS, nest="delta"), *dq, *keys)

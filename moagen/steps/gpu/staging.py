@@ -157,13 +157,13 @@ class Stage(Step):
 
     def __call__(self, onf: ONF) -> ONF:
         nest = self.nest_called(onf)
-        # an input, or a scratch array an earlier nest wrote (delta, by a kernel of its own)
+        # an input, or an array an earlier nest wrote (delta, lse: a kernel launched before)
         readable = ({b.name for b in onf.inputs} - set(onf.inout)) | \
-            {b.name for b in onf.temps}
+            {b.name for b in onf.temps + onf.outputs}
         if self.array not in readable or any(
                 isinstance(a, Store) for a, _ in _accesses(nest.body, self.array)):
-            raise ScheduleError(f"{self}: {self.array} is not an input of {onf.name} or a "
-                                "scratch array, read only in the nest")
+            raise ScheduleError(f"{self}: {self.array} is not an input of {onf.name} or an "
+                                "array an earlier nest wrote, read only in this one")
         names = kernel_names(onf)
         shared = list(onf.shared)
 
@@ -404,12 +404,14 @@ class RegisterTile(Step):
         def stmt(s):
             if isinstance(s, Loop):
                 return replace(s, body=block(s.body))
-            return _to_local(s, self.array, local, first, last if tail is None else None)
+            return _to_local(s, self.array, local, first)
 
         def block(stmts):
             out = []
             for s in stmts:
                 out.append(stmt(s))
+                if s is last and tail is None:  # the local keeps what is stored: read after
+                    out.append(Store(self.array, last.index, S.Local(local)))
                 if tail is not None and s is tail[0]:
                     body = (Store(self.array, first.index, S.Local(local)),)
                     for lp in reversed(tail[1]):
