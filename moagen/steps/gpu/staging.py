@@ -8,8 +8,8 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Buffer, GpuMark, bound_symbol, Let, Loop, ONF, Store, Update, map_stmt_exprs,
-                              walk)
+from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, arrays_read,
+                              bound_symbol, map_stmt_exprs, rewrite_loops, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.blocks import max_extent
 from moagen.steps.step import Step, option, shown
@@ -201,7 +201,8 @@ class Stage(Step):
                                 _accesses((s,), self.array))) if self.over else 0
             return replace(loop, body=body[:first] + (copy,) + body[first:])
 
-        body, count = _rewrite(nest.body, lambda lp: lp.var.name == self.at, stage)
+        body, count = rewrite_loops(nest.body, lambda lp: lp.var.name == self.at,
+                                    lambda lp, scope: (stage(lp),))
         if not count:
             raise ScheduleError(f"{self}: nest {nest.label} has no loop over {self.at}")
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
@@ -238,21 +239,6 @@ def grid_bounds(nest):
     return next((lp.gpu.bounds for lp in walk(nest.body)
                  if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid" and lp.gpu.bounds),
                 ())
-
-
-def _rewrite(stmts, selects, fn):
-    out, count = [], 0
-    for s in stmts:
-        if isinstance(s, Loop) and selects(s):
-            out.append(fn(s))
-            count += 1
-        elif isinstance(s, Loop):
-            body, n = _rewrite(s.body, selects, fn)
-            out.append(replace(s, body=body))
-            count += n
-        else:
-            out.append(s)
-    return tuple(out), count
 
 
 @dataclass(frozen=True)
@@ -311,16 +297,8 @@ class SharedScratch(Step):
 
 
 def _arrays(nest):
-    return {a.array for a, _ in _all_accesses(nest.body)}
-
-
-def _all_accesses(stmts):
-    for s in walk(stmts):
-        if isinstance(s, Store):
-            yield S.Access(s.array, s.index), ()
-        for x in (S.subexpressions(s.value) if hasattr(s, "value") else ()):
-            if isinstance(x, S.Access):
-                yield x, ()
+    """The arrays the nest reads or writes."""
+    return arrays_read(nest.body) | {s.array for s in walk(nest.body) if isinstance(s, Store)}
 
 
 def _span(e, scope):

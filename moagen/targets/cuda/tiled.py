@@ -22,6 +22,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, bound_symbol, walk
 from moagen.steps.gpu.blocks import max_extent
+from moagen.targets.printer import arrays_in
 
 AXES = "xyz"
 
@@ -66,7 +67,7 @@ class TiledKernel:
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
         self.pending = []  # shared accesses since the last barrier: (array, write, owner)
-        self.shared = [b for b in printer.onf.shared if b.name in _arrays(self.body)]
+        self.shared = [b for b in printer.onf.shared if b.name in arrays_in(self.body)]
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -78,24 +79,19 @@ class TiledKernel:
         _, shared = self.shared_layout()
         if not self.bounds:
             return [(sympy.true, "", shared)]
+        if len(self.bounds) > 1:
+            raise ScheduleError(f"nest {self.nest.label}: bounds for one size only, not "
+                                f"{', '.join(self.bounds)}")
         (name, values), = self.bounds.items()
         size = next(s for s in self.p.onf.sizes if s.name == name)
         return [(sympy.Le(size, v), f"<{v}>", shared.xreplace({bound_symbol(name): v}))
                 for v in values]
 
     def specializations(self):
-        """(the launch's condition, the template arguments, its shared bytes) per compiled
-        bound."""
-        _, shared = self.shared_layout()
-        if not self.bounds:
-            return [("", "", self.p.index(shared))]
-        if len(self.bounds) > 1:
-            raise ScheduleError(f"nest {self.nest.label}: bounds for one size only, not "
-                                f"{', '.join(self.bounds)}")
-        (name, values), = self.bounds.items()
-        at = lambda v: {bound_symbol(name): v}
-        return [(f"{name} <= {v}", f"<{v}>", self.p.index(shared.xreplace(at(v))))
-                for v in values]
+        """instances() as the launcher's text: condition ("" for none), template
+        arguments, shared bytes."""
+        return [("" if condition is sympy.true else self.p.index(condition), arguments,
+                 self.p.index(shared)) for condition, arguments, shared in self.instances()]
 
     def grid_dims(self):
         dims = [lp.stop - lp.start for lp in reversed(self.grid)]
@@ -264,7 +260,7 @@ class TiledKernel:
         (its value outside the ranges is never used)."""
         own = isinstance(s, (Let, Update)) and \
             set(map(_key, self.locals.get(s.name, ()))) >= set(map(_key, self.ctx)) and \
-            not (_arrays((s,)) - {b.name for b in self.shared})
+            not (set(arrays_in((s,))) - {b.name for b in self.shared})
         if own:  # the shared tiles hold every slot (Stage lays them out to the bounds)
             return ""
         conds = [f"{lp.var} < {self.p.index(lp.stop)}" for lp in self.ctx if not self.exact(lp)]
@@ -292,14 +288,11 @@ class TiledKernel:
                    and _key(loop) not in set(map(_key, self.locals[s.name]))}
         lines = []
         for name, op in updates.items():
-            shuffle = Update(name, op, S.Local(f"__shfl_xor_sync(0xffffffffu, {self.local_text(name)}, o)"))
+            shuffle = Update(name, op, S.Local(f"__shfl_xor_sync(0xffffffffu, {self.local(name)}, o)"))
             body = self.leaf_lines(shuffle, depth + 1)
             lines += [f"{self.p.indent * depth}for (int o = {loop.gpu.threads // 2}; o > 0; o /= 2) {{",
                       *body, self.p.indent * depth + "}"]
         return lines
-
-    def local_text(self, name):
-        return self.local(name)
 
     def leaf_lines(self, s, depth):
         """s unrolled over the thread loops its local is defined in (all threads run it)."""
@@ -398,13 +391,3 @@ def _definitions(stmts, around=()):
         elif isinstance(s, Let):
             yield s, around
 
-
-def _arrays(stmts):
-    out = set()
-    for s in walk(stmts):
-        if isinstance(s, Store):
-            out.add(s.array)
-        for x in (S.subexpressions(s.value) if hasattr(s, "value") else ()):
-            if isinstance(x, (S.Load, S.Access)):
-                out.add(x.array)
-    return out
