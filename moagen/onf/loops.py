@@ -252,6 +252,19 @@ def rewrite_loops(stmts, selects, rewrite, scope=frozenset()):
     return tuple(out), count
 
 
+def ancestors(stmts, target, around=()):
+    """The loops around statement `target` (by identity) within stmts, outermost first, or
+    None."""
+    for s in stmts:
+        if s is target:
+            return around
+        if isinstance(s, Loop):
+            found = ancestors(s.body, target, around + (s,))
+            if found is not None:
+                return found
+    return None
+
+
 def walk(stmts):
     """Every statement, depth first, loops before their bodies."""
     for s in stmts:

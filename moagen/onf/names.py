@@ -60,6 +60,11 @@ def nest_role(label: str, role: str) -> str:
     return f"{label}.{role}"
 
 
+def folded_loop(vars) -> str:
+    """The loop a step folds the loops over vars into: g, r -> g_r (a query head)."""
+    return "_".join(vars)
+
+
 # The one exception to loop_role: a loop cut into groups and their members (SplitLoop,
 # h = inner g + r) becomes loops g and r, whatever it was called: the letters the
 # grouped-query specs give a KV head and a query head of its group.

@@ -28,6 +28,11 @@ its slow path for a lane of -inf). The values are the same, bit for bit in the O
 arithmetic (a compiler contracting the vectorized tile's multiply-adds otherwise than the
 scalar ones may round the scores differently, within an ulp or so).
 
+On a GPU (rows="i") the tile is a thread block's rows, the range of the loop over i around
+the loop over blocks (BlockTiles'): every thread of the block walks the same key blocks, so
+the loops' bounds are the block's, not a thread's row's, and every thread reaches each
+barrier inside; the diagonal blocks select by value as above.
+
 Checked: the loop over blocks holds the online softmax's block max (a max accumulated over
 the block's scores), and every score it stores is masked as `r >= j` with r free of the
 keys; the blocks are B keys from B * j_blk; in a diagonal block every read of a masked
@@ -39,9 +44,11 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import idiv
-from moagen.onf.loops import Loop, Store, Update, map_stmt_exprs, rewrite_loops, walk
-from moagen.steps.step import NotApplicable, Step, hidden
+from moagen.moa.expr import divides, idiv
+from moagen.onf.loops import (Loop, Store, Update, ancestors, map_stmt_exprs, rewrite_loops,
+                              walk)
+from moagen.steps.gpu.blocks import max_extent
+from moagen.steps.step import NotApplicable, Step, hidden, option
 
 
 @dataclass(frozen=True)
@@ -49,21 +56,27 @@ class CausalBlocks(Step):
     nest: str
     blocks: str = "j_blk"
     keys: str = hidden("j")
+    rows: str = option("rows of the loop over {rows}", "")
+
+    @property
+    def layer(self):
+        # a thread block's rows exist once the mapping has made the blocks
+        return "mapping" if self.rows else "schedule"
 
     def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.blocks,
-                                    self._split)
+                                    lambda blocks, _: self._split(blocks, nest.body))
         if not count:
             raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.blocks}")
         return body
 
-    def _split(self, blocks, scope):
-        first, last = self._bounds(blocks)
+    def _split(self, blocks, within):
+        first, last = self._bounds(blocks, within)
         return [replace(blocks, stop=first, body=tuple(_unmasked(blocks.body))),
                 replace(blocks, start=first, stop=last,
                         body=_masked_where_read(blocks.body, {}, self))]
 
-    def _bounds(self, blocks: Loop):
+    def _bounds(self, blocks: Loop, within):
         """(the first block some row of the tile does not see whole, (min_r + 1) // B; the
         block after the last any row sees, max_r // B + 1), within the loop's range."""
         keys = [s for s in walk(blocks.body) if isinstance(s, Loop) and s.var.name == self.keys]
@@ -83,9 +96,23 @@ class CausalBlocks(Step):
         if not rows:
             raise ScheduleError(f"{self}: no score in the loop over {self.blocks} is masked: "
                                 "nothing to skip")
+        low, high = self._range(rows, blocks, within)
         # rows are query rows, below n: (min_r + 1) // B <= the block count and <= max_r // B + 1
-        return (idiv(sympy.Min(*rows) + 1, size),
-                sympy.Min(blocks.stop, idiv(sympy.Max(*rows), size) + 1))
+        return quotient(low + 1, size), sympy.Min(blocks.stop, quotient(high, size) + 1)
+
+    def _range(self, rows, blocks, within):
+        """(the least, the most row): of the rows themselves, or (rows=) of the range of the
+        loop over `rows` around the loop over blocks, each row increasing with its variable."""
+        if not self.rows:
+            return sympy.Min(*rows), sympy.Max(*rows)
+        loop = next((lp for lp in ancestors(within, blocks) if lp.var.name == self.rows), None)
+        if loop is None or any(sympy.diff(r, loop.var).is_positive is not True for r in rows):
+            raise ScheduleError(f"{self}: the masked rows are not those of a loop over "
+                                f"{self.rows} around the loop over {self.blocks}")
+        # the last row of a full block: a block past the size's last row is past the loop
+        last = loop.start + max_extent(loop) - 1 if max_extent(loop) else loop.stop - 1
+        return (sympy.Min(*(r.xreplace({loop.var: loop.start}) for r in rows)),
+                sympy.Max(*(r.xreplace({loop.var: last}) for r in rows)))
 
     def _row(self, select, key):
         """r of a score masked as `r >= key ? s : -inf`."""
@@ -97,6 +124,14 @@ class CausalBlocks(Step):
 
 
 MASKED = S.Num(float("-inf"))  # a masked score's value
+
+
+def quotient(a, b):
+    """idiv(a, b), the terms of a that are whole multiples of b taken out of the division
+    (64*i_blk + 63 by 64: i_blk; a's symbols are integers)."""
+    terms = sympy.Add.make_args(sympy.expand(a))
+    whole = [t for t in terms if t.free_symbols and divides(b, t)]
+    return sympy.Add(*whole) / b + idiv(sympy.Add(*(t for t in terms if t not in whole)), b)
 
 
 def mask_sides(cond):

@@ -7,8 +7,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, simplified
-from moagen.onf.loops import GpuMark, Let, Loop, Store, Update, names_read, perfect_chain, walk
-from moagen.onf.names import claim_loop, loop_role
+from moagen.onf.loops import (GpuMark, Let, Loop, Store, Update, names_read, perfect_chain,
+                              subs_stmts, walk)
+from moagen.onf.names import claim_loop, folded_loop, loop_role
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.step import NotApplicable, Step, hidden, option, shown
 
@@ -25,7 +26,10 @@ class BlockTiles(Step):
     (vars[:-1], tiles), the rows of a tile a loop inside, [rows * t, min(stop, rows * t +
     rows)), for ThreadTiles to give the block's threads. `bounds`: sizes the kernel is
     compiled for at several bounds ((d, (64, 128, 256)): d <= 64, <= 128, <= 256), so that a
-    loop over them has a compile-time count of iterations a thread (its register tile)."""
+    loop over them has a compile-time count of iterations a thread (its register tile).
+    A CUDA grid has 3 axes: where there are more loops, those between the first and the
+    last fold into one grid loop over the product of their extents (each variable its
+    quotient and remainder: g_r over kv_heads * group, g = g_r / group)."""
     vars: Tuple[str, ...]
     rows: int = shown("{rows} rows a block")
     bounds: Tuple[Tuple[str, Tuple[int, ...]], ...] = hidden(())
@@ -47,11 +51,32 @@ class BlockTiles(Step):
                           self)
         rows = replace(last, start=self.rows * tile,
                        stop=sympy.Min(last.stop, self.rows * tile + self.rows))
+        outer, rows = self._fold(chain[:-1], rows, names)
         body = (Loop(tile, sympy.Integer(0), idiv(last.stop + self.rows - 1, self.rows), (rows,),
                      gpu=GpuMark("grid", bounds=tuple(self.bounds))),)
-        for lp in reversed(chain[:-1]):
+        for lp in reversed(outer):
             body = (replace(lp, body=body, gpu=GpuMark("grid")),)
         return body
+
+    def _fold(self, outer, rows, names):
+        """(the grid loops outside the row tiles, at most 2: those past the first folded
+        into one where there are more; the loop over rows with their variables recovered
+        from the folded one's)."""
+        if len(outer) <= 2:
+            return outer, rows
+        folded = outer[1:]
+        if any(lp.start != 0 for lp in folded):
+            raise ScheduleError(f"{self}: {len(outer) + 1} grid loops for a CUDA grid's 3 axes, "
+                                f"and the loops over {', '.join(lp.var.name for lp in folded)} "
+                                "do not all start at 0: they cannot be folded into one")
+        flat = claim_loop(names, folded_loop([lp.var.name for lp in folded]),
+                          {lp.var.name for lp in outer} | {rows.var.name}, self)
+        at, inside = {}, sympy.Integer(1)  # inside: the iterations of the folded loops within
+        for k, lp in reversed(list(enumerate(folded))):
+            quotient = idiv(flat, inside)
+            at[lp.var] = quotient if k == 0 else quotient - lp.stop * idiv(flat, inside * lp.stop)
+            inside *= lp.stop
+        return (outer[0], Loop(flat, sympy.Integer(0), inside, ())), subs_stmts((rows,), at)[0]
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, arrays_read,
-                              bound_symbol, map_stmt_exprs, rewrite_loops, walk)
+from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, ancestors,
+                              arrays_read, bound_symbol, map_stmt_exprs, rewrite_loops, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.blocks import max_extent
 from moagen.steps.step import Step, option, shown
@@ -131,7 +131,9 @@ class Stage(Step):
     is (the same in every read), laid out with the axis a thread's register tile walks
     last and padded by PAD. The copy does not depend on the loop's variable (the whole
     tile, whichever iteration): the threads of the block, all at one iteration, copy it
-    once. The printer puts the barriers after the copy and before the next one.
+    once. The printer puts the barriers after the copy and before the next one. Several
+    loops over `at` one after another (a causal kernel's unmasked then diagonal key
+    blocks) share one tile, each copying it, where their tiles have one shape.
 
     over: the tile placed over another shared tile's memory (a block's K tile, once its
     scores are taken), its copy just before the first statement of the loop's body that
@@ -171,10 +173,12 @@ class Stage(Step):
             return not self.by or any(lp.var.name == self.by and lp.gpu is not None
                                       and lp.gpu.kind.startswith("thread.") for lp in around)
 
+        tiles = []  # (the tile's order, its shape) in each loop over `at`
+
         def stage(loop):
             # the loops around it inside the grid too: a block's key rows, where a query
             # block's loop stages their K tile
-            outer = tuple(lp for lp in _ancestors(nest.body, loop) if not (
+            outer = tuple(lp for lp in ancestors(nest.body, loop) if not (
                 lp.gpu and lp.gpu.kind == "grid"))
             accesses = [(a, around) for a, around in
                         _accesses(loop.body, self.array, outer + (loop,)) if serves(around)]
@@ -186,12 +190,17 @@ class Stage(Step):
             region = _region(self, self.array, accesses, inside)
             fastest = _fastest(region, accesses)
             order, shape = _tile_layout(region, fastest, grid_bounds(nest))
-            if self.tile in names.reserved:
-                raise ScheduleError(f"{self}: the name {self.tile} is taken")
-            name = names.claim(self.tile)
-            if self.over and self.over not in {b.name for b in shared}:
-                raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
-            shared.append(Buffer(name, shape, over=self.over))
+            name = self.tile
+            if not tiles:  # the first loop over `at` makes the tile, the others reuse it
+                if name in names.reserved:
+                    raise ScheduleError(f"{self}: the name {name} is taken")
+                if self.over and self.over not in {b.name for b in shared}:
+                    raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
+                shared.append(Buffer(names.claim(name), shape, over=self.over))
+            elif tiles[0] != (order, shape):
+                raise ScheduleError(f"{self}: the loops over {self.at} read tiles of "
+                                    f"{self.array} of two shapes")
+            tiles.append((order, shape))
             copy = _copy(name, self.array, region, order, names)
             moved = lambda a: S.Access(name, tuple(
                 sympy.sympify(a.index[p]) - region.loops[p].start for p in order))
@@ -269,7 +278,7 @@ class SharedScratch(Step):
             scope = {lp.var: lp for lp in around}
             for p, e in enumerate(access.index):
                 e = sympy.sympify(e)
-                if e in grid:
+                if _of_block(e, scope, grid):
                     continue
                 span = _span(e, scope)
                 if span is None or (spans[p] is not None and spans[p] != span):
@@ -296,6 +305,14 @@ class SharedScratch(Step):
                        shared=onf.shared + (Buffer(self.array, shape, over=self.over),))
 
 
+def _of_block(e, scope, grid) -> bool:
+    """Whether index e is the same for the whole thread block: of the loops around (scope),
+    it depends on grid loops only (a grid loop's variable, or a folded one's part: g_r /
+    group)."""
+    loops = e.free_symbols & set(scope)
+    return bool(loops) and loops <= grid
+
+
 def _arrays(nest):
     """The arrays the nest reads or writes."""
     return arrays_read(nest.body) | {s.array for s in walk(nest.body) if isinstance(s, Store)}
@@ -319,24 +336,13 @@ def _local_index(e, span):
     return sympy.expand(e - span[1])
 
 
-def _ancestors(stmts, target, around=()):
-    """The loops around statement `target` (by identity) within stmts, or None."""
-    for s in stmts:
-        if s is target:
-            return around
-        if isinstance(s, Loop):
-            found = _ancestors(s.body, target, around + (s,))
-            if found is not None:
-                return found
-    return None
-
-
 @dataclass(frozen=True)
 class RegisterTile(Step):
     """An output's elements in the registers of the thread that owns them, from its first
     write to its last: every access inside the thread loops whose variables index it (the
-    same loops in every access), the other positions indexed by grid loops. The first write
-    becomes a local per iteration of those thread loops (a thread's tile), the accesses
+    same loops in every access), the other positions indexed by grid loops (or parts of a
+    folded one). The first write becomes a local per iteration of those thread loops (a
+    thread's tile), the accesses
     until the last write that local, the last write a store of it. Where the last write
     adds into it (dQ += dS K over every block of keys), it is an addition into the local
     too, and the store of the local follows the outermost loop around it that is not
@@ -356,9 +362,10 @@ class RegisterTile(Step):
                                 "and then again")
         for access, around in accesses:
             scope = {lp.var: lp for lp in around}
-            for e in access.index:
-                lp = scope.get(sympy.sympify(e))
-                if lp is None or lp.gpu is None:
+            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"}
+            for e in map(sympy.sympify, access.index):
+                lp = scope.get(e)
+                if (lp is None or lp.gpu is None) and not _of_block(e, scope, grid):
                     raise ScheduleError(f"{self}: {self.array}[{', '.join(map(str, access.index))}]"
                                         f": {e} is no grid or thread loop's variable")
         names = kernel_names(onf)
@@ -366,7 +373,7 @@ class RegisterTile(Step):
         first, last = stores[0], stores[-1]
         tail = None  # (the statement the store of the local follows, that store's loops)
         if last.accumulate is not None:
-            a, b = _ancestors(nest.body, first), _ancestors(nest.body, last)
+            a, b = ancestors(nest.body, first), ancestors(nest.body, last)
             m = 0
             while m < min(len(a), len(b)) and a[m] is b[m]:
                 m += 1
