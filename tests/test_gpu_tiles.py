@@ -1,16 +1,22 @@
 """The CUDA mapping steps of tiled kernels (moagen.steps.gpu) and their printer
 (moagen.targets.cuda.tiled), on attention_fwd's flash variant in FlashAttention-2's form:
 what the steps make of the ONF, what they refuse, the barriers the printer derives (each
-one needed: the race check fails the kernel without it) and the bound on the head dim."""
+one needed: the race check fails the kernel without it) and the bound on the head dim;
+the causal twin's key blocks past a block's rows skipped, and grouped-query attention's
+query heads folded into one grid axis."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from moagen import reference
 from moagen.emit import emit
 from moagen.errors import ScheduleError
-from moagen.onf.loops import Loop, walk
+from moagen.moa import scalar as S
+from moagen.onf.loops import Loop, perfect_chain, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
+from moagen.steps.algebra.causal import mask_sides
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.targets.cuda import emulated
@@ -79,6 +85,49 @@ def test_lanes_that_share_a_row_are_a_power_of_two_within_a_warp():
 def test_block_tiles_take_the_parallel_loops_legality():
     with pytest.raises(ScheduleError, match=r"block_tiles\(b, h, c, .*does not start with"):
         BlockTiles(("b", "h", "c"), rows=64, nest="rows")(_flash("float64"))
+
+
+def test_the_causal_flash_on_cuda_skips_the_key_blocks_past_a_block_of_rows():
+    onf = onf_of("attention_fwd_causal", VARIANT, target="cuda", dtype="float64")
+    loops = [s for s in walk(_rows(onf).body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in loops if lp.gpu and lp.gpu.kind == "grid"] == ["b", "h", "i_blk"]
+    # the unmasked key blocks, then the diagonal ones up to the block's last row (64 i_blk +
+    # 63): bounds of the block, not of a thread's row, so every thread meets every barrier
+    unmasked, diagonal = [lp for lp in loops if lp.var.name == "j_blk"]
+    assert str(unmasked.stop) == str(diagonal.start) == "i_blk"
+    assert str(diagonal.stop) == "Min(i_blk + 1, idiv(n + 63, 64))"
+    # both stage their K and V tiles into the plain kernel's one set of shared tiles
+    assert [b.name for b in onf.shared] == ["rows_Q_tile", "rows_K_tile", "rows_V_tile", "probs"]
+    assert _masks(diagonal) == ["i >= j"] * 2 and _masks(unmasked) == []  # block max, exp
+
+
+def _masks(loop):
+    """The causal masks (r >= j) the loop's statements select by."""
+    return [str(x.cond) for s in walk(loop.body) for e in stmt_exprs(s)
+            for x in S.subexpressions(e) if isinstance(x, S.Select) and mask_sides(x.cond)]
+
+
+def test_gqa_flash_on_cuda_folds_a_group_s_query_heads_into_one_grid_axis():
+    from moagen.targets.cuda.printer import CudaPrinter
+    onf = onf_of("attention_gqa_fwd", VARIANT, target="cuda", dtype="float64")
+    (kernel,) = [k for k in CudaPrinter(onf, "float64").kernels() if k["tiled"]]
+    assert [str(g) for g in kernel["grid"]] == ["idiv(n + 63, 64)", "group*kv_heads", "batch"]
+    assert kernel["block"] == (16, 16, 1)
+
+
+def test_block_tiles_refuse_to_fold_loops_that_do_not_start_at_0():
+    onf = onf_of("attention_gqa_fwd", VARIANT, target="cuda", dtype="float64", upto=5)
+    nest = _rows(onf)
+    r = perfect_chain(nest.body, 3)[-1]  # the loop over r, the group's query heads
+    shifted = replace(nest, body=_with_loop(nest.body, r, replace(r, start=r.start + 1)))
+    onf = replace(onf, nests=tuple(shifted if n is nest else n for n in onf.nests))
+    with pytest.raises(ScheduleError, match="g, r do not all start at 0: they cannot be folded"):
+        BlockTiles(("b", "g", "r", "i"), rows=64, nest="rows")(onf)
+
+
+def _with_loop(stmts, old, new):
+    return tuple(new if s is old else replace(s, body=_with_loop(s.body, old, new))
+                 if isinstance(s, Loop) else s for s in stmts)
 
 
 def test_a_head_dim_past_the_compiled_bounds_is_refused_before_the_launch():

@@ -134,19 +134,15 @@ FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
 
 def flash(rows, lanes, block, causal, loops=ROWS):
     """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
-    loops: the query rows' (the query row last). On a GPU (gpu_flash) a thread block per
-    `block` query rows, each thread `rows` of them by `lanes` keys or columns."""
+    loops: the query rows' (the query row last). On a GPU (gpu_flash), causal or not and
+    over any query loops, a thread block per `block` query rows, each thread `rows` of them
+    by `lanes` keys or columns."""
     parallel = loops[:-1] + (tiled("i", rows),)
-    cpu = (LowerReductions(), *flash_tiles("rows", rows, lanes, causal))
-    if causal or loops != ROWS:  # not yet on block tiles: a GPU thread a row tile
-        return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block),),
-                      schedule=cpu,
-                      mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
-                               "cuda": (GpuThreads(parallel, nest="rows"),)})
     return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block),),
-                  schedule={"cpu": cpu, "cuda": (LowerReductions(),)},
+                  schedule={"cpu": (LowerReductions(), *flash_tiles("rows", rows, lanes, causal)),
+                            "cuda": (LowerReductions(),)},
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
-                           "cuda": gpu_flash("rows", rows, lanes, block)})
+                           "cuda": gpu_flash("rows", rows, lanes, block, causal, loops)})
 
 
 # the head dims a tiled GPU kernel is compiled for: d up to each, a register tile's
@@ -154,19 +150,23 @@ def flash(rows, lanes, block, causal, loops=ROWS):
 HEAD_DIM_BOUNDS = (("d", (64, 128)),)
 
 
-def gpu_flash(nest, rows, lanes, block):
+def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS):
     """FlashAttention-2's form on a GPU: a thread block per `block` query rows of a head
-    (the grid: batch, heads, row tiles), block / rows x block / lanes threads; each key
+    (the grid: the loops `loops` but the last, then row tiles; BlockTiles folds the middle
+    ones where there are more than 3), block / rows x block / lanes threads; each key
     block's K and V tiles staged in shared memory with the block's Q tile, each thread a
     register tile of `rows` query rows by `lanes` keys of the scores and by `lanes` (times
     d / block) columns of the output, kept in registers over all the keys; the block's
     scores in shared memory, a row's max and sum over its lanes by warp shuffles. V's tile
     takes K's memory once the scores are taken: float64 at d 128 then fits a block's
-    shared memory (170 KB of 227)."""
+    shared memory (170 KB of 227). Causal: the key blocks past the block's last row are not
+    visited, the diagonal ones select (CausalBlocks over the block's rows; each of its two
+    loops over key blocks stages its tiles)."""
     columns = block // lanes
     key_blocks = loop_role("j", "blk")  # OnlineSoftmax's loop over blocks of keys
     keys = Stage("K", at=key_blocks, nest=nest)
-    return (BlockTiles(ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+    masked = (CausalBlocks(nest, rows="i"),) if causal else ()
+    return (BlockTiles(loops, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest), *masked,
             ThreadTiles("i", rows, "y", nest=nest),
             ThreadTiles("j", lanes, "x", nest=nest),
             ThreadTiles("c", lanes, "x", threads=columns, nest=nest),
@@ -200,8 +200,9 @@ def flash_variant(causal: bool, loops=ROWS) -> Tunable:
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops),
                    defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
-                   # a thread's register tile on block tiles (gpu_flash), else a thread's rows
-                   cuda={"rows": 4, "lanes": 8 if causal or loops != ROWS else 4},
+                   # a thread's register tile on block tiles (gpu_flash), the causal and
+                   # grouped-query kernels' too: 4 rows by 4 keys or columns
+                   cuda={"rows": 4, "lanes": 4},
                    dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
 
 
