@@ -20,7 +20,7 @@ def atomic_count(kernel, variant, sizes) -> int:
     from moagen.onf.count import atomic_updates
     onf = onf_of(kernel, variant)
     env = {s: sizes[s.name] for s in onf.sizes}
-    return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(onf).values())
+    return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(onf.nests).values())
 
 
 def plan(ns, langs, repeats, dry_run=False):

@@ -112,7 +112,7 @@ def _predict(kernel, variant, dtype, params) -> Cost:
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),
                 minimum=_each_element_once(minimum_traffic(view.nests), view.elements),
                 scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
-                atomics=atomic_updates(onf), working_set=_largest(working_set(view.nests)),
+                atomics=atomic_updates(view.nests), working_set=_largest(working_set(view.nests)),
                 assumptions=view.assumptions)
 
 

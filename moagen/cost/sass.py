@@ -63,7 +63,7 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
                 raise MoagenError(f"{result.cubin} has no kernel {name}")
             reports.append(KernelReport(arch, name, nest.label, **ptxas[name],
                                         sass_atomics=len(ATOMIC.findall(bodies[name])),
-                                        onf_atomics=atomic_updates(onf.with_nests([nest])),
+                                        onf_atomics=atomic_updates([nest]),
                                         loops=tuple(innermost_loops(bodies[name]))))
     return reports
 

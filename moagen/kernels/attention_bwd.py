@@ -18,8 +18,8 @@ from typing import Optional
 
 from moagen import reference
 from moagen.kernels import attention
-from moagen.kernels.attention import (CHECK_SIZES, HEAD_DIM_BOUNDS, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
-                                      softmax_scale)
+from moagen.kernels.attention import (CHECK_SIZES, HEAD_DIM_BOUNDS, KEY_BLOCK, ON_HEADS, K, Q, V,
+                                      flash_tiles, softmax_scale)
 from moagen.kernels.cases import Check, references
 from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
@@ -225,30 +225,15 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH):
     registers, the thread's own) or by `lanes` columns (its output rows, in registers over
     all the other side's blocks).
 
-    dQ: Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; dS in shared memory,
-    over K's tile once the scores are taken, and K again, laid out by columns for dQ += dS
-    K, over V's. keys: dK and dV rows; each query block's Q, dO, lse, delta and (again:
-    227 KB hold no block's K and V tiles beside the query block's at float64, d 128) its K
-    and V tiles staged, P and dS over K's and V's tiles once the scores are taken, and Q
-    and dO again, laid out by columns for dK += dS^T Q and dV += P^T dO, over their
-    first tiles. float64 at d 128: 208 KB of shared memory a block (either pass).
+    dQ: gpu_query_rows. keys: dK and dV rows; each query block's Q, dO, lse, delta and
+    (again: 227 KB hold no block's K and V tiles beside the query block's at float64, d
+    128) its K and V tiles staged, P and dS over K's and V's tiles once the scores are
+    taken, and Q and dO again, laid out by columns for dK += dS^T Q and dV += P^T dO, over
+    their first tiles. float64 at d 128: 208 KB of shared memory a block (either pass).
 
     delta: a GPU thread per query row."""
     threads = KEY_BLOCK // lanes
-    key_blocks, query_blocks = loop_role("j", "blk"), loop_role("i", "blk")
-    k_scores = Stage("K", at=key_blocks, by="j", nest="dQ")
-    v_dq = Stage("V", at=key_blocks, nest="dQ")
-    dq = (BlockTiles(QUERY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="dQ"),
-          ThreadTiles("i", rows, "y", nest="dQ"),
-          ThreadTiles("j", lanes, "x", nest="dQ"),
-          ThreadTiles("c", lanes, "x", threads=threads, nest="dQ"),
-          RegisterTile("dQ", nest="dQ"),
-          RegisterScratch("qk_block", nest="dQ"), RegisterScratch("dov_block", nest="dQ"),
-          Stage("Q", at="i", nest="dQ"), Stage("dO", at="i", nest="dQ"),
-          Stage("lse", at="i", nest="dQ"), Stage("delta", at="i", nest="dQ"),
-          k_scores, v_dq,
-          SharedScratch(scratch["dS"], fastest="i", over=k_scores.tile, nest="dQ"),
-          Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest="dQ"))
+    query_blocks = loop_role("i", "blk")
     k_keys, v_keys = (Stage(a, at=query_blocks, nest="keys") for a in ("K", "V"))
     q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest="keys") for a in ("Q", "dO"))
     keys = (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="keys"),
@@ -258,12 +243,38 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH):
             RegisterTile("dK", nest="keys"), RegisterTile("dV", nest="keys"),
             RegisterScratch("qk_block2", nest="keys"), RegisterScratch("dov_block2", nest="keys"),
             k_keys, v_keys, q_scores, do_scores,
-            Stage("lse", at=query_blocks, nest="keys"), Stage("delta", at=query_blocks, nest="keys"),
+            Stage("lse", at=query_blocks, nest="keys"),
+            Stage("delta", at=query_blocks, nest="keys"),
             SharedScratch(scratch["P2"], fastest="j", over=k_keys.tile, nest="keys"),
             SharedScratch(scratch["dS2"], fastest="j", over=v_keys.tile, nest="keys"),
             Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest="keys"),
             Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest="keys"))
-    return (GpuThreads(QUERY_ROWS, nest="delta"), *dq, *keys)
+    return (GpuThreads(QUERY_ROWS, nest="delta"),
+            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"]), *keys)
+
+
+def gpu_query_rows(nest, rows, lanes, block, ds, p=None):
+    """The query rows' pass of a backward on a GPU: a thread block per `block` query rows of
+    a head, block / rows x KEY_BLOCK / lanes threads, dQ in registers over all the key
+    blocks. Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; the
+    block's dS (the scratch `ds`) in shared memory over K's tile once the scores are taken,
+    and K again, laid out by columns for dQ += dS K, over V's. p: the block's P too, in
+    shared memory of its own (the fused atomic kernel's pass adds P^T dO into dV)."""
+    key_blocks = loop_role("j", "blk")
+    k_scores = Stage("K", at=key_blocks, by="j", nest=nest)
+    v_dq = Stage("V", at=key_blocks, nest=nest)
+    return (BlockTiles(QUERY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+            ThreadTiles("i", rows, "y", nest=nest),
+            ThreadTiles("j", lanes, "x", nest=nest),
+            ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
+            RegisterTile("dQ", nest=nest),
+            RegisterScratch("qk_block", nest=nest), RegisterScratch("dov_block", nest=nest),
+            Stage("Q", at="i", nest=nest), Stage("dO", at="i", nest=nest),
+            Stage("lse", at="i", nest=nest), Stage("delta", at="i", nest=nest),
+            k_scores, v_dq,
+            SharedScratch(ds, fastest="i", over=k_scores.tile, nest=nest),
+            *((SharedScratch(p, fastest="i", nest=nest),) if p else ()),
+            Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest=nest))
 
 
 # the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes

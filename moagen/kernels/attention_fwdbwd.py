@@ -22,21 +22,26 @@ stored. Two ONFs of the same DNF:
 from functools import partial
 
 from moagen import reference
+from moagen.kernels import attention
 from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, softmax_parts,
                                       softmax_scale)
 from moagen.kernels.attention_bwd import (BH, DO, EXTENTS, KEY_ROWS, OWNER_AVX512, OWNER_CUDA,
                                           OWNER_DEFAULTS, OWNER_DTYPES, OWNER_SPACE, QUERY_ROWS,
-                                          gradients, owner)
+                                          gradients, gpu_query_rows, owner)
 from moagen.kernels.cases import Check, references
-from moagen.kernels.layers import Layers, cpu
+from moagen.kernels.layers import Layers
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
+from moagen.steps.algebra.keyblocks import KeyBlocks
+from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.scatter import Scatter
 from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.distribute import Distribute
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.hoist import Hoist
-from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.parallel import GpuThreads, Parallel
+from moagen.steps.loop.reductions import LowerReductions
 
 
 def _one_head(q, k, v, do, causal):
@@ -63,13 +68,34 @@ def spec(causal: bool) -> KernelSpec:
 
 dK_dV_SCATTERED = (Scatter("dK", over="i", outer=("b", "h")),
                    Scatter("dV", over="i", outer=("b", "h")))
-ATOMIC = (frozenset(), Layers(
-    algorithm=(Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
-               *dK_dV_SCATTERED,
-               FuseNests(("O", "lse", "dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"),
-               Hoist()),
-    mapping=cpu(Parallel(QUERY_ROWS, nest="rows"),
-                *(Parallel(KEY_ROWS, nest=s.zero) for s in dK_dV_SCATTERED))))
+# the block scratch KeyBlocks makes in the atomic kernel's second pass (the forward's scores
+# took the first name): its names there
+ATOMIC_SCRATCH = {"dS": "t2_block", "P": "t3_block"}
+
+
+def atomic(causal: bool) -> Layers:
+    """The fused kernel with atomics: the forward (O, lse and delta per query row, online
+    softmax over blocks of 64 keys), then a pass over query rows that recomputes each row's
+    probabilities, keeps its dQ row and adds its share of every key row's dK and dV: one
+    atomic add per (b, h, i, j, c) and output, 2 B H n^2 d in all. On a CPU both passes are
+    parallel over query rows (omp atomic). On a GPU the forward is gpu_flash's blocks and
+    the second pass gpu_query_rows' (dQ in registers), its P in shared memory of its own
+    beside dS for the atomic adds into dV; causal, the forward skips the key blocks past a
+    thread block's rows, the second pass selects."""
+    algorithm = (Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+                 *dK_dV_SCATTERED,
+                 FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
+                 FuseNests(("dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"), Hoist(),
+                 OnlineSoftmax("forward", block=KEY_BLOCK), LowerReductions(),
+                 KeyBlocks("rows", "j", KEY_BLOCK))
+    zeroed = tuple(s.zero for s in dK_dV_SCATTERED)  # dK and dV cleared before the adds
+    on_cpu = (Parallel(QUERY_ROWS, nest="forward"), Parallel(QUERY_ROWS, nest="rows"),
+              *(Parallel(KEY_ROWS, nest=z) for z in zeroed))
+    on_gpu = (*attention.gpu_flash("forward", 4, 4, KEY_BLOCK, causal),
+              *gpu_query_rows("rows", 4, 4, 32, ATOMIC_SCRATCH["dS"], p=ATOMIC_SCRATCH["P"]),
+              *(GpuThreads(KEY_ROWS, nest=z) for z in zeroed))
+    return Layers(algorithm, schedule={"cpu": (), "cuda": (Distribute("c"),)},
+                  mapping={"cpu": on_cpu, "cuda": on_gpu})
 
 
 def variants(causal: bool):
@@ -79,7 +105,7 @@ def variants(causal: bool):
     diagonal blocks that select (docs/PERFORMANCE.md, "Causal kernels"); the causal owner
     skips the key blocks past each query tile in its forward, the query rows before each
     key tile in its key rows' pass."""
-    return {"atomic": ATOMIC,
+    return {"atomic": (frozenset({"delta"}), atomic(causal)),
             "owner": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
                              defaults={**OWNER_DEFAULTS, "block": 32 if causal else KEY_BLOCK},
                              # 72 candidates: each build of a tiled owner takes ~11 s

@@ -1,11 +1,11 @@
 """Counting from the ONF: how many times each statement runs, as a symbolic expression in
 the kernel's sizes. The atomic updates a variant performs are read off here, not typed in."""
-from typing import Dict
+from typing import Dict, Iterable
 
 import sympy
 
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Loop, ONF, Store
+from moagen.onf.loops import Loop, Nest, Store
 
 
 def executions(stmts, predicate, multiplier=sympy.Integer(1)) -> Dict[str, sympy.Expr]:
@@ -37,11 +37,12 @@ def _term_by_term(count, loop) -> bool:
         any(loop.var in d.free_symbols for d in count.atoms(idiv))
 
 
-def atomic_updates(onf: ONF) -> Dict[str, sympy.Expr]:
-    """Atomic updates per array over one call."""
+def atomic_updates(nests: Iterable[Nest]) -> Dict[str, sympy.Expr]:
+    """Atomic updates per array over one call of the nests: an ONF's (exact) or its
+    counting view's (closed forms where tiles are full)."""
     is_atomic = lambda s: isinstance(s, Store) and s.atomic
     totals: Dict[str, sympy.Expr] = {}
-    for nest in onf.nests:
+    for nest in nests:
         for key, count in executions(nest.body, is_atomic).items():
             totals[key] = sympy.factor(totals.get(key, 0) + count)
     return totals

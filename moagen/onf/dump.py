@@ -26,7 +26,7 @@ def format_onf(onf: ONF) -> str:
 
 
 def _format_atomics(onf):
-    counts = atomic_updates(onf)
+    counts = atomic_updates(onf.nests)
     if not counts:
         return "none"
     total = sympy.factor(sum(counts.values()))
