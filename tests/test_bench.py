@@ -233,6 +233,24 @@ def test_atomics_table_from_records():
     assert "2.00" in atomics.format_table(table)
 
 
+def test_atomics_separate_forward_on_cuda_is_the_fused_kernels_flash_forward():
+    """On CUDA the fused kernels' forward pass is the flash forward's block tiles; the
+    separate forward is that kernel there, so that the ratios compare the backwards."""
+    def rec(kernel, variant, lang, t):
+        return dict(record="result", kernel=kernel, variant=variant, lang=lang, sizes=dict(n=64),
+                    median_s=t)
+    records = [rec("attention_fwdbwd", "atomic", "cuda", 4.0),
+               rec("attention_fwdbwd", "owner", "cuda", 1.0),
+               rec("attention_fwd", "dnf", "cuda", 100.0),
+               rec("attention_fwd", "flash", "cuda", 1.0),
+               rec("attention_bwd", "atomic", "cuda", 1.0)]
+    assert atomics.rows(records)[0]["separate_s"] == 2.0
+    assert [k for job in atomics.plan([64], ["cuda-emulated"], 1, dry_run=True)
+            for g in job.groups for k in g["impls"]] == \
+        [["cuda-emulated", "atomic"], ["cuda-emulated", "owner"], ["cuda-emulated", "flash"],
+         ["cuda-emulated", "atomic"]]
+
+
 def test_parse_callgrind():
     text = "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nfn=x\n0 1\nsummary: 10 4 2 0 3 1 0 1 0\n"
     assert languages.parse_callgrind(text) == dict(Ir=10, Dr=4, Dw=2, D1mr=3, D1mw=1, DLmr=1, DLmw=0)

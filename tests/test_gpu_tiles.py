@@ -2,14 +2,14 @@
 (moagen.targets.cuda.tiled), on attention_fwd's flash variant in FlashAttention-2's form:
 what the steps make of the ONF, what they refuse, the barriers the printer derives (each
 one needed: the race check fails the kernel without it) and the bound on the head dim;
-the causal twin's key blocks past a block's rows skipped, and grouped-query attention's
-query heads folded into one grid axis."""
+the causal twin's key blocks past a block's rows skipped, grouped-query attention's
+query heads folded into one grid axis, and the atomic kernels' passes on block tiles."""
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from moagen import reference
+from moagen import reference, runtime, verify
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
@@ -20,7 +20,7 @@ from moagen.steps.algebra.causal import mask_sides
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.targets.cuda import emulated
-from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.cuda.build import RACECHECK_ENV, build_cuda_emulated
 from moagen.targets.cuda.loader import EmulationCheckError
 
 KERNEL, VARIANT = "attention_fwd", "flash"
@@ -177,3 +177,29 @@ def test_each_derived_barrier_is_needed(which, array):
     broken = source[:cut] + source[cut + len("__syncthreads();"):]
     with pytest.raises(EmulationCheckError, match=rf"race on shared `{array}`"):
         _run(broken, f"tiles_race_without_{which}")
+
+
+@pytest.mark.parametrize("kernel, scattered", [("attention_bwd", {"dK"}),
+                                               ("attention_fwdbwd", {"dK", "dV"})])
+def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, monkeypatch):
+    """The paper's baseline on the owner's tiles: the atomic adds only in the query rows'
+    pass, a block per 32 query rows with dQ in registers (stored once); what is not
+    scattered (the separate backward's dV) a pass of its own, a block per key tile. The
+    blocks' shared tiles pass the race check."""
+    onf = onf_of(kernel, "atomic", target="cuda", dtype="float64")
+    grid = {n.label: [lp.var.name for lp in walk(n.body)
+                      if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"]
+            for n in onf.nests}
+    stores = {n.label: [(s.array, s.atomic) for s in walk(n.body)
+                        if getattr(s, "array", None) in ("dQ", "dK", "dV")] for n in onf.nests}
+    assert grid["rows"] == ["b", "h", "i_blk"]
+    assert {a for label in stores for a, atomic in stores[label] if atomic} == scattered
+    assert all(not atomic for label in stores if label != "rows" for _, atomic in stores[label])
+    assert [a for a, _ in stores["rows"] if a == "dQ"] == ["dQ"]
+    if "dV" not in scattered:
+        assert grid["dV"] == ["b", "h", "j_blk"]
+    monkeypatch.setenv(RACECHECK_ENV, "1")
+    row = verify.check_case(kernel, "atomic", "cuda-emulated", "float64",
+                            dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
+    assert row.status == "pass", verify.format_row(row)
+

@@ -15,6 +15,7 @@ from typing import Dict, Tuple
 import sympy
 
 from moagen.cost.sass_loops import LoopMix, innermost_loops
+from moagen.cost.view import counting_view
 from moagen.targets.cuda.build import CUDA_ARCHS, compile_cuda
 from moagen.targets.cuda.printer import CudaPrinter
 from moagen.emit import emit, stem
@@ -63,9 +64,15 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
                 raise MoagenError(f"{result.cubin} has no kernel {name}")
             reports.append(KernelReport(arch, name, nest.label, **ptxas[name],
                                         sass_atomics=len(ATOMIC.findall(bodies[name])),
-                                        onf_atomics=atomic_updates([nest]),
+                                        onf_atomics=_nest_atomics(onf, nest),
                                         loops=tuple(innermost_loops(bodies[name]))))
     return reports
+
+
+def _nest_atomics(onf, nest) -> Dict[str, sympy.Expr]:
+    """The nest's atomic updates in closed form, as the cost model counts them (its
+    counting view: whole key blocks)."""
+    return atomic_updates(counting_view(onf.with_nests([nest])).nests)
 
 
 def ptxas_resources(report: str) -> Dict[str, dict]:

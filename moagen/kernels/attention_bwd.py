@@ -277,6 +277,24 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None):
             Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest=nest))
 
 
+def gpu_key_rows_dv(nest, rows, lanes, block):
+    """dV's own pass on a GPU (the atomic backward's: dK by atomics in the query rows'):
+    a thread block per `block` key rows of a head, block / rows x KEY_BLOCK / lanes
+    threads, dV in registers over all the query blocks; K's tile staged once, each query
+    block's Q (by its rows), lse and dO (by columns, for dV += P^T dO), the block's P in
+    shared memory."""
+    query_blocks = loop_role("i", "blk")
+    return (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+            ThreadTiles("j", rows, "y", nest=nest),
+            ThreadTiles("i", lanes, "x", nest=nest),
+            ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
+            RegisterTile("dV", nest=nest), RegisterScratch("qk_block2", nest=nest),
+            Stage("K", at="j", nest=nest),
+            Stage("Q", at=query_blocks, nest=nest), Stage("lse", at=query_blocks, nest=nest),
+            Stage("dO", at=query_blocks, nest=nest),
+            SharedScratch("t2_block", fastest="j", nest=nest))
+
+
 # the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes
 # from the key rows' pass, in one part (the heads already feed the threads), and every
 # product is a register tile of `rows` rows by `lanes` lanes: float64 6 x 8 (a row in two
@@ -305,12 +323,21 @@ def variants(causal: bool):
                                              mapping=cpu(Parallel(QUERY_ROWS, nest="delta"),
                                                          *OWNERS))),
         # dQ and dK in one pass over query rows, dK's updates atomic: the separate backward
-        # the fused kernel's atomics are counted against
+        # the fused kernel's atomics are counted against. On a GPU that pass on the dQ
+        # pass's block tiles (gpu_query_rows), dV's own on key tiles (gpu_key_rows_dv)
         "atomic": (frozenset({"delta"}), Layers(
             algorithm=(Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
                        SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
-            mapping=cpu(Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
-                        Parallel(KEY_ROWS, nest=SCATTER_DK.zero), Parallel(KEY_ROWS, nest="dV")))),
+            schedule={"cpu": (),
+                      "cuda": (LowerReductions(), KeyBlocks("rows", "j", KEY_BLOCK),
+                               KeyBlocks("dV", "i", KEY_BLOCK), Distribute("c"))},
+            mapping={"cpu": (Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
+                             Parallel(KEY_ROWS, nest=SCATTER_DK.zero),
+                             Parallel(KEY_ROWS, nest="dV")),
+                     "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
+                              *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"]),
+                              GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
+                              *gpu_key_rows_dv("dV", 4, 4, 32))})),
         # FlashAttention-2's backward: key rows own dK and dV, the score and dO V^T blocks
         # register tiles; O and lse read, not recomputed (the fused kernel's owner
         # recomputes them in a forward pass of its own)
