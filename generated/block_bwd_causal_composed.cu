@@ -1128,9 +1128,11 @@ __global__ void block_bwd_causal_composed_f64_attn_delta(
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: reads Q, K, V, lse; scratch dQ, attn_qk_block, attn_dov_block, attn_t_block, dattn, attn_delta
- * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
+/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_dO_tile, attn_dQ_Q_tile, attn_dQ_V_tile, attn_dQ_K_tile_by_j, attn_t_block, attn_dQ_K_tile_by_c; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
+ * for b / h / i_blk / i / e6 (simd), e5 (simd), e3, e, c (simd), j_blk / e4 (simd), e2
+ *     (simd), e9, e7, j, j (simd), e11 / e10 (simd), e8 (simd), c (simd), e12 (simd)
  */
+template <int MAX_dh>
 __global__ void block_bwd_causal_composed_f64_attn_dQ(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -1139,9 +1141,6 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
     double *__restrict__ dattn,
     double *__restrict__ dQ,
     double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
     int64_t batch,
     int64_t n,
     int64_t heads,
@@ -1149,198 +1148,211 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
     double scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((n) / 4)) return;
-    const int64_t i_tile = tid % (((n) / 4));
-    const int64_t h = (tid / (((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*((n) / 4)));
-    for (int64_t c = 0; c < dh; ++c) {
-        dQ[c + dh*(4*i_tile + n*(b*heads + h))] = 0.0;
-        dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = 0.0;
-        dQ[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = 0.0;
-        dQ[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = 0.0;
+    const int i_blk = blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(double, attn_dQ_Q_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_dO_tile, 288*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_lse_tile, 576*MAX_dh, 36);
+    MOAGEN_SHARED_AT(double, attn_dQ_delta_tile, 576*MAX_dh + 288, 36);
+    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_j, 576*MAX_dh + 576, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_V_tile, 1120*MAX_dh + 576, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_t_block, 576*MAX_dh + 576, 2304);
+    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_c, 1120*MAX_dh + 576, 64*MAX_dh + 256);
+    double dQ_reg[4][((MAX_dh + 63) / 64) * 4];
+    double qk[4][4];
+    double dov[4][4];
+    double qk_block_reg[4][4];
+    double dov_block_reg[4][4];
+    double dQ_lse_tile_at[4];
+    double dQ_delta_tile_at[4];
+    double t[4][4];
+    double t_1[4];
+    for (int e6 = ty * 16 + tx; e6 < 32; e6 += 128) {
+        attn_dQ_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0);
     }
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const int64_t V_row = dh*(j + n*(b*heads + h));
-            double qk_0 = 0.0;
-            double qk_1 = 0.0;
-            double qk_2 = 0.0;
-            double qk_3 = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
-                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
-                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
-                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
-            }
-            double dov_0 = 0.0;
-            double dov_1 = 0.0;
-            double dov_2 = 0.0;
-            double dov_3 = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov_0 += dattn[c + dh*(4*i_tile + n*(b*heads + h))] * V[V_row + c];
-                dov_1 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * V[V_row + c];
-                dov_2 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
-                dov_3 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
-            }
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0;
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1;
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2;
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
+    for (int e5 = ty * 16 + tx; e5 < 32; e5 += 128) {
+        attn_dQ_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0);
+    }
+    for (int e3 = ty; e3 < 32; e3 += 8) {
+        for (int e4 = tx; e4 < dh; e4 += 16) {
+            attn_dQ_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
         }
-        const double lse_at = lse[4*i_tile + n*(b*heads + h)];
-        const double delta_at = attn_delta[4*i_tile + n*(b*heads + h)];
-        const double lse_at2 = lse[4*i_tile + n*(b*heads + h) + 1];
-        const double delta_at2 = attn_delta[4*i_tile + n*(b*heads + h) + 1];
-        const double lse_at3 = lse[4*i_tile + n*(b*heads + h) + 2];
-        const double delta_at3 = attn_delta[4*i_tile + n*(b*heads + h) + 2];
-        const double lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
-        const double delta_at4 = attn_delta[4*i_tile + n*(b*heads + h) + 3];
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_0 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            double qk_1 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            double qk_2 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            double qk_3 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            double dov_0 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            double dov_1 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            double dov_2 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            double dov_3 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const double t_0b = scale * exp((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
-            const double t_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
-            const double t_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
-            const double t_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t_0b;
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t_1b;
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t_2b;
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t_3b;
+    }
+    for (int e = ty; e < 32; e += 8) {
+        for (int e2 = tx; e2 < dh; e2 += 16) {
+            attn_dQ_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0);
         }
-        for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-            const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
-            const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
-            const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
-            const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t_0_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const double t_0_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const double t_0_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const double t_1_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const double t_1_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
-            const double t_1_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
-            const double t_1_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
-            const double t_2_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const double t_2_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
-            const double t_2_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
-            const double t_2_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
-            const double t_3_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const double t_3_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
-            const double t_3_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
-            const double t_3_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * K[K_row0 + c] + t_1_2 * K[K_row1 + c] + t_2_2 * K[K_row2 + c] + t_3_2 * K[K_row3 + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * K[K_row0 + c] + t_1_3 * K[K_row1 + c] + t_2_3 * K[K_row2 + c] + t_3_3 * K[K_row3 + c];
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            dQ_reg[s_i][s_c] = 0.0;
+        }
+    }
+    __syncthreads();
+    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+        __syncthreads();
+        for (int e9 = ty; e9 < 64; e9 += 8) {
+            for (int e10 = tx; e10 < dh; e10 += 16) {
+                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const double t_0b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t_1b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const double t_2b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const double t_3b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0b * K[K_row + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * K[K_row + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * K[K_row + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * K[K_row + c];
+        for (int e7 = ty; e7 < 64; e7 += 8) {
+            for (int e8 = tx; e8 < dh; e8 += 16) {
+                attn_dQ_K_tile_by_j[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0);
             }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk[s_i][s_j] = 0.0;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                #pragma unroll
+                for (int s_j = 0; s_j < 4; ++s_j) {
+                    const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                    qk[s_i][s_j] += attn_dQ_Q_tile[36*c + i - 32*i_blk] * attn_dQ_K_tile_by_j[68*c + j - 64*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                dov[s_i][s_j] = 0.0;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                #pragma unroll
+                for (int s_j = 0; s_j < 4; ++s_j) {
+                    const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                    dov[s_i][s_j] += attn_dQ_dO_tile[36*c + i - 32*i_blk] * attn_dQ_V_tile[68*c + j - 64*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk_block_reg[s_i][s_j] = qk[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                dov_block_reg[s_i][s_j] = dov[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            dQ_lse_tile_at[s_i] = attn_dQ_lse_tile[i - 32*i_blk];
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            dQ_delta_tile_at[s_i] = attn_dQ_delta_tile[i - 32*i_blk];
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk[s_i][s_j] = qk_block_reg[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                dov[s_i][s_j] = dov_block_reg[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                t[s_i][s_j] = scale * exp((i >= j ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) attn_t_block[i - 32*i_blk + 36*j - 2304*j_blk] = t[s_i][s_j];
+            }
+        }
+        for (int e11 = ty; e11 < 64; e11 += 8) {
+            for (int e12 = tx; e12 < dh; e12 += 16) {
+                attn_dQ_K_tile_by_c[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
+            }
+        }
+        __syncthreads();
+        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                t_1[s_i] = attn_t_block[i - 32*i_blk + 36*j - 2304*j_blk];
+            }
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dQ_reg[s_i][s_c] += t_1[s_i] * attn_dQ_K_tile_by_c[c + (MAX_dh + 4)*(j - 64*j_blk)];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < dh) dQ[c + dh*(i + n*(b*heads + h))] = dQ_reg[s_i][s_c];
         }
     }
 }
 
-/* attn.dQ.edge: reads Q, K, V, lse; scratch dQ, attn_qk_block, attn_dov_block, attn_t_block, dattn, attn_delta
- * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
+/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_dO_tile_by_i, attn_keys_Q_tile_by_i, attn_keys_V_tile, attn_keys_K_tile, attn_t2_block, attn_t3_block, attn_keys_Q_tile_by_c, attn_keys_dO_tile_by_c; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
+ * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e19, e17, e15, e13, i,
+ *     i (simd), e23, e25 / e20 (simd), e18 (simd), e16 (simd), e14 (simd), c (simd), e24
+ *     (simd), e26 (simd)
  */
-__global__ void block_bwd_causal_composed_f64_attn_dQ_edge(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ lse,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
-    int64_t batch,
-    int64_t n,
-    int64_t heads,
-    int64_t dh,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*(n - 4*((n) / 4))) return;
-    const int64_t i = 4*((n) / 4) + tid % (n - 4*((n) / 4));
-    const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
-    for (int64_t c = 0; c < dh; ++c) {
-        dQ[c + dh*(i + n*(b*heads + h))] = 0.0;
-    }
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const int64_t V_row = dh*(j + n*(b*heads + h));
-            double qk = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
-            }
-            double dov = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
-            }
-            attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
-            attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
-        }
-        const double lse_at5 = lse[i + n*(b*heads + h)];
-        const double delta_at5 = attn_delta[i + n*(b*heads + h)];
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk = attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            double dov = attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t;
-        }
-        for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-            const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
-            const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
-            const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
-            const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const double t_0 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t_1 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const double t_2 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const double t_3 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(i + n*(b*heads + h))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
-            }
-        }
-        for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const double t = attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(i + n*(b*heads + h))] += t * K[K_row + c];
-            }
-        }
-    }
-}
-
-/* attn.keys: reads Q, K, V, lse; scratch dK, dV, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, dattn, attn_delta
- * for b, h, j_tile (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
- */
+template <int MAX_dh>
 __global__ void block_bwd_causal_composed_f64_attn_keys(
     const double *__restrict__ Q,
     const double *__restrict__ K,
@@ -1350,10 +1362,6 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
     double *__restrict__ dK,
     double *__restrict__ dV,
     double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
     int64_t batch,
     int64_t n,
     int64_t heads,
@@ -1361,251 +1369,248 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
     double scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((n) / 4)) return;
-    const int64_t j_tile = tid % (((n) / 4));
-    const int64_t h = (tid / (((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*((n) / 4)));
-    for (int64_t c = 0; c < dh; ++c) {
-        dK[c + dh*(4*j_tile + n*(b*heads + h))] = 0.0;
-        dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] = 0.0;
-        dK[c + dh*(4*j_tile + n*(b*heads + h) + 2)] = 0.0;
-        dK[c + dh*(4*j_tile + n*(b*heads + h) + 3)] = 0.0;
-        dV[c + dh*(4*j_tile + n*(b*heads + h))] = 0.0;
-        dV[c + dh*(4*j_tile + n*(b*heads + h) + 1)] = 0.0;
-        dV[c + dh*(4*j_tile + n*(b*heads + h) + 2)] = 0.0;
-        dV[c + dh*(4*j_tile + n*(b*heads + h) + 3)] = 0.0;
-    }
-    for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            double qk_0b = 0.0;
-            double qk_1b = 0.0;
-            double qk_2b = 0.0;
-            double qk_3b = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk_0b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h))];
-                qk_1b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h) + 1)];
-                qk_2b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h) + 2)];
-                qk_3b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-            }
-            double dov_0b = 0.0;
-            double dov_1b = 0.0;
-            double dov_2b = 0.0;
-            double dov_3b = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov_0b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h))];
-                dov_1b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)];
-                dov_2b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)];
-                dov_3b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-            }
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
-        }
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk_0b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            double qk_1b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            double qk_2b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            double qk_3b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            double dov_0b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            double dov_1b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            double dov_2b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            double dov_3b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const double t2_0b = exp((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const double t2_1b = exp((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const double t2_2b = exp((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const double t2_3b = exp((i >= 4*j_tile + 3 ? scale * qk_3b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const double t3_0b = scale * t2_0b * (dov_0b - attn_delta[i + n*(b*heads + h)]);
-            const double t3_1b = scale * t2_1b * (dov_1b - attn_delta[i + n*(b*heads + h)]);
-            const double t3_2b = scale * t2_2b * (dov_2b - attn_delta[i + n*(b*heads + h)]);
-            const double t3_3b = scale * t2_3b * (dov_3b - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
-        }
-        for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
-            const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t Q_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t Q_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t Q_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const int64_t dattn_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const double t2_0_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t2_0_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const double t2_0_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const double t2_0_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const double t2_1_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const double t2_1_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
-            const double t2_1_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
-            const double t2_1_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
-            const double t2_2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const double t2_2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
-            const double t2_2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
-            const double t2_2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
-            const double t2_3_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const double t2_3_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
-            const double t2_3_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
-            const double t2_3_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
-            const double t3_0_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t3_0_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const double t3_0_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const double t3_0_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const double t3_1_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const double t3_1_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
-            const double t3_1_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
-            const double t3_1_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
-            const double t3_2_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const double t3_2_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
-            const double t3_2_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
-            const double t3_2_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
-            const double t3_3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const double t3_3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
-            const double t3_3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
-            const double t3_3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t3_0_2 * Q[Q_row0 + c] + t3_1_2 * Q[Q_row1 + c] + t3_2_2 * Q[Q_row2 + c] + t3_3_2 * Q[Q_row3 + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t3_0_3 * Q[Q_row0 + c] + t3_1_3 * Q[Q_row1 + c] + t3_2_3 * Q[Q_row2 + c] + t3_3_3 * Q[Q_row3 + c];
-            }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(4*j_tile + n*(b*heads + h))] += t2_0_0 * dattn[dattn_row0 + c] + t2_1_0 * dattn[dattn_row1 + c] + t2_2_0 * dattn[dattn_row2 + c] + t2_3_0 * dattn[dattn_row3 + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t2_0_1 * dattn[dattn_row0 + c] + t2_1_1 * dattn[dattn_row1 + c] + t2_2_1 * dattn[dattn_row2 + c] + t2_3_1 * dattn[dattn_row3 + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t2_0_2 * dattn[dattn_row0 + c] + t2_1_2 * dattn[dattn_row1 + c] + t2_2_2 * dattn[dattn_row2 + c] + t2_3_2 * dattn[dattn_row3 + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t2_0_3 * dattn[dattn_row0 + c] + t2_1_3 * dattn[dattn_row1 + c] + t2_2_3 * dattn[dattn_row2 + c] + t2_3_3 * dattn[dattn_row3 + c];
-            }
-        }
-        for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const double t2_0b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t2_1b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const double t2_2b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const double t2_3b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const double t3_0b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t3_1b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const double t3_2b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const double t3_3b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0b * Q[Q_row + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * Q[Q_row + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t3_2b * Q[Q_row + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t3_3b * Q[Q_row + c];
-            }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(4*j_tile + n*(b*heads + h))] += t2_0b * dattn[dattn_row + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t2_1b * dattn[dattn_row + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t2_2b * dattn[dattn_row + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t2_3b * dattn[dattn_row + c];
-            }
+    const int j_blk = blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(double, attn_keys_K_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_V_tile, 288*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_i, 576*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_i, 1120*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_lse_tile, 1664*MAX_dh, 68);
+    MOAGEN_SHARED_AT(double, attn_keys_delta_tile, 1664*MAX_dh + 544, 68);
+    MOAGEN_SHARED_AT(double, attn_t2_block, 0, 2304);
+    MOAGEN_SHARED_AT(double, attn_t3_block, 288*MAX_dh, 2304);
+    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_c, 576*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_c, 1120*MAX_dh, 64*MAX_dh + 256);
+    double dK_reg[4][((MAX_dh + 63) / 64) * 4];
+    double dV_reg[4][((MAX_dh + 63) / 64) * 4];
+    double qk[4][4];
+    double dov[4][4];
+    double qk_block2_reg[4][4];
+    double dov_block2_reg[4][4];
+    double t2[4][4];
+    double t3[4][4];
+    double t2_1[4];
+    double t3_1[4];
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            dK_reg[s_j][s_c] = 0.0;
         }
     }
-}
-
-/* attn.keys.edge: reads Q, K, V, lse; scratch dK, dV, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, dattn, attn_delta
- * for b, h, j (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
- */
-__global__ void block_bwd_causal_composed_f64_attn_keys_edge(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ lse,
-    double *__restrict__ dattn,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
-    int64_t batch,
-    int64_t n,
-    int64_t heads,
-    int64_t dh,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*(n - 4*((n) / 4))) return;
-    const int64_t j = 4*((n) / 4) + tid % (n - 4*((n) / 4));
-    const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
-    for (int64_t c = 0; c < dh; ++c) {
-        dK[c + dh*(j + n*(b*heads + h))] = 0.0;
-        dV[c + dh*(j + n*(b*heads + h))] = 0.0;
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            dV_reg[s_j][s_c] = 0.0;
+        }
     }
-    for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            double qk = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk += Q[Q_row + c] * K[c + dh*(j + n*(b*heads + h))];
-            }
-            double dov = 0.0;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
-            }
-            attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
-            attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
+    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+        __syncthreads();
+        for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
+            attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk = attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            double dov = attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t2 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const double t3 = scale * t2 * (dov - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
-            attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
+        for (int e21 = ty * 16 + tx; e21 < 64; e21 += 128) {
+            attn_keys_lse_tile[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
-        for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
-            const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t Q_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t Q_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t Q_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const int64_t dattn_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const double t2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const double t2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const double t2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const double t3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const double t3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const double t3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(j + n*(b*heads + h))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
-            }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(j + n*(b*heads + h))] += t2_0 * dattn[dattn_row0 + c] + t2_1 * dattn[dattn_row1 + c] + t2_2 * dattn[dattn_row2 + c] + t2_3 * dattn[dattn_row3 + c];
+        for (int e19 = ty; e19 < 64; e19 += 8) {
+            for (int e20 = tx; e20 < dh; e20 += 16) {
+                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
-        for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const double t2 = attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const double t3 = attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(j + n*(b*heads + h))] += t3 * Q[Q_row + c];
+        for (int e17 = ty; e17 < 64; e17 += 8) {
+            for (int e18 = tx; e18 < dh; e18 += 16) {
+                attn_keys_Q_tile_by_i[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0);
             }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(j + n*(b*heads + h))] += t2 * dattn[dattn_row + c];
+        }
+        for (int e15 = ty; e15 < 32; e15 += 8) {
+            for (int e16 = tx; e16 < dh; e16 += 16) {
+                attn_keys_V_tile[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0);
             }
+        }
+        for (int e13 = ty; e13 < 32; e13 += 8) {
+            for (int e14 = tx; e14 < dh; e14 += 16) {
+                attn_keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk[s_j][s_i] = 0.0;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_i = 0; s_i < 4; ++s_i) {
+                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                    qk[s_j][s_i] += attn_keys_Q_tile_by_i[68*c + i - 64*i_blk] * attn_keys_K_tile[36*c + j - 32*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                dov[s_j][s_i] = 0.0;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_i = 0; s_i < 4; ++s_i) {
+                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                    dov[s_j][s_i] += attn_keys_dO_tile_by_i[68*c + i - 64*i_blk] * attn_keys_V_tile[36*c + j - 32*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                t2[s_j][s_i] = exp((i >= j ? scale * qk[s_j][s_i] : -INFINITY) - attn_keys_lse_tile[i - 64*i_blk]);
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                t3[s_j][s_i] = scale * t2[s_j][s_i] * (dov[s_j][s_i] - attn_keys_delta_tile[i - 64*i_blk]);
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) attn_t2_block[36*i - 2304*i_blk + j - 32*j_blk] = t2[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk] = t3[s_j][s_i];
+            }
+        }
+        for (int e23 = ty; e23 < 64; e23 += 8) {
+            for (int e24 = tx; e24 < dh; e24 += 16) {
+                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
+            }
+        }
+        for (int e25 = ty; e25 < 64; e25 += 8) {
+            for (int e26 = tx; e26 < dh; e26 += 16) {
+                attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
+            }
+        }
+        __syncthreads();
+        for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                t2_1[s_j] = attn_t2_block[36*i - 2304*i_blk + j - 32*j_blk];
+            }
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                t3_1[s_j] = attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk];
+            }
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dK_reg[s_j][s_c] += t3_1[s_j] * attn_keys_Q_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                }
+            }
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && c < dh) dV[c + dh*(j + n*(b*heads + h))] = dV_reg[s_j][s_c];
+        }
+    }
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && c < dh) dK[c + dh*(j + n*(b*heads + h))] = dK_reg[s_j][s_c];
         }
     }
 }
@@ -2388,13 +2393,6 @@ extern "C" int block_bwd_causal_composed_f64(
     double *__restrict__ out_WoT_panel,
     double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
@@ -2722,41 +2720,41 @@ extern "C" int block_bwd_causal_composed_f64(
             if (err != cudaSuccess) return (int)err;
         }
     }
-    {
-        const int64_t count = batch*heads*((n) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
+    if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
+if (dh <= 64) {
+            const size_t shared = 107072;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f64_attn_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_dQ<64>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
         }
+else if (dh <= 128) {
+            const size_t shared = 213568;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f64_attn_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_dQ<128>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
+        }
+        else return (int)cudaErrorInvalidValue;  /* past every compiled bound */
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
-    {
-        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_dQ_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
+    if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
+if (dh <= 64) {
+            const size_t shared = 107584;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f64_attn_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_keys<64>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
-    }
-    {
-        const int64_t count = batch*heads*((n) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_keys, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
+else if (dh <= 128) {
+            const size_t shared = 214080;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f64_attn_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_keys<128>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
-    }
-    {
-        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_attn_keys_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
+        else return (int)cudaErrorInvalidValue;  /* past every compiled bound */
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n, threads = 128;
@@ -3980,9 +3978,11 @@ __global__ void block_bwd_causal_composed_f32_attn_delta(
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: reads Q, K, V, lse; scratch dQ, attn_qk_block, attn_dov_block, attn_t_block, dattn, attn_delta
- * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
+/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_dO_tile, attn_dQ_Q_tile, attn_dQ_V_tile, attn_dQ_K_tile_by_j, attn_t_block, attn_dQ_K_tile_by_c; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
+ * for b / h / i_blk / i / e6 (simd), e5 (simd), e3, e, c (simd), j_blk / e4 (simd), e2
+ *     (simd), e9, e7, j, j (simd), e11 / e10 (simd), e8 (simd), c (simd), e12 (simd)
  */
+template <int MAX_dh>
 __global__ void block_bwd_causal_composed_f32_attn_dQ(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -3991,9 +3991,6 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
     float *__restrict__ dattn,
     float *__restrict__ dQ,
     float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
     int64_t batch,
     int64_t n,
     int64_t heads,
@@ -4001,198 +3998,211 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
     float scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((n) / 4)) return;
-    const int64_t i_tile = tid % (((n) / 4));
-    const int64_t h = (tid / (((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*((n) / 4)));
-    for (int64_t c = 0; c < dh; ++c) {
-        dQ[c + dh*(4*i_tile + n*(b*heads + h))] = 0.0f;
-        dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = 0.0f;
-        dQ[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = 0.0f;
-        dQ[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = 0.0f;
+    const int i_blk = blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(float, attn_dQ_Q_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_dO_tile, 144*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_lse_tile, 288*MAX_dh, 36);
+    MOAGEN_SHARED_AT(float, attn_dQ_delta_tile, 288*MAX_dh + 144, 36);
+    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_j, 288*MAX_dh + 288, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_V_tile, 560*MAX_dh + 288, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_t_block, 288*MAX_dh + 288, 2304);
+    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_c, 560*MAX_dh + 288, 64*MAX_dh + 256);
+    float dQ_reg[4][((MAX_dh + 63) / 64) * 4];
+    float qk[4][4];
+    float dov[4][4];
+    float qk_block_reg[4][4];
+    float dov_block_reg[4][4];
+    float dQ_lse_tile_at[4];
+    float dQ_delta_tile_at[4];
+    float t[4][4];
+    float t_1[4];
+    for (int e6 = ty * 16 + tx; e6 < 32; e6 += 128) {
+        attn_dQ_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0f);
     }
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const int64_t V_row = dh*(j + n*(b*heads + h));
-            float qk_0 = 0.0f;
-            float qk_1 = 0.0f;
-            float qk_2 = 0.0f;
-            float qk_3 = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
-                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
-                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
-                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
-            }
-            float dov_0 = 0.0f;
-            float dov_1 = 0.0f;
-            float dov_2 = 0.0f;
-            float dov_3 = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov_0 += dattn[c + dh*(4*i_tile + n*(b*heads + h))] * V[V_row + c];
-                dov_1 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * V[V_row + c];
-                dov_2 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
-                dov_3 += dattn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
-            }
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0;
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1;
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2;
-            attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2;
-            attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3;
+    for (int e5 = ty * 16 + tx; e5 < 32; e5 += 128) {
+        attn_dQ_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0f);
+    }
+    for (int e3 = ty; e3 < 32; e3 += 8) {
+        for (int e4 = tx; e4 < dh; e4 += 16) {
+            attn_dQ_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
         }
-        const float lse_at = lse[4*i_tile + n*(b*heads + h)];
-        const float delta_at = attn_delta[4*i_tile + n*(b*heads + h)];
-        const float lse_at2 = lse[4*i_tile + n*(b*heads + h) + 1];
-        const float delta_at2 = attn_delta[4*i_tile + n*(b*heads + h) + 1];
-        const float lse_at3 = lse[4*i_tile + n*(b*heads + h) + 2];
-        const float delta_at3 = attn_delta[4*i_tile + n*(b*heads + h) + 2];
-        const float lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
-        const float delta_at4 = attn_delta[4*i_tile + n*(b*heads + h) + 3];
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_0 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            float qk_1 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            float qk_2 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            float qk_3 = attn_qk_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            float dov_0 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            float dov_1 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            float dov_2 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            float dov_3 = attn_dov_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const float t_0b = scale * expf((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
-            const float t_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
-            const float t_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
-            const float t_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t_0b;
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t_1b;
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t_2b;
-            attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t_3b;
+    }
+    for (int e = ty; e < 32; e += 8) {
+        for (int e2 = tx; e2 < dh; e2 += 16) {
+            attn_dQ_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0f);
         }
-        for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-            const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
-            const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
-            const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
-            const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t_0_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const float t_0_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const float t_0_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const float t_1_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const float t_1_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
-            const float t_1_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
-            const float t_1_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
-            const float t_2_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const float t_2_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
-            const float t_2_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
-            const float t_2_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
-            const float t_3_0 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const float t_3_1 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
-            const float t_3_2 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
-            const float t_3_3 = attn_t_block[-64*j_blk + 4*j_tile + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * K[K_row0 + c] + t_1_0 * K[K_row1 + c] + t_2_0 * K[K_row2 + c] + t_3_0 * K[K_row3 + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * K[K_row0 + c] + t_1_1 * K[K_row1 + c] + t_2_1 * K[K_row2 + c] + t_3_1 * K[K_row3 + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * K[K_row0 + c] + t_1_2 * K[K_row1 + c] + t_2_2 * K[K_row2 + c] + t_3_2 * K[K_row3 + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * K[K_row0 + c] + t_1_3 * K[K_row1 + c] + t_2_3 * K[K_row2 + c] + t_3_3 * K[K_row3 + c];
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            dQ_reg[s_i][s_c] = 0.0f;
+        }
+    }
+    __syncthreads();
+    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+        __syncthreads();
+        for (int e9 = ty; e9 < 64; e9 += 8) {
+            for (int e10 = tx; e10 < dh; e10 += 16) {
+                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const float t_0b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t_1b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const float t_2b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const float t_3b = attn_t_block[j - 64*j_blk + (4*i_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(4*i_tile + n*(b*heads + h))] += t_0b * K[K_row + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * K[K_row + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * K[K_row + c];
-                dQ[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * K[K_row + c];
+        for (int e7 = ty; e7 < 64; e7 += 8) {
+            for (int e8 = tx; e8 < dh; e8 += 16) {
+                attn_dQ_K_tile_by_j[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0f);
             }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk[s_i][s_j] = 0.0f;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                #pragma unroll
+                for (int s_j = 0; s_j < 4; ++s_j) {
+                    const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                    qk[s_i][s_j] += attn_dQ_Q_tile[36*c + i - 32*i_blk] * attn_dQ_K_tile_by_j[68*c + j - 64*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                dov[s_i][s_j] = 0.0f;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                #pragma unroll
+                for (int s_j = 0; s_j < 4; ++s_j) {
+                    const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                    dov[s_i][s_j] += attn_dQ_dO_tile[36*c + i - 32*i_blk] * attn_dQ_V_tile[68*c + j - 64*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk_block_reg[s_i][s_j] = qk[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                dov_block_reg[s_i][s_j] = dov[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            dQ_lse_tile_at[s_i] = attn_dQ_lse_tile[i - 32*i_blk];
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            dQ_delta_tile_at[s_i] = attn_dQ_delta_tile[i - 32*i_blk];
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk[s_i][s_j] = qk_block_reg[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                dov[s_i][s_j] = dov_block_reg[s_i][s_j];
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                t[s_i][s_j] = scale * expf((i >= j ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) attn_t_block[i - 32*i_blk + 36*j - 2304*j_blk] = t[s_i][s_j];
+            }
+        }
+        for (int e11 = ty; e11 < 64; e11 += 8) {
+            for (int e12 = tx; e12 < dh; e12 += 16) {
+                attn_dQ_K_tile_by_c[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
+            }
+        }
+        __syncthreads();
+        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                t_1[s_i] = attn_t_block[i - 32*i_blk + 36*j - 2304*j_blk];
+            }
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dQ_reg[s_i][s_c] += t_1[s_i] * attn_dQ_K_tile_by_c[c + (MAX_dh + 4)*(j - 64*j_blk)];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < dh) dQ[c + dh*(i + n*(b*heads + h))] = dQ_reg[s_i][s_c];
         }
     }
 }
 
-/* attn.dQ.edge: reads Q, K, V, lse; scratch dQ, attn_qk_block, attn_dov_block, attn_t_block, dattn, attn_delta
- * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
+/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_dO_tile_by_i, attn_keys_Q_tile_by_i, attn_keys_V_tile, attn_keys_K_tile, attn_t2_block, attn_t3_block, attn_keys_Q_tile_by_c, attn_keys_dO_tile_by_c; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
+ * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e19, e17, e15, e13, i,
+ *     i (simd), e23, e25 / e20 (simd), e18 (simd), e16 (simd), e14 (simd), c (simd), e24
+ *     (simd), e26 (simd)
  */
-__global__ void block_bwd_causal_composed_f32_attn_dQ_edge(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ lse,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
-    int64_t batch,
-    int64_t n,
-    int64_t heads,
-    int64_t dh,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*(n - 4*((n) / 4))) return;
-    const int64_t i = 4*((n) / 4) + tid % (n - 4*((n) / 4));
-    const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
-    for (int64_t c = 0; c < dh; ++c) {
-        dQ[c + dh*(i + n*(b*heads + h))] = 0.0f;
-    }
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const int64_t V_row = dh*(j + n*(b*heads + h));
-            float qk = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
-            }
-            float dov = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
-            }
-            attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
-            attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
-        }
-        const float lse_at5 = lse[i + n*(b*heads + h)];
-        const float delta_at5 = attn_delta[i + n*(b*heads + h)];
-        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk = attn_qk_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            float dov = attn_dov_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
-            attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = t;
-        }
-        for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-            const int64_t K_row0 = dh*(4*j_tile + n*(b*heads + h));
-            const int64_t K_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
-            const int64_t K_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
-            const int64_t K_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
-            const float t_0 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t_1 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const float t_2 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const float t_3 = attn_t_block[-64*j_blk + 4*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(i + n*(b*heads + h))] += t_0 * K[K_row0 + c] + t_1 * K[K_row1 + c] + t_2 * K[K_row2 + c] + t_3 * K[K_row3 + c];
-            }
-        }
-        for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const int64_t K_row = dh*(j + n*(b*heads + h));
-            const float t = attn_t_block[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dQ[c + dh*(i + n*(b*heads + h))] += t * K[K_row + c];
-            }
-        }
-    }
-}
-
-/* attn.keys: reads Q, K, V, lse; scratch dK, dV, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, dattn, attn_delta
- * for b, h, j_tile (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
- */
+template <int MAX_dh>
 __global__ void block_bwd_causal_composed_f32_attn_keys(
     const float *__restrict__ Q,
     const float *__restrict__ K,
@@ -4202,10 +4212,6 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
     float *__restrict__ dK,
     float *__restrict__ dV,
     float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
     int64_t batch,
     int64_t n,
     int64_t heads,
@@ -4213,251 +4219,248 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
     float scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*((n) / 4)) return;
-    const int64_t j_tile = tid % (((n) / 4));
-    const int64_t h = (tid / (((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*((n) / 4)));
-    for (int64_t c = 0; c < dh; ++c) {
-        dK[c + dh*(4*j_tile + n*(b*heads + h))] = 0.0f;
-        dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] = 0.0f;
-        dK[c + dh*(4*j_tile + n*(b*heads + h) + 2)] = 0.0f;
-        dK[c + dh*(4*j_tile + n*(b*heads + h) + 3)] = 0.0f;
-        dV[c + dh*(4*j_tile + n*(b*heads + h))] = 0.0f;
-        dV[c + dh*(4*j_tile + n*(b*heads + h) + 1)] = 0.0f;
-        dV[c + dh*(4*j_tile + n*(b*heads + h) + 2)] = 0.0f;
-        dV[c + dh*(4*j_tile + n*(b*heads + h) + 3)] = 0.0f;
-    }
-    for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            float qk_0b = 0.0f;
-            float qk_1b = 0.0f;
-            float qk_2b = 0.0f;
-            float qk_3b = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk_0b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h))];
-                qk_1b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h) + 1)];
-                qk_2b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h) + 2)];
-                qk_3b += Q[Q_row + c] * K[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-            }
-            float dov_0b = 0.0f;
-            float dov_1b = 0.0f;
-            float dov_2b = 0.0f;
-            float dov_3b = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov_0b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h))];
-                dov_1b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)];
-                dov_2b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)];
-                dov_3b += dattn[dattn_row + c] * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-            }
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = qk_0b;
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = qk_1b;
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = qk_2b;
-            attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = qk_3b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = dov_0b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = dov_1b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = dov_2b;
-            attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = dov_3b;
-        }
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk_0b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            float qk_1b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            float qk_2b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            float qk_3b = attn_qk_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            float dov_0b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            float dov_1b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            float dov_2b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            float dov_3b = attn_dov_block2[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const float t2_0b = expf((i >= 4*j_tile ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const float t2_1b = expf((i >= 4*j_tile + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const float t2_2b = expf((i >= 4*j_tile + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const float t2_3b = expf((i >= 4*j_tile + 3 ? scale * qk_3b : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const float t3_0b = scale * t2_0b * (dov_0b - attn_delta[i + n*(b*heads + h)]);
-            const float t3_1b = scale * t2_1b * (dov_1b - attn_delta[i + n*(b*heads + h)]);
-            const float t3_2b = scale * t2_2b * (dov_2b - attn_delta[i + n*(b*heads + h)]);
-            const float t3_3b = scale * t2_3b * (dov_3b - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t2_0b;
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t2_1b;
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t2_2b;
-            attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t2_3b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)] = t3_0b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)] = t3_1b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)] = t3_2b;
-            attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)] = t3_3b;
-        }
-        for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
-            const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t Q_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t Q_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t Q_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const int64_t dattn_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const float t2_0_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t2_0_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const float t2_0_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const float t2_0_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const float t2_1_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const float t2_1_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
-            const float t2_1_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
-            const float t2_1_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
-            const float t2_2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const float t2_2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
-            const float t2_2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
-            const float t2_2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
-            const float t2_3_0 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const float t2_3_1 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
-            const float t2_3_2 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
-            const float t2_3_3 = attn_t2_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
-            const float t3_0_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t3_0_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const float t3_0_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const float t3_0_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const float t3_1_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const float t3_1_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 1];
-            const float t3_1_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 1];
-            const float t3_1_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 1];
-            const float t3_2_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const float t3_2_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 2];
-            const float t3_2_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 2];
-            const float t3_2_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 2];
-            const float t3_3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const float t3_3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n) + 3];
-            const float t3_3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n) + 3];
-            const float t3_3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0_0 * Q[Q_row0 + c] + t3_1_0 * Q[Q_row1 + c] + t3_2_0 * Q[Q_row2 + c] + t3_3_0 * Q[Q_row3 + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * Q[Q_row0 + c] + t3_1_1 * Q[Q_row1 + c] + t3_2_1 * Q[Q_row2 + c] + t3_3_1 * Q[Q_row3 + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t3_0_2 * Q[Q_row0 + c] + t3_1_2 * Q[Q_row1 + c] + t3_2_2 * Q[Q_row2 + c] + t3_3_2 * Q[Q_row3 + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t3_0_3 * Q[Q_row0 + c] + t3_1_3 * Q[Q_row1 + c] + t3_2_3 * Q[Q_row2 + c] + t3_3_3 * Q[Q_row3 + c];
-            }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(4*j_tile + n*(b*heads + h))] += t2_0_0 * dattn[dattn_row0 + c] + t2_1_0 * dattn[dattn_row1 + c] + t2_2_0 * dattn[dattn_row2 + c] + t2_3_0 * dattn[dattn_row3 + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t2_0_1 * dattn[dattn_row0 + c] + t2_1_1 * dattn[dattn_row1 + c] + t2_2_1 * dattn[dattn_row2 + c] + t2_3_1 * dattn[dattn_row3 + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t2_0_2 * dattn[dattn_row0 + c] + t2_1_2 * dattn[dattn_row1 + c] + t2_2_2 * dattn[dattn_row2 + c] + t2_3_2 * dattn[dattn_row3 + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t2_0_3 * dattn[dattn_row0 + c] + t2_1_3 * dattn[dattn_row1 + c] + t2_2_3 * dattn[dattn_row2 + c] + t2_3_3 * dattn[dattn_row3 + c];
-            }
-        }
-        for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const float t2_0b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t2_1b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const float t2_2b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const float t2_3b = attn_t2_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            const float t3_0b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t3_1b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
-            const float t3_2b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 2)*(64 < n ? 64 : n)];
-            const float t3_3b = attn_t3_block[i - 64*i_blk + (4*j_tile + n*(b*heads + h) + 3)*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(4*j_tile + n*(b*heads + h))] += t3_0b * Q[Q_row + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * Q[Q_row + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t3_2b * Q[Q_row + c];
-                dK[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t3_3b * Q[Q_row + c];
-            }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(4*j_tile + n*(b*heads + h))] += t2_0b * dattn[dattn_row + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 1)] += t2_1b * dattn[dattn_row + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 2)] += t2_2b * dattn[dattn_row + c];
-                dV[c + dh*(4*j_tile + n*(b*heads + h) + 3)] += t2_3b * dattn[dattn_row + c];
-            }
+    const int j_blk = blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(float, attn_keys_K_tile, 0, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_V_tile, 144*MAX_dh, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_i, 288*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_i, 560*MAX_dh, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_lse_tile, 832*MAX_dh, 68);
+    MOAGEN_SHARED_AT(float, attn_keys_delta_tile, 832*MAX_dh + 272, 68);
+    MOAGEN_SHARED_AT(float, attn_t2_block, 0, 2304);
+    MOAGEN_SHARED_AT(float, attn_t3_block, 144*MAX_dh, 2304);
+    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_c, 288*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_c, 560*MAX_dh, 64*MAX_dh + 256);
+    float dK_reg[4][((MAX_dh + 63) / 64) * 4];
+    float dV_reg[4][((MAX_dh + 63) / 64) * 4];
+    float qk[4][4];
+    float dov[4][4];
+    float qk_block2_reg[4][4];
+    float dov_block2_reg[4][4];
+    float t2[4][4];
+    float t3[4][4];
+    float t2_1[4];
+    float t3_1[4];
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            dK_reg[s_j][s_c] = 0.0f;
         }
     }
-}
-
-/* attn.keys.edge: reads Q, K, V, lse; scratch dK, dV, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, dattn, attn_delta
- * for b, h, j (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
- */
-__global__ void block_bwd_causal_composed_f32_attn_keys_edge(
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ lse,
-    float *__restrict__ dattn,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
-    int64_t batch,
-    int64_t n,
-    int64_t heads,
-    int64_t dh,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*(n - 4*((n) / 4))) return;
-    const int64_t j = 4*((n) / 4) + tid % (n - 4*((n) / 4));
-    const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
-    const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
-    for (int64_t c = 0; c < dh; ++c) {
-        dK[c + dh*(j + n*(b*heads + h))] = 0.0f;
-        dV[c + dh*(j + n*(b*heads + h))] = 0.0f;
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            dV_reg[s_j][s_c] = 0.0f;
+        }
     }
-    for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            float qk = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                qk += Q[Q_row + c] * K[c + dh*(j + n*(b*heads + h))];
-            }
-            float dov = 0.0f;
-            for (int64_t c = 0; c < dh; ++c) {
-                dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
-            }
-            attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = qk;
-            attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = dov;
+    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+        __syncthreads();
+        for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
+            attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
-        for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk = attn_qk_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            float dov = attn_dov_block2[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t2 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
-            const float t3 = scale * t2 * (dov - attn_delta[i + n*(b*heads + h)]);
-            attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t2;
-            attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)] = t3;
+        for (int e21 = ty * 16 + tx; e21 < 64; e21 += 128) {
+            attn_keys_lse_tile[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
-        for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
-            const int64_t Q_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t Q_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t Q_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t Q_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const int64_t dattn_row0 = dh*(4*i_tile + n*(b*heads + h));
-            const int64_t dattn_row1 = dh*(4*i_tile + n*(b*heads + h) + 1);
-            const int64_t dattn_row2 = dh*(4*i_tile + n*(b*heads + h) + 2);
-            const int64_t dattn_row3 = dh*(4*i_tile + n*(b*heads + h) + 3);
-            const float t2_0 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t2_1 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const float t2_2 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const float t2_3 = attn_t2_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            const float t3_0 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t3_1 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 1];
-            const float t3_2 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 2];
-            const float t3_3 = attn_t3_block[-64*i_blk + 4*i_tile + (j + n*(b*heads + h))*(64 < n ? 64 : n) + 3];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(j + n*(b*heads + h))] += t3_0 * Q[Q_row0 + c] + t3_1 * Q[Q_row1 + c] + t3_2 * Q[Q_row2 + c] + t3_3 * Q[Q_row3 + c];
-            }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(j + n*(b*heads + h))] += t2_0 * dattn[dattn_row0 + c] + t2_1 * dattn[dattn_row1 + c] + t2_2 * dattn[dattn_row2 + c] + t2_3 * dattn[dattn_row3 + c];
+        for (int e19 = ty; e19 < 64; e19 += 8) {
+            for (int e20 = tx; e20 < dh; e20 += 16) {
+                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
-        for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const int64_t Q_row = dh*(i + n*(b*heads + h));
-            const int64_t dattn_row = dh*(i + n*(b*heads + h));
-            const float t2 = attn_t2_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            const float t3 = attn_t3_block[i - 64*i_blk + (j + n*(b*heads + h))*(64 < n ? 64 : n)];
-            for (int64_t c = 0; c < dh; ++c) {
-                dK[c + dh*(j + n*(b*heads + h))] += t3 * Q[Q_row + c];
+        for (int e17 = ty; e17 < 64; e17 += 8) {
+            for (int e18 = tx; e18 < dh; e18 += 16) {
+                attn_keys_Q_tile_by_i[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0f);
             }
-            for (int64_t c = 0; c < dh; ++c) {
-                dV[c + dh*(j + n*(b*heads + h))] += t2 * dattn[dattn_row + c];
+        }
+        for (int e15 = ty; e15 < 32; e15 += 8) {
+            for (int e16 = tx; e16 < dh; e16 += 16) {
+                attn_keys_V_tile[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0f);
             }
+        }
+        for (int e13 = ty; e13 < 32; e13 += 8) {
+            for (int e14 = tx; e14 < dh; e14 += 16) {
+                attn_keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0f);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk[s_j][s_i] = 0.0f;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_i = 0; s_i < 4; ++s_i) {
+                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                    qk[s_j][s_i] += attn_keys_Q_tile_by_i[68*c + i - 64*i_blk] * attn_keys_K_tile[36*c + j - 32*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                dov[s_j][s_i] = 0.0f;
+            }
+        }
+        for (int c = 0; c < dh; ++c) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_i = 0; s_i < 4; ++s_i) {
+                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                    dov[s_j][s_i] += attn_keys_dO_tile_by_i[68*c + i - 64*i_blk] * attn_keys_V_tile[36*c + j - 32*j_blk];
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                t2[s_j][s_i] = expf((i >= j ? scale * qk[s_j][s_i] : -INFINITY) - attn_keys_lse_tile[i - 64*i_blk]);
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                t3[s_j][s_i] = scale * t2[s_j][s_i] * (dov[s_j][s_i] - attn_keys_delta_tile[i - 64*i_blk]);
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) attn_t2_block[36*i - 2304*i_blk + j - 32*j_blk] = t2[s_j][s_i];
+            }
+        }
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk] = t3[s_j][s_i];
+            }
+        }
+        for (int e23 = ty; e23 < 64; e23 += 8) {
+            for (int e24 = tx; e24 < dh; e24 += 16) {
+                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
+            }
+        }
+        for (int e25 = ty; e25 < 64; e25 += 8) {
+            for (int e26 = tx; e26 < dh; e26 += 16) {
+                attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
+            }
+        }
+        __syncthreads();
+        for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                t2_1[s_j] = attn_t2_block[36*i - 2304*i_blk + j - 32*j_blk];
+            }
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                t3_1[s_j] = attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk];
+            }
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dK_reg[s_j][s_c] += t3_1[s_j] * attn_keys_Q_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                }
+            }
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && c < dh) dV[c + dh*(j + n*(b*heads + h))] = dV_reg[s_j][s_c];
+        }
+    }
+    #pragma unroll
+    for (int s_j = 0; s_j < 4; ++s_j) {
+        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && c < dh) dK[c + dh*(j + n*(b*heads + h))] = dK_reg[s_j][s_c];
         }
     }
 }
@@ -5240,13 +5243,6 @@ extern "C" int block_bwd_causal_composed_f32(
     float *__restrict__ out_WoT_panel,
     float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
@@ -5574,41 +5570,41 @@ extern "C" int block_bwd_causal_composed_f32(
             if (err != cudaSuccess) return (int)err;
         }
     }
-    {
-        const int64_t count = batch*heads*((n) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_dQ, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
+    if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
+if (dh <= 64) {
+            const size_t shared = 53536;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f32_attn_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_dQ<64>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
         }
+else if (dh <= 128) {
+            const size_t shared = 106784;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f32_attn_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_dQ<128>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
+        }
+        else return (int)cudaErrorInvalidValue;  /* past every compiled bound */
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
-    {
-        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_dQ_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dQ, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
+    if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
+if (dh <= 64) {
+            const size_t shared = 53792;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f32_attn_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_keys<64>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
-    }
-    {
-        const int64_t count = batch*heads*((n) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_keys, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
+else if (dh <= 128) {
+            const size_t shared = 107040;
+            cudaFuncSetAttribute(block_bwd_causal_composed_f32_attn_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_keys<128>, grid, block, shared, stream,
+                          Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
-    }
-    {
-        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_attn_keys_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          Q, K, V, lse, dattn, dK, dV, attn_delta, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, batch, n, heads, dh, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
+        else return (int)cudaErrorInvalidValue;  /* past every compiled bound */
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n, threads = 128;

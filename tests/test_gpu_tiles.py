@@ -3,7 +3,8 @@
 what the steps make of the ONF, what they refuse, the barriers the printer derives (each
 one needed: the race check fails the kernel without it) and the bound on the head dim;
 the causal twin's key blocks past a block's rows skipped, grouped-query attention's
-query heads folded into one grid axis, and the atomic kernels' passes on block tiles."""
+query heads folded into one grid axis, the atomic kernels' passes on block tiles, and the
+causal backward's passes skipping the blocks no row of a tile sees (MaskedBlocks)."""
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +18,7 @@ from moagen.onf.loops import Loop, perfect_chain, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.algebra.causal import mask_sides
+from moagen.steps.algebra.maskedblocks import MaskedBlocks
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.targets.cuda import emulated
@@ -203,3 +205,55 @@ def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, m
                             dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
     assert row.status == "pass", verify.format_row(row)
 
+
+def _blocks_loop(onf, nest, var):
+    (loop,) = [s for n in onf.nests if n.label == nest for s in walk(n.body)
+               if isinstance(s, Loop) and s.var.name == var]
+    return loop
+
+
+def test_the_causal_backward_on_cuda_skips_the_blocks_no_row_of_a_tile_sees(monkeypatch):
+    """dQ's pass (a block per 32 query rows) stops at the key block of its last row; the
+    key rows' pass (a block per 32 keys) starts at the query block of its first key. The
+    bounds are the block's, so its threads all reach the barriers inside (at n 70 the
+    first query tile skips the second key block, the last key tile the first query
+    block)."""
+    onf = onf_of("attention_bwd_causal", "flash", target="cuda", dtype="float64")
+    key_blocks = _blocks_loop(onf, "dQ", "j_blk")
+    assert (key_blocks.start, str(key_blocks.stop)) == (
+        0, "Min(idiv(32*i_blk + 31, 64) + 1, idiv(n + 63, 64))")
+    query_blocks = _blocks_loop(onf, "keys", "i_blk")
+    assert (str(query_blocks.start), str(query_blocks.stop)) == (
+        "idiv(32*j_blk, 64)", "idiv(n + 63, 64)")
+    monkeypatch.setenv(RACECHECK_ENV, "1")
+    row = verify.check_case("attention_bwd_causal", "flash", "cuda-emulated", "float64",
+                            dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
+    assert row.status == "pass", verify.format_row(row)
+
+
+def test_masked_blocks_refuse_a_loop_whose_blocks_are_not_no_ops_where_masked():
+    # the causal forward: its running max takes the masked score itself, not exp(score - m)
+    forward = BlockTiles(("b", "h", "i"), rows=64, nest="rows")(
+        onf_of("attention_fwd_causal", VARIANT, target="cuda", dtype="float64", upto=5))
+    with pytest.raises(ScheduleError, match="a masked score is used other than in exp"):
+        MaskedBlocks("rows", "j_blk")(forward)
+    # the backward without a mask: nothing to skip
+    plain = onf_of("attention_bwd", "flash", target="cuda", dtype="float64", upto=11)
+    with pytest.raises(ScheduleError, match="no score in the loop over j_blk is masked"):
+        MaskedBlocks("dQ", "j_blk")(plain)
+
+
+def test_masked_blocks_refuse_an_addition_not_zero_where_masked():
+    onf = onf_of("attention_bwd_causal", "flash", target="cuda", dtype="float64", upto=11)
+    dq = next(n for n in onf.nests if n.label == "dQ")
+    (add,) = [s for s in walk(dq.body) if getattr(s, "array", None) == "dQ" and s.accumulate]
+    bumped = replace(add, value=S.Bin("+", add.value, S.Num(1.0)))
+    dq = replace(dq, body=_with_stmt(dq.body, add, bumped))
+    onf = replace(onf, nests=tuple(dq if n.label == "dQ" else n for n in onf.nests))
+    with pytest.raises(ScheduleError, match="dQ is added to by a value not zero where"):
+        MaskedBlocks("dQ", "j_blk")(onf)
+
+
+def _with_stmt(stmts, old, new):
+    return tuple(new if s is old else replace(s, body=_with_stmt(s.body, old, new))
+                 if isinstance(s, Loop) else s for s in stmts)

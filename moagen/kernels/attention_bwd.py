@@ -32,6 +32,7 @@ from moagen.onf.names import loop_role
 from moagen.steps.algebra.causalrows import CausalRows
 from moagen.steps.algebra.keyblocks import KeyBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
+from moagen.steps.algebra.maskedblocks import MaskedBlocks
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.partials import PartBuffers
 from moagen.steps.algebra.scatter import Scatter
@@ -197,18 +198,18 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
         # for all the key rows (dQ's part is indexed by the query rows: it stays as it is)
         summed = tiled("i", keys)
         schedule += (Distribute(summed, nest="keys"), ColumnTiles("keys", summed, "c", lanes))
-    if forward and not (parts or lanes or causal or loops != Rows()):
+    if forward and not (parts or lanes or loops != Rows()):
         # the fused kernel on a GPU: the flash forward's blocks (delta with O, from its
         # registers), then the backward's two passes
         return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
                       {"cpu": (*mapping, *extra),
-                       "cuda": attention.gpu_flash("forward", 4, 4, block)
-                               + gpu_flash_bwd(scratch=FWDBWD_SCRATCH)[1:]})
-    if not (forward or parts or lanes or causal or loops != Rows()):
+                       "cuda": attention.gpu_flash("forward", 4, 4, block, causal)
+                               + gpu_flash_bwd(scratch=FWDBWD_SCRATCH, causal=causal)[1:]})
+    if not (forward or parts or lanes or loops != Rows()):
         # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
         # schedule and mapping as they are (OpenACC's too)
         return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
-                      {"cpu": (*mapping, *extra), "cuda": gpu_flash_bwd()})
+                      {"cpu": (*mapping, *extra), "cuda": gpu_flash_bwd(causal=causal)})
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
 
@@ -218,7 +219,7 @@ BWD_SCRATCH = {"dS": "t_block", "P2": "t2_block", "dS2": "t3_block"}
 FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block"}
 
 
-def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH):
+def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False):
     """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
     per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
     tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
@@ -231,12 +232,14 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH):
     taken, and Q and dO again, laid out by columns for dK += dS^T Q and dV += P^T dO, over
     their first tiles. float64 at d 128: 208 KB of shared memory a block (either pass).
 
-    delta: a GPU thread per query row."""
+    delta: a GPU thread per query row. Causal: each pass skips the blocks of the other side
+    no row of its tile sees (MaskedBlocks)."""
     threads = KEY_BLOCK // lanes
     query_blocks = loop_role("i", "blk")
     k_keys, v_keys = (Stage(a, at=query_blocks, nest="keys") for a in ("K", "V"))
     q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest="keys") for a in ("Q", "dO"))
     keys = (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="keys"),
+            *_skipped(causal, "keys", query_blocks, "j"),
             ThreadTiles("j", rows, "y", nest="keys"),
             ThreadTiles("i", lanes, "x", nest="keys"),
             ThreadTiles("c", lanes, "x", threads=threads, nest="keys"),
@@ -250,20 +253,28 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH):
             Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest="keys"),
             Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest="keys"))
     return (GpuThreads(QUERY_ROWS, nest="delta"),
-            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"]), *keys)
+            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal), *keys)
 
 
-def gpu_query_rows(nest, rows, lanes, block, ds, p=None):
+def _skipped(causal, nest, blocks, rows):
+    """A causal pass's blocks of the other side that no row of a thread block sees left
+    out."""
+    return (MaskedBlocks(nest, blocks, rows=rows),) if causal else ()
+
+
+def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False):
     """The query rows' pass of a backward on a GPU: a thread block per `block` query rows of
     a head, block / rows x KEY_BLOCK / lanes threads, dQ in registers over all the key
     blocks. Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; the
     block's dS (the scratch `ds`) in shared memory over K's tile once the scores are taken,
     and K again, laid out by columns for dQ += dS K, over V's. p: the block's P too, in
-    shared memory of its own (the fused atomic kernel's pass adds P^T dO into dV)."""
+    shared memory of its own (the fused atomic kernel's pass adds P^T dO into dV). Causal:
+    the key blocks past the block's last row not visited."""
     key_blocks = loop_role("j", "blk")
     k_scores = Stage("K", at=key_blocks, by="j", nest=nest)
     v_dq = Stage("V", at=key_blocks, nest=nest)
     return (BlockTiles(QUERY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+            *_skipped(causal, nest, key_blocks, "i"),
             ThreadTiles("i", rows, "y", nest=nest),
             ThreadTiles("j", lanes, "x", nest=nest),
             ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
