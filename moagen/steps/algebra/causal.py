@@ -102,17 +102,10 @@ class CausalBlocks(Step):
 
     def _range(self, rows, blocks, within):
         """(the least, the most row): of the rows themselves, or (rows=) of the range of the
-        loop over `rows` around the loop over blocks, each row increasing with its variable."""
+        loop over `rows` around the loop over blocks."""
         if not self.rows:
             return sympy.Min(*rows), sympy.Max(*rows)
-        loop = next((lp for lp in ancestors(within, blocks) if lp.var.name == self.rows), None)
-        if loop is None or any(sympy.diff(r, loop.var).is_positive is not True for r in rows):
-            raise ScheduleError(f"{self}: the masked rows are not those of a loop over "
-                                f"{self.rows} around the loop over {self.blocks}")
-        # the last row of a full block: a block past the size's last row is past the loop
-        last = loop.start + max_extent(loop) - 1 if max_extent(loop) else loop.stop - 1
-        return (sympy.Min(*(r.xreplace({loop.var: loop.start}) for r in rows)),
-                sympy.Max(*(r.xreplace({loop.var: last}) for r in rows)))
+        return tile_rows_range(rows, blocks, within, self.rows, self)
 
     def _row(self, select, key):
         """r of a score masked as `r >= key ? s : -inf`."""
@@ -201,3 +194,18 @@ def _exp_of_masked(e):
         shifted = S.Bin("-", e.arg.left.then, e.arg.right)
         return S.Select(e.arg.left.cond, S.Un("exp", shifted), S.Num(0.0))
     return e
+
+
+def tile_rows_range(rows, blocks: Loop, within, over: str, who):
+    """(the least, the most of the masked rows `rows`) over the loop over `over` (a thread
+    block's rows) around the loop `blocks` in `within`, each row increasing with its
+    variable: the bounds a whole tile's blocks share. ScheduleError (naming `who`) if no
+    such loop holds them."""
+    loop = next((lp for lp in ancestors(within, blocks) if lp.var.name == over), None)
+    if loop is None or any(sympy.diff(r, loop.var).is_positive is not True for r in rows):
+        raise ScheduleError(f"{who}: the masked rows are not those of a loop over {over} "
+                            f"around the loop over {blocks.var}")
+    # the last row of a full block: a block past the size's last row is past the loop
+    last = loop.start + max_extent(loop) - 1 if max_extent(loop) else loop.stop - 1
+    return (sympy.Min(*(r.xreplace({loop.var: loop.start}) for r in rows)),
+            sympy.Max(*(r.xreplace({loop.var: last}) for r in rows)))

@@ -30,9 +30,8 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, Store, Update, ancestors, rewrite_loops, walk
-from moagen.steps.algebra.causal import MASKED, mask_sides, quotient
-from moagen.steps.gpu.blocks import max_extent
+from moagen.onf.loops import Let, Loop, Store, Update, rewrite_loops, walk
+from moagen.steps.algebra.causal import MASKED, mask_sides, quotient, tile_rows_range
 from moagen.steps.step import NotApplicable, Step, hidden
 
 
@@ -72,7 +71,7 @@ class MaskedBlocks(Step):
         if len({ahead for ahead, _ in sides}) > 1:
             raise ScheduleError(f"{self}: the masks put {self._inner} on both sides")
         ahead = next(iter(sides))[0]
-        low, high = self._range([row for _, row in sides], blocks, within)
+        low, high = tile_rows_range([row for _, row in sides], blocks, within, self.rows, self)
         if ahead:  # the keys: those past the last row are masked
             return replace(blocks, stop=sympy.Min(blocks.stop, quotient(high, size) + 1))
         if blocks.start != 0:
@@ -90,17 +89,6 @@ class MaskedBlocks(Step):
                 return False, key
         raise ScheduleError(f"{self}: a score is masked by {select.cond}, not as a query >= "
                             f"a key with {self._inner} on one side")
-
-    def _range(self, rows, blocks, within):
-        """(the least, the most row) over the loop over `rows` around the blocks."""
-        loop = next((lp for lp in ancestors(within, blocks) if lp.var.name == self.rows), None)
-        if loop is None or any(sympy.diff(r, loop.var).is_positive is not True for r in rows):
-            raise ScheduleError(f"{self}: the masked rows are not those of a loop over "
-                                f"{self.rows} around the loop over {self.blocks}")
-        last = loop.start + max_extent(loop) - 1 if max_extent(loop) else loop.stop - 1
-        return (sympy.Min(*(r.xreplace({loop.var: loop.start}) for r in rows)),
-                sympy.Max(*(r.xreplace({loop.var: last}) for r in rows)))
-
 
 def _masked(stmts):
     """The masked scores (selects with -inf) in the statements' expressions."""
