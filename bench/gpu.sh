@@ -16,7 +16,9 @@
 #      the flash variant alone, float32 at the same n, float64 at n 1024 and 4096 (the sweep
 #      shrunk to fit: at 4 heads, d 64 the first run took 0.52 s (float32) and 0.70 s
 #      (float64) a call of online at n 16384, 6 calls a size; 8 heads and d 128 are four
-#      times that); and decode (flash-decoding's split) against SDPA and the device's copy
+#      times that); the backward, flash (dQ a pass of its own) and dq_atomic (dQ by atomics
+#      from the key tiles), float32 d 64 at n 1024 and 4096, against SDPA's autograd; and
+#      decode (flash-decoding's split) against SDPA and the device's copy
 #      bandwidth; and the tiled MLP's forward and backward against PyTorch's;
 #   4. OpenACC C, C without restrict and Fortran timed next to CUDA, where gcc offloads there;
 # results, summaries and plots under WORK, packed into one archive in OUT
@@ -185,12 +187,12 @@ atomics() {
         --out "$WORK/atomics.jsonl"
 }
 
-# attention forward against SDPA on the same GPU, batch 1 and BENCH_HEADS heads:
-# bench_vs_sdpa DTYPE D "KERNEL:VARIANT..." "N..."
+# attention against SDPA (its autograd for a backward) on the same GPU, batch 1 and
+# BENCH_HEADS heads: bench_vs_sdpa DTYPE D "KERNEL:VARIANT..." "N..." [NAME]
 bench_vs_sdpa() {
     "$PY" -m moagen.cli bench --lang "$CUDA" --kernels $3 --dtype "$1" --size batch=1 \
         --size heads="$BENCH_HEADS" --size d="$2" --n $4 --threads "$JOBS" --baselines torch \
-        --untuned $DRY_RUN --out "$WORK/bench-$1-d$2.jsonl"
+        --untuned $DRY_RUN --out "$WORK/bench-${5:-$1-d$2}.jsonl"
 }
 
 # decode, a memory-bound kernel: its GB/s against the device's copy bandwidth (% copy)
@@ -253,7 +255,7 @@ main() {
         LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
         DEADLINE=${DEADLINE:-1500}
         local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
-        d64="32 64" d128="32" d128_f64="32"
+        d64="32 64" d128="32" d128_f64="32" bwd_n="32"
     else
         export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" DECODE_N="8192 32768" MLP_N="1024 4096"
         export LM_DEVICE=cuda LM_STEPS=60 LM_OPERATOR_CALLS=30 LM_SIZES= BENCH_HEADS=8
@@ -262,9 +264,10 @@ main() {
         # need), so the last steps are the ones a slow run gives up
         DEADLINE=${DEADLINE:-465}
         local kernels=all
-        d64="1024 4096 16384" d128="1024 4096 16384" d128_f64="1024 4096"
+        d64="1024 4096 16384" d128="1024 4096 16384" d128_f64="1024 4096" bwd_n="1024 4096"
     fi
     local both="attention_fwd:online attention_fwd:flash" flash=attention_fwd:flash
+    local backward="attention_bwd:flash attention_bwd:dq_atomic"  # dQ: its pass, or atomics
     setup_python
     [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
     export VERIFY_KERNELS=$kernels
@@ -275,7 +278,7 @@ main() {
     # 2-core EPYC, where it built against a stand-in libcuda), its tests 10 s; the tiny
     # LM 30 s, operators 10 s; atomics 15 s (0.4 s a round at n 2048); the four attention
     # benches 15, 20, 35 and 15 s of kernel time (6 calls a size) and 10 s each to start
-    # and build; decode and the MLP 10 s each: 7.5 minutes
+    # and build; the backward's (estimated) 20; decode and the MLP 10 s each: 7.9 minutes
     step verify-cuda 100 verify_cuda
     step device-arrays 130 device_arrays
     step pycuda 90 pycuda_arrays
@@ -286,6 +289,7 @@ main() {
     step bench-float64-d64 45 bench_vs_sdpa float64 64 "$both" "$d64"
     step bench-float32-d128 55 bench_vs_sdpa float32 128 "$flash" "$d128"
     step bench-float64-d128 35 bench_vs_sdpa float64 128 "$flash" "$d128_f64"
+    step bench-bwd-float32-d64 30 bench_vs_sdpa float32 64 "$backward" "$bwd_n" bwd-float32-d64
     step bench-decode 20 bench_decode
     step bench-mlp 25 bench_mlp
     step openacc 10 openacc_c_vs_fortran

@@ -53,7 +53,7 @@ def test_only_naive_variants_hold_temporaries_quadratic_in_n(kernel, variant):
     if variant == "naive":
         assert 2 in degrees.values(), degrees
     else:
-        assert variant in ("dnf", "online", "flash", "atomic", "owner")
+        assert variant in ("dnf", "online", "flash", "atomic", "dq_atomic", "owner")
         assert all(deg <= 1 for deg in degrees.values()), degrees
 
 
@@ -101,6 +101,7 @@ def _atomic_executions(stmts, ints, counts):
 def test_atomic_update_counts(causal):
     fused = onf_of("attention_fwdbwd" + causal, "atomic")
     bwd = onf_of("attention_bwd" + causal, "atomic")
+    dq = onf_of("attention_bwd" + causal, "dq_atomic")  # dQ's from the key rows' pass
     batch, heads, n, d = (_sizes(fused)[s] for s in ("batch", "heads", "n", "d"))
     per_gradient = batch * heads * n**2 * d
     # in closed form where the key blocks are full (the counting view: 64 divides n)
@@ -111,10 +112,11 @@ def test_atomic_update_counts(causal):
     assert sympy.simplify(fused_counts["dK"] - fused_counts["dV"]) == 0
     assert sympy.simplify(bwd_counts["dK"] - per_gradient) == 0
     assert sympy.simplify(sum(fused_counts.values()) / bwd_counts["dK"]) == 2
+    assert atomic_updates(dq.nests) == {"dQ": per_gradient}
     # the exact counts agree with the statements actually executed at small sizes, a
     # partial key block's included
     for at in (dict(batch=1, heads=2, n=5, d=3), dict(batch=1, heads=1, n=67, d=2)):
-        for onf in (fused, bwd):
+        for onf in (fused, bwd, dq):
             executed = {}
             for nest in onf.nests:
                 _atomic_executions(nest.body, dict(at), executed)
@@ -122,7 +124,8 @@ def test_atomic_update_counts(causal):
             assert executed == {a: value(c, env) for a, c in atomic_updates(onf.nests).items()}
 
 
-@pytest.mark.parametrize("kernel, variant", [kv for kv in ATTENTION if kv[1] != "atomic"])
+@pytest.mark.parametrize("kernel, variant",
+                         [kv for kv in ATTENTION if kv[1] not in ("atomic", "dq_atomic")])
 def test_no_other_variant_has_atomic_updates(kernel, variant):
     onf = onf_of(kernel, variant)
     assert atomic_updates(onf.nests) == {}

@@ -206,6 +206,25 @@ def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, m
     assert row.status == "pass", verify.format_row(row)
 
 
+@pytest.mark.parametrize("kernel", ["attention_bwd", "attention_bwd_causal"])
+def test_the_dq_atomic_backward_adds_dq_from_the_key_tiles(kernel, monkeypatch):
+    """FlashAttention-2's first backward: one pass, a block per 32 key rows with dK and dV
+    in registers (stored once each) adding dS K into dQ by atomics; causal, its query
+    blocks before a tile's first key skipped. Race-checked."""
+    onf = onf_of(kernel, "dq_atomic", target="cuda", dtype="float64")
+    (keys,) = [n for n in onf.nests if n.label == "keys"]
+    assert [lp.var.name for lp in walk(keys.body)
+            if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"] == ["b", "h", "j_blk"]
+    stores = [(s.array, s.atomic) for s in walk(keys.body)
+              if getattr(s, "array", None) in ("dQ", "dK", "dV")]
+    assert sorted(stores) == [("dK", False), ("dQ", True), ("dV", False)]
+    assert str(_blocks_loop(onf, "keys", "i_blk").start) == (
+        "idiv(32*j_blk, 64)" if kernel.endswith("causal") else "0")
+    monkeypatch.setenv(RACECHECK_ENV, "1")
+    row = verify.check_case(kernel, "dq_atomic", "cuda-emulated", "float64",
+                            dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
+    assert row.status == "pass", verify.format_row(row)
+
 def _blocks_loop(onf, nest, var):
     (loop,) = [s for n in onf.nests if n.label == nest for s in walk(n.body)
                if isinstance(s, Loop) and s.var.name == var]

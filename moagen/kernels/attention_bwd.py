@@ -85,6 +85,7 @@ OWNERS = (Parallel(QUERY_ROWS, nest="dQ"), Parallel(KEY_ROWS, nest="dK"),
 SPREAD = (Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dK"),
           Accumulate("c", over="i", nest="dV"))
 SCATTER_DK = Scatter("dK", over="i", outer=("b", "h"))
+SCATTER_DQ = Scatter("dQ", over="j", outer=("b", "h"))
 
 
 @dataclass(frozen=True)
@@ -214,9 +215,13 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
 
 
 # the block scratch KeyBlocks makes in the backward's dQ and keys passes: its names there
-BWD_SCRATCH = {"dS": "t_block", "P2": "t2_block", "dS2": "t3_block"}
+# (the keys pass's blocks of scores and dO V^T second, after the dQ pass's)
+_KEYS_SECOND = {"qk2": "qk_block2", "dov2": "dov_block2"}
+BWD_SCRATCH = {"dS": "t_block", "P2": "t2_block", "dS2": "t3_block", **_KEYS_SECOND}
 # ... and in the fused kernel's, after the forward's pass took a name of its own
-FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block"}
+FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block", **_KEYS_SECOND}
+# ... and in the dq_atomic variant's one pass
+DQ_ATOMIC_SCRATCH = {"P2": "t2_block", "dS2": "t_block", "qk2": "qk_block", "dov2": "dov_block"}
 
 
 def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False):
@@ -226,34 +231,45 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False):
     registers, the thread's own) or by `lanes` columns (its output rows, in registers over
     all the other side's blocks).
 
-    dQ: gpu_query_rows. keys: dK and dV rows; each query block's Q, dO, lse, delta and
-    (again: 227 KB hold no block's K and V tiles beside the query block's at float64, d
-    128) its K and V tiles staged, P and dS over K's and V's tiles once the scores are
-    taken, and Q and dO again, laid out by columns for dK += dS^T Q and dV += P^T dO, over
-    their first tiles. float64 at d 128: 208 KB of shared memory a block (either pass).
+    dQ: gpu_query_rows; keys: gpu_key_rows (float64 at d 128: 208 KB of shared memory a
+    block, either pass); delta: a GPU thread per query row. Causal: each pass skips the
+    blocks of the other side no row of its tile sees (MaskedBlocks)."""
+    return (GpuThreads(QUERY_ROWS, nest="delta"),
+            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal),
+            *gpu_key_rows("keys", rows, lanes, block, scratch, causal))
 
-    delta: a GPU thread per query row. Causal: each pass skips the blocks of the other side
-    no row of its tile sees (MaskedBlocks)."""
+
+def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False):
+    """The key rows' pass of a backward on a GPU (gpu_flash_bwd's): a thread block per
+    `block` key rows of a head, dK and dV in registers over all the query blocks. Each query
+    block's Q, dO, lse, delta and (again: 227 KB hold no block's K and V tiles beside the
+    query block's at float64, d 128) its K and V tiles staged; P and dS (the block scratch
+    `scratch` names) over K's and V's tiles once the scores are taken, and Q and dO again,
+    laid out by columns for dK += dS^T Q and dV += P^T dO, over their first tiles.
+
+    dq: the pass adds dS K into dQ too, by atomics (the dq_atomic variant); K's tile then
+    stays live to the end of a query block, P in shared memory of its own. Causal: the query
+    blocks before the tile's first key not visited."""
     threads = KEY_BLOCK // lanes
     query_blocks = loop_role("i", "blk")
-    k_keys, v_keys = (Stage(a, at=query_blocks, nest="keys") for a in ("K", "V"))
-    q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest="keys") for a in ("Q", "dO"))
-    keys = (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest="keys"),
-            *_skipped(causal, "keys", query_blocks, "j"),
-            ThreadTiles("j", rows, "y", nest="keys"),
-            ThreadTiles("i", lanes, "x", nest="keys"),
-            ThreadTiles("c", lanes, "x", threads=threads, nest="keys"),
-            RegisterTile("dK", nest="keys"), RegisterTile("dV", nest="keys"),
-            RegisterScratch("qk_block2", nest="keys"), RegisterScratch("dov_block2", nest="keys"),
+    k_keys, v_keys = (Stage(a, at=query_blocks, nest=nest) for a in ("K", "V"))
+    q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest=nest) for a in ("Q", "dO"))
+    return (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+            *_skipped(causal, nest, query_blocks, "j"),
+            ThreadTiles("j", rows, "y", nest=nest),
+            ThreadTiles("i", lanes, "x", nest=nest),
+            ThreadTiles("c", lanes, "x", threads=threads, nest=nest),
+            RegisterTile("dK", nest=nest), RegisterTile("dV", nest=nest),
+            RegisterScratch(scratch["qk2"], nest=nest),
+            RegisterScratch(scratch["dov2"], nest=nest),
             k_keys, v_keys, q_scores, do_scores,
-            Stage("lse", at=query_blocks, nest="keys"),
-            Stage("delta", at=query_blocks, nest="keys"),
-            SharedScratch(scratch["P2"], fastest="j", over=k_keys.tile, nest="keys"),
-            SharedScratch(scratch["dS2"], fastest="j", over=v_keys.tile, nest="keys"),
-            Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest="keys"),
-            Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest="keys"))
-    return (GpuThreads(QUERY_ROWS, nest="delta"),
-            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal), *keys)
+            Stage("lse", at=query_blocks, nest=nest),
+            Stage("delta", at=query_blocks, nest=nest),
+            SharedScratch(scratch["P2"], fastest="j", over="" if dq else k_keys.tile,
+                          nest=nest),
+            SharedScratch(scratch["dS2"], fastest="j", over=v_keys.tile, nest=nest),
+            Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest=nest),
+            Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest=nest))
 
 
 def _skipped(causal, nest, blocks, rows):
@@ -349,11 +365,35 @@ def variants(causal: bool):
                               *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"]),
                               GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
                               *gpu_key_rows_dv("dV", 4, 4, 32))})),
+        # FlashAttention-2's backward in its first form: one pass over key rows, which own
+        # dK and dV and add their share of dQ by atomics (no dQ pass)
+        "dq_atomic": (frozenset({"delta"}), dq_atomic(causal)),
         # FlashAttention-2's backward: key rows own dK and dV, the score and dO V^T blocks
         # register tiles; O and lse read, not recomputed (the fused kernel's owner
         # recomputes them in a forward pass of its own)
         "flash": flash_variant(causal),
     }
+
+
+def dq_atomic(causal: bool) -> Layers:
+    """The key rows' pass alone, dQ scattered over the keys: B H n^2 d atomic adds, against
+    the flash variant's dQ pass (a third recomputation of the scores and dO V^T). On a CPU
+    parallel over key rows (omp atomic); on a GPU gpu_key_rows' blocks, each adding its
+    dS K into dQ from its tiles. Causal: the second pass's blocks no key row sees skipped."""
+    algorithm = (SCATTER_DQ, Accumulate("c", over="i", nest="dK"),
+                 Accumulate("c", over="i", nest="dV"),
+                 FuseNests(("dK", "dV", "dQ"), over=KEY_ROWS, name="keys"), Hoist())
+    return Layers(
+        algorithm,
+        schedule={"cpu": (), "cuda": (LowerReductions(), KeyBlocks("keys", "i", KEY_BLOCK),
+                                      Distribute("c"))},
+        mapping={"cpu": (Parallel(QUERY_ROWS, nest="delta"),
+                         Parallel(QUERY_ROWS, nest=SCATTER_DQ.zero),
+                         Parallel(KEY_ROWS, nest="keys")),
+                 "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
+                          GpuThreads(QUERY_ROWS, nest=SCATTER_DQ.zero),
+                          *gpu_key_rows("keys", 4, 4, 32, DQ_ATOMIC_SCRATCH, causal,
+                                        dq=True))})
 
 
 def flash_variant(causal: bool, loops=Rows()) -> Tunable:
