@@ -3,8 +3,9 @@
 what the steps make of the ONF, what they refuse, the barriers the printer derives (each
 one needed: the race check fails the kernel without it) and the bound on the head dim;
 the causal twin's key blocks past a block's rows skipped, grouped-query attention's
-query heads folded into one grid axis, the atomic kernels' passes on block tiles, and the
-causal backward's passes skipping the blocks no row of a tile sees (MaskedBlocks)."""
+query heads folded into one grid axis, the atomic kernels' passes on block tiles, the
+causal backward's passes skipping the blocks no row of a tile sees (MaskedBlocks), and the
+grouped-query backward's key tiles walking a group's query heads."""
 from dataclasses import replace
 
 import numpy as np
@@ -210,7 +211,7 @@ def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, m
 def test_the_dq_atomic_backward_adds_dq_from_the_key_tiles(kernel, monkeypatch):
     """FlashAttention-2's first backward: one pass, a block per 32 key rows with dK and dV
     in registers (stored once each) adding dS K into dQ by atomics; causal, its query
-    blocks before a tile's first key skipped. Race-checked."""
+    blocks before a tile's first key skipped. Race-checked (the causal kernel)."""
     onf = onf_of(kernel, "dq_atomic", target="cuda", dtype="float64")
     (keys,) = [n for n in onf.nests if n.label == "keys"]
     assert [lp.var.name for lp in walk(keys.body)
@@ -220,9 +221,26 @@ def test_the_dq_atomic_backward_adds_dq_from_the_key_tiles(kernel, monkeypatch):
     assert sorted(stores) == [("dK", False), ("dQ", True), ("dV", False)]
     assert str(_blocks_loop(onf, "keys", "i_blk").start) == (
         "idiv(32*j_blk, 64)" if kernel.endswith("causal") else "0")
+    if kernel.endswith("causal"):  # the plain kernel's pass is the same less the skips
+        monkeypatch.setenv(RACECHECK_ENV, "1")
+        row = verify.check_case(kernel, "dq_atomic", "cuda-emulated", "float64",
+                                dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
+        assert row.status == "pass", verify.format_row(row)
+
+def test_the_gqa_backward_walks_a_group_s_query_heads_inside_a_key_tile(monkeypatch):
+    """dQ's pass folds a group's query heads into one grid axis, as the forward; the key
+    rows' pass is a block per key tile of a KV head, which sums over the group's heads
+    inside: each head's tiles staged in turn into one set (no tile has a group axis), its
+    scratch a head at a time. Race-checked (the causal kernel: its skipped blocks too)."""
+    onf = onf_of("attention_gqa_bwd", "flash", target="cuda", dtype="float64")
+    grid = {n.label: [lp.var.name for lp in walk(n.body)
+                      if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"]
+            for n in onf.nests}
+    assert grid["dQ"] == ["b", "g_r", "i_blk"] and grid["keys"] == ["b", "g", "j_blk"]
+    assert all("group" not in str(b.shape) for b in onf.shared)
     monkeypatch.setenv(RACECHECK_ENV, "1")
-    row = verify.check_case(kernel, "dq_atomic", "cuda-emulated", "float64",
-                            dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
+    row = verify.check_case("attention_gqa_bwd_causal", "flash", "cuda-emulated", "float64",
+                            dict(batch=1, kv_heads=2, group=2, n=70, d=9), load=runtime.load)
     assert row.status == "pass", verify.format_row(row)
 
 def _blocks_loop(onf, nest, var):

@@ -206,11 +206,12 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
                       {"cpu": (*mapping, *extra),
                        "cuda": attention.gpu_flash("forward", 4, 4, block, causal)
                                + gpu_flash_bwd(scratch=FWDBWD_SCRATCH, causal=causal)[1:]})
-    if not (forward or parts or lanes or loops != Rows()):
+    if not (forward or parts or lanes):
         # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
         # schedule and mapping as they are (OpenACC's too)
         return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
-                      {"cpu": (*mapping, *extra), "cuda": gpu_flash_bwd(causal=causal)})
+                      {"cpu": (*mapping, *extra),
+                       "cuda": gpu_flash_bwd(causal=causal, loops=loops)})
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
 
@@ -224,7 +225,7 @@ FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block", **_KEYS
 DQ_ATOMIC_SCRATCH = {"P2": "t2_block", "dS2": "t_block", "qk2": "qk_block", "dov2": "dov_block"}
 
 
-def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False):
+def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, loops=Rows()):
     """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
     per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
     tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
@@ -233,13 +234,16 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False):
 
     dQ: gpu_query_rows; keys: gpu_key_rows (float64 at d 128: 208 KB of shared memory a
     block, either pass); delta: a GPU thread per query row. Causal: each pass skips the
-    blocks of the other side no row of its tile sees (MaskedBlocks)."""
-    return (GpuThreads(QUERY_ROWS, nest="delta"),
-            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal),
-            *gpu_key_rows("keys", rows, lanes, block, scratch, causal))
+    blocks of the other side no row of its tile sees (MaskedBlocks). loops (Rows): the
+    grouped-query kernel's, its dQ grid folding a group's query heads into one axis, its key
+    tiles a KV head's, walking the group's query heads inside."""
+    return (GpuThreads(loops.query, nest="delta"),
+            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal,
+                            loops=loops),
+            *gpu_key_rows("keys", rows, lanes, block, scratch, causal, loops=loops))
 
 
-def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False):
+def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loops=Rows()):
     """The key rows' pass of a backward on a GPU (gpu_flash_bwd's): a thread block per
     `block` key rows of a head, dK and dV in registers over all the query blocks. Each query
     block's Q, dO, lse, delta and (again: 227 KB hold no block's K and V tiles beside the
@@ -254,7 +258,7 @@ def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False):
     query_blocks = loop_role("i", "blk")
     k_keys, v_keys = (Stage(a, at=query_blocks, nest=nest) for a in ("K", "V"))
     q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest=nest) for a in ("Q", "dO"))
-    return (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+    return (BlockTiles(loops.key, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, query_blocks, "j"),
             ThreadTiles("j", rows, "y", nest=nest),
             ThreadTiles("i", lanes, "x", nest=nest),
@@ -278,7 +282,7 @@ def _skipped(causal, nest, blocks, rows):
     return (MaskedBlocks(nest, blocks, rows=rows),) if causal else ()
 
 
-def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False):
+def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Rows()):
     """The query rows' pass of a backward on a GPU: a thread block per `block` query rows of
     a head, block / rows x KEY_BLOCK / lanes threads, dQ in registers over all the key
     blocks. Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; the
@@ -289,7 +293,7 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False):
     key_blocks = loop_role("j", "blk")
     k_scores = Stage("K", at=key_blocks, by="j", nest=nest)
     v_dq = Stage("V", at=key_blocks, nest=nest)
-    return (BlockTiles(QUERY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+    return (BlockTiles(loops.query, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, key_blocks, "i"),
             ThreadTiles("i", rows, "y", nest=nest),
             ThreadTiles("j", lanes, "x", nest=nest),

@@ -176,10 +176,11 @@ class Stage(Step):
         tiles = []  # (the tile's order, its shape) in each loop over `at`
 
         def stage(loop):
-            # the loops around it inside the grid too: a block's key rows, where a query
-            # block's loop stages their K tile
-            outer = tuple(lp for lp in ancestors(nest.body, loop) if not (
-                lp.gpu and lp.gpu.kind == "grid"))
+            # the thread loops around it too: a block's key rows, where a query block's loop
+            # stages their K tile (a sequential loop around it, a GQA group's query heads,
+            # is at one iteration for the whole copy: its index fixed)
+            outer = tuple(lp for lp in ancestors(nest.body, loop)
+                          if lp.gpu and lp.gpu.kind.startswith("thread."))
             accesses = [(a, around) for a, around in
                         _accesses(loop.body, self.array, outer + (loop,)) if serves(around)]
             if not accesses:
@@ -269,7 +270,7 @@ class SharedScratch(Step):
         nest = _scratch_nest(self, onf)
         accesses = list(_accesses(nest.body, self.array))
         grid = {lp.var for _, around in accesses for lp in around
-                if lp.gpu and lp.gpu.kind == "grid"}
+                if lp.gpu and lp.gpu.kind == "grid"} | _walked_by_block(accesses)
         positions = len(accesses[0][0].index)
         spans = [None] * positions
         for access, around in accesses:
@@ -311,6 +312,17 @@ def _of_block(e, scope, grid) -> bool:
     group)."""
     loops = e.free_symbols & set(scope)
     return bool(loops) and loops <= grid
+
+
+def _walked_by_block(accesses):
+    """The variables of the sequential loops around every access, the same loops for all
+    (a GQA group's query heads in the key rows' pass): the whole block walks them together,
+    so an index by one is one iteration's, the same for every thread, as a grid loop's is."""
+    common = None
+    for _, loops in accesses:
+        ids = {id(lp): lp.var for lp in loops if lp.gpu is None}
+        common = ids if common is None else {k: v for k, v in common.items() if k in ids}
+    return set((common or {}).values())
 
 
 def _arrays(nest):
@@ -429,15 +441,17 @@ class RegisterScratch(Step):
         accesses = list(_accesses(nest.body, self.array))
         if not accesses or not isinstance(accesses[0][0], Store) or accesses[0][0].accumulate:
             raise ScheduleError(f"{self}: {self.array} is not written first by a plain store")
+        walked = _walked_by_block(accesses)
         owners = None
         for access, around in accesses:
-            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"}
+            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"} | walked
             threads = {lp.var: lp for lp in around if lp.gpu and lp.gpu.kind.startswith("thread.")}
             if not grid:
                 raise ScheduleError(f"{self}: {self.array} is used outside the grid")
             used = set()
+            scope = {lp.var: lp for lp in around}
             for e in map(sympy.sympify, access.index):
-                if e in grid:
+                if _of_block(e, scope, grid):
                     continue
                 span = _span(e, threads)
                 if span is None:
