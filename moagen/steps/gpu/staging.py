@@ -444,10 +444,11 @@ class RegisterScratch(Step):
         walked = _walked_by_block(accesses)
         owners = None
         for access, around in accesses:
-            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"} | walked
+            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"}
             threads = {lp.var: lp for lp in around if lp.gpu and lp.gpu.kind.startswith("thread.")}
             if not grid:
                 raise ScheduleError(f"{self}: {self.array} is used outside the grid")
+            grid |= walked
             used = set()
             scope = {lp.var: lp for lp in around}
             for e in map(sympy.sympify, access.index):
