@@ -526,13 +526,13 @@ extern "C" int attention_bwd_atomic_f64(
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 106048;
             cudaFuncSetAttribute(attention_bwd_atomic_f64_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_rows<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, dK, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 210496;
             cudaFuncSetAttribute(attention_bwd_atomic_f64_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_rows<128>, grid, block, shared, stream,
@@ -544,13 +544,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 107040;
             cudaFuncSetAttribute(attention_bwd_atomic_f64_dV<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_dV<64>, grid, block, shared, stream,
                           Q, K, dO, lse, dV, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 193056;
             cudaFuncSetAttribute(attention_bwd_atomic_f64_dV<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f64_dV<128>, grid, block, shared, stream,
@@ -1032,13 +1032,13 @@ extern "C" int attention_bwd_atomic_f32(
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 53024;
             cudaFuncSetAttribute(attention_bwd_atomic_f32_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_rows<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, dK, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 105248;
             cudaFuncSetAttribute(attention_bwd_atomic_f32_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_rows<128>, grid, block, shared, stream,
@@ -1050,13 +1050,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 53520;
             cudaFuncSetAttribute(attention_bwd_atomic_f32_dV<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_dV<64>, grid, block, shared, stream,
                           Q, K, dO, lse, dV, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 96528;
             cudaFuncSetAttribute(attention_bwd_atomic_f32_dV<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_atomic_f32_dV<128>, grid, block, shared, stream,

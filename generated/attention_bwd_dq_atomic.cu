@@ -427,13 +427,13 @@ extern "C" int attention_bwd_dq_atomic_f64(
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 124992;
             cudaFuncSetAttribute(attention_bwd_dq_atomic_f64_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_dq_atomic_f64_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 229440;
             cudaFuncSetAttribute(attention_bwd_dq_atomic_f64_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_dq_atomic_f64_keys<128>, grid, block, shared, stream,
@@ -816,13 +816,13 @@ extern "C" int attention_bwd_dq_atomic_f32(
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 62496;
             cudaFuncSetAttribute(attention_bwd_dq_atomic_f32_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_dq_atomic_f32_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 114720;
             cudaFuncSetAttribute(attention_bwd_dq_atomic_f32_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_bwd_dq_atomic_f32_keys<128>, grid, block, shared, stream,

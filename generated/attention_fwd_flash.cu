@@ -308,13 +308,13 @@ extern "C" int attention_fwd_flash_f64(
 {
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 104448;
             cudaFuncSetAttribute(attention_fwd_flash_f64_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwd_flash_f64_rows<64>, grid, block, shared, stream,
                           Q, K, V, O, lse, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 174080;
             cudaFuncSetAttribute(attention_fwd_flash_f64_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwd_flash_f64_rows<128>, grid, block, shared, stream,
@@ -573,13 +573,13 @@ extern "C" int attention_fwd_flash_f32(
 {
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 52224;
             cudaFuncSetAttribute(attention_fwd_flash_f32_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwd_flash_f32_rows<64>, grid, block, shared, stream,
                           Q, K, V, O, lse, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 87040;
             cudaFuncSetAttribute(attention_fwd_flash_f32_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwd_flash_f32_rows<128>, grid, block, shared, stream,

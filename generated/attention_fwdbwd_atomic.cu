@@ -683,13 +683,13 @@ extern "C" int attention_fwdbwd_atomic_f64(
 {
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 104448;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f64_forward<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f64_forward<64>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 174080;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f64_forward<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f64_forward<128>, grid, block, shared, stream,
@@ -719,13 +719,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 123456;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f64_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f64_rows<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 225856;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f64_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f64_rows<128>, grid, block, shared, stream,
@@ -1327,13 +1327,13 @@ extern "C" int attention_fwdbwd_atomic_f32(
 {
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 52224;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f32_forward<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f32_forward<64>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 87040;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f32_forward<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f32_forward<128>, grid, block, shared, stream,
@@ -1363,13 +1363,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 61728;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f32_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f32_rows<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 112928;
             cudaFuncSetAttribute(attention_fwdbwd_atomic_f32_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_atomic_f32_rows<128>, grid, block, shared, stream,

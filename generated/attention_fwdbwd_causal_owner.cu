@@ -996,13 +996,13 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
 {
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 104448;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_forward<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward<64>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 174080;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_forward<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward<128>, grid, block, shared, stream,
@@ -1014,13 +1014,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 107072;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 213568;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ<128>, grid, block, shared, stream,
@@ -1032,13 +1032,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 107584;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 214080;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys<128>, grid, block, shared, stream,
@@ -1961,13 +1961,13 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
 {
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 52224;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_forward<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward<64>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 87040;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_forward<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward<128>, grid, block, shared, stream,
@@ -1979,13 +1979,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 53536;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 106784;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ<128>, grid, block, shared, stream,
@@ -1997,13 +1997,13 @@ else if (d <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 53792;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, heads, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 107040;
             cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys<128>, grid, block, shared, stream,

@@ -620,13 +620,13 @@ extern "C" int attention_gqa_bwd_flash_f64(
     }
     if (batch*group*kv_heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(group*kv_heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 107072;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f64_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f64_dQ<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, kv_heads, group, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 213568;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f64_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f64_dQ<128>, grid, block, shared, stream,
@@ -638,13 +638,13 @@ else if (d <= 128) {
     }
     if (batch*kv_heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(kv_heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 107584;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f64_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f64_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, kv_heads, group, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 214080;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f64_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f64_keys<128>, grid, block, shared, stream,
@@ -1214,13 +1214,13 @@ extern "C" int attention_gqa_bwd_flash_f32(
     }
     if (batch*group*kv_heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(group*kv_heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 53536;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f32_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f32_dQ<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, kv_heads, group, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 106784;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f32_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f32_dQ<128>, grid, block, shared, stream,
@@ -1232,13 +1232,13 @@ else if (d <= 128) {
     }
     if (batch*kv_heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(kv_heads), (unsigned int)(batch)), block(16, 8, 1);
-if (d <= 64) {
+        if (d <= 64) {
             const size_t shared = 53792;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f32_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f32_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, kv_heads, group, n, d, scale);
         }
-else if (d <= 128) {
+        else if (d <= 128) {
             const size_t shared = 107040;
             cudaFuncSetAttribute(attention_gqa_bwd_flash_f32_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(attention_gqa_bwd_flash_f32_keys<128>, grid, block, shared, stream,

@@ -2722,13 +2722,13 @@ extern "C" int block_bwd_composed_f64(
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (dh <= 64) {
+        if (dh <= 64) {
             const size_t shared = 107072;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
         }
-else if (dh <= 128) {
+        else if (dh <= 128) {
             const size_t shared = 213568;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ<128>, grid, block, shared, stream,
@@ -2740,13 +2740,13 @@ else if (dh <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (dh <= 64) {
+        if (dh <= 64) {
             const size_t shared = 107584;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
-else if (dh <= 128) {
+        else if (dh <= 128) {
             const size_t shared = 214080;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys<128>, grid, block, shared, stream,
@@ -5572,13 +5572,13 @@ extern "C" int block_bwd_composed_f32(
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (dh <= 64) {
+        if (dh <= 64) {
             const size_t shared = 53536;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
         }
-else if (dh <= 128) {
+        else if (dh <= 128) {
             const size_t shared = 106784;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ<128>, grid, block, shared, stream,
@@ -5590,13 +5590,13 @@ else if (dh <= 128) {
     }
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
-if (dh <= 64) {
+        if (dh <= 64) {
             const size_t shared = 53792;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
-else if (dh <= 128) {
+        else if (dh <= 128) {
             const size_t shared = 107040;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys<128>, grid, block, shared, stream,

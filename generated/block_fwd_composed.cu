@@ -1306,13 +1306,13 @@ extern "C" int block_fwd_composed_f64(
     }
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (dh <= 64) {
+        if (dh <= 64) {
             const size_t shared = 104448;
             cudaFuncSetAttribute(block_fwd_composed_f64_attn_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows<64>, grid, block, shared, stream,
                           Q, K, V, attn, lse, batch, n, heads, dh, scale);
         }
-else if (dh <= 128) {
+        else if (dh <= 128) {
             const size_t shared = 174080;
             cudaFuncSetAttribute(block_fwd_composed_f64_attn_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows<128>, grid, block, shared, stream,
@@ -2669,13 +2669,13 @@ extern "C" int block_fwd_composed_f32(
     }
     if (batch*heads*((n + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
-if (dh <= 64) {
+        if (dh <= 64) {
             const size_t shared = 52224;
             cudaFuncSetAttribute(block_fwd_composed_f32_attn_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows<64>, grid, block, shared, stream,
                           Q, K, V, attn, lse, batch, n, heads, dh, scale);
         }
-else if (dh <= 128) {
+        else if (dh <= 128) {
             const size_t shared = 87040;
             cudaFuncSetAttribute(block_fwd_composed_f32_attn_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows<128>, grid, block, shared, stream,
