@@ -150,6 +150,15 @@ def flash(rows, lanes, block, causal, loops=ROWS):
 HEAD_DIM_BOUNDS = (("d", (64, 128)),)
 
 
+def thread_tiles(nest, walking, other, rows, lanes, columns):
+    """A thread block's threads over its tiles: along y `rows` each of the block's own rows
+    (over `walking`), along x `lanes` each of the other side's rows (over `other`: the
+    scores) and `lanes` at a time of the output's columns, `columns` threads across them."""
+    return (ThreadTiles(walking, rows, "y", nest=nest),
+            ThreadTiles(other, lanes, "x", nest=nest),
+            ThreadTiles("c", lanes, "x", threads=columns, nest=nest))
+
+
 def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS):
     """FlashAttention-2's form on a GPU: a thread block per `block` query rows of a head
     (the grid: the loops `loops` but the last, then row tiles; BlockTiles folds the middle
@@ -167,9 +176,7 @@ def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS):
     keys = Stage("K", at=key_blocks, nest=nest)
     masked = (CausalBlocks(nest, rows="i"),) if causal else ()
     return (BlockTiles(loops, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest), *masked,
-            ThreadTiles("i", rows, "y", nest=nest),
-            ThreadTiles("j", lanes, "x", nest=nest),
-            ThreadTiles("c", lanes, "x", threads=columns, nest=nest),
+            *thread_tiles(nest, "i", "j", rows, lanes, columns),
             RegisterTile("O", nest=nest),
             Stage("Q", at="i", nest=nest), keys,
             Stage("V", at=key_blocks, over=keys.tile, nest=nest),

@@ -36,7 +36,7 @@ from moagen.steps.algebra.maskedblocks import MaskedBlocks
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.partials import PartBuffers
 from moagen.steps.algebra.scatter import Scatter
-from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
+from moagen.steps.gpu.blocks import BlockTiles
 from moagen.steps.gpu.staging import RegisterScratch, RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.distribute import Distribute
@@ -254,15 +254,12 @@ def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loop
     dq: the pass adds dS K into dQ too, by atomics (the dq_atomic variant); K's tile then
     stays live to the end of a query block, P in shared memory of its own. Causal: the query
     blocks before the tile's first key not visited."""
-    threads = KEY_BLOCK // lanes
     query_blocks = loop_role("i", "blk")
     k_keys, v_keys = (Stage(a, at=query_blocks, nest=nest) for a in ("K", "V"))
     q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest=nest) for a in ("Q", "dO"))
     return (BlockTiles(loops.key, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, query_blocks, "j"),
-            ThreadTiles("j", rows, "y", nest=nest),
-            ThreadTiles("i", lanes, "x", nest=nest),
-            ThreadTiles("c", lanes, "x", threads=threads, nest=nest),
+            *attention.thread_tiles(nest, "j", "i", rows, lanes, KEY_BLOCK // lanes),
             RegisterTile("dK", nest=nest), RegisterTile("dV", nest=nest),
             RegisterScratch(scratch["qk2"], nest=nest),
             RegisterScratch(scratch["dov2"], nest=nest),
@@ -295,9 +292,7 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
     v_dq = Stage("V", at=key_blocks, nest=nest)
     return (BlockTiles(loops.query, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, key_blocks, "i"),
-            ThreadTiles("i", rows, "y", nest=nest),
-            ThreadTiles("j", lanes, "x", nest=nest),
-            ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
+            *attention.thread_tiles(nest, "i", "j", rows, lanes, KEY_BLOCK // lanes),
             RegisterTile("dQ", nest=nest),
             RegisterScratch("qk_block", nest=nest), RegisterScratch("dov_block", nest=nest),
             Stage("Q", at="i", nest=nest), Stage("dO", at="i", nest=nest),
@@ -308,22 +303,20 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
             Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest=nest))
 
 
-def gpu_key_rows_dv(nest, rows, lanes, block):
+def gpu_key_rows_dv(nest, rows, lanes, block, scratch):
     """dV's own pass on a GPU (the atomic backward's: dK by atomics in the query rows'):
     a thread block per `block` key rows of a head, block / rows x KEY_BLOCK / lanes
     threads, dV in registers over all the query blocks; K's tile staged once, each query
-    block's Q (by its rows), lse and dO (by columns, for dV += P^T dO), the block's P in
-    shared memory."""
+    block's Q (by its rows), lse and dO (by columns, for dV += P^T dO), the block's P (the
+    block scratch `scratch` names, as the keys pass's) in shared memory."""
     query_blocks = loop_role("i", "blk")
     return (BlockTiles(KEY_ROWS, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
-            ThreadTiles("j", rows, "y", nest=nest),
-            ThreadTiles("i", lanes, "x", nest=nest),
-            ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
-            RegisterTile("dV", nest=nest), RegisterScratch("qk_block2", nest=nest),
+            *attention.thread_tiles(nest, "j", "i", rows, lanes, KEY_BLOCK // lanes),
+            RegisterTile("dV", nest=nest), RegisterScratch(scratch["qk2"], nest=nest),
             Stage("K", at="j", nest=nest),
             Stage("Q", at=query_blocks, nest=nest), Stage("lse", at=query_blocks, nest=nest),
             Stage("dO", at=query_blocks, nest=nest),
-            SharedScratch("t2_block", fastest="j", nest=nest))
+            SharedScratch(scratch["P2"], fastest="j", nest=nest))
 
 
 # the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes
@@ -368,7 +361,7 @@ def variants(causal: bool):
                      "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
                               *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"]),
                               GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
-                              *gpu_key_rows_dv("dV", 4, 4, 32))})),
+                              *gpu_key_rows_dv("dV", 4, 4, 32, BWD_SCRATCH))})),
         # FlashAttention-2's backward in its first form: one pass over key rows, which own
         # dK and dV and add their share of dQ by atomics (no dQ pass)
         "dq_atomic": (frozenset({"delta"}), dq_atomic(causal)),
