@@ -84,10 +84,7 @@ class CausalBlocks(Step):
                                for s in walk(blocks.body)):
             raise ScheduleError(f"{self}: the loop over {self.blocks} is not the online "
                                 f"softmax's loop over blocks of {self.keys} (a block max)")
-        size = sympy.diff(keys[0].start, blocks.var)
-        if not size.is_Integer or any(k.start != size * blocks.var for k in keys):
-            raise ScheduleError(f"{self}: the loops over {self.keys} do not start each block "
-                                f"at a multiple of {self.blocks}")
+        size = block_size(blocks, keys, self)
         rows = []
         for key in keys:
             for s in walk(key.body):
@@ -194,6 +191,16 @@ def _exp_of_masked(e):
         shifted = S.Bin("-", e.arg.left.then, e.arg.right)
         return S.Select(e.arg.left.cond, S.Un("exp", shifted), S.Num(0.0))
     return e
+
+
+def block_size(blocks: Loop, inner, who):
+    """B, where each of the loops `inner` over one block of the loop `blocks` starts at
+    B * its variable; ScheduleError (naming `who`) otherwise."""
+    size = sympy.diff(inner[0].start, blocks.var)
+    if not size.is_Integer or any(lp.start != size * blocks.var for lp in inner):
+        raise ScheduleError(f"{who}: the loops over {inner[0].var} do not start each block "
+                            f"at a multiple of {blocks.var}")
+    return size
 
 
 def tile_rows_range(rows, blocks: Loop, within, over: str, who):

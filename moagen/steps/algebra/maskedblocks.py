@@ -31,7 +31,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, rewrite_loops, walk
-from moagen.steps.algebra.causal import MASKED, mask_sides, quotient, tile_rows_range
+from moagen.steps.algebra.causal import (MASKED, block_size, mask_sides, quotient,
+                                         tile_rows_range)
 from moagen.steps.step import NotApplicable, Step, hidden
 
 
@@ -59,10 +60,7 @@ class MaskedBlocks(Step):
                  s.var.name == self._inner]
         if not inner:
             raise ScheduleError(f"{self}: no loop over {self._inner} inside {self.blocks}")
-        size = sympy.diff(inner[0].start, blocks.var)
-        if not size.is_Integer or any(lp.start != size * blocks.var for lp in inner):
-            raise ScheduleError(f"{self}: the loops over {self._inner} do not start each "
-                                f"block at a multiple of {self.blocks}")
+        size = block_size(blocks, inner, self)
         sides = {self._sides(sel, inner[0].var) for sel in _masked(blocks.body)}
         if not sides:
             raise ScheduleError(f"{self}: no score in the loop over {self.blocks} is masked: "
