@@ -122,14 +122,14 @@ def test_block_tiles_refuse_to_fold_loops_that_do_not_start_at_0():
     onf = onf_of("attention_gqa_fwd", VARIANT, target="cuda", dtype="float64", upto=5)
     nest = _rows(onf)
     r = perfect_chain(nest.body, 3)[-1]  # the loop over r, the group's query heads
-    shifted = replace(nest, body=_with_loop(nest.body, r, replace(r, start=r.start + 1)))
+    shifted = replace(nest, body=_with_stmt(nest.body, r, replace(r, start=r.start + 1)))
     onf = replace(onf, nests=tuple(shifted if n is nest else n for n in onf.nests))
     with pytest.raises(ScheduleError, match="g, r do not all start at 0: they cannot be folded"):
         BlockTiles(("b", "g", "r", "i"), rows=64, nest="rows")(onf)
 
 
-def _with_loop(stmts, old, new):
-    return tuple(new if s is old else replace(s, body=_with_loop(s.body, old, new))
+def _with_stmt(stmts, old, new):
+    return tuple(new if s is old else replace(s, body=_with_stmt(s.body, old, new))
                  if isinstance(s, Loop) else s for s in stmts)
 
 
@@ -190,9 +190,7 @@ def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, m
     scattered (the separate backward's dV) a pass of its own, a block per key tile. The
     blocks' shared tiles pass the race check."""
     onf = onf_of(kernel, "atomic", target="cuda", dtype="float64")
-    grid = {n.label: [lp.var.name for lp in walk(n.body)
-                      if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"]
-            for n in onf.nests}
+    grid = _grids(onf)
     stores = {n.label: [(s.array, s.atomic) for s in walk(n.body)
                         if getattr(s, "array", None) in ("dQ", "dK", "dV")] for n in onf.nests}
     assert grid["rows"] == ["b", "h", "i_blk"]
@@ -201,10 +199,7 @@ def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, m
     assert [a for a, _ in stores["rows"] if a == "dQ"] == ["dQ"]
     if "dV" not in scattered:
         assert grid["dV"] == ["b", "h", "j_blk"]
-    monkeypatch.setenv(RACECHECK_ENV, "1")
-    row = verify.check_case(kernel, "atomic", "cuda-emulated", "float64",
-                            dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
-    assert row.status == "pass", verify.format_row(row)
+    _race_checked(monkeypatch, kernel, "atomic", dict(batch=1, heads=2, n=70, d=9))
 
 
 @pytest.mark.parametrize("kernel", ["attention_bwd", "attention_bwd_causal"])
@@ -213,19 +208,16 @@ def test_the_dq_atomic_backward_adds_dq_from_the_key_tiles(kernel, monkeypatch):
     in registers (stored once each) adding dS K into dQ by atomics; causal, its query
     blocks before a tile's first key skipped. Race-checked (the causal kernel)."""
     onf = onf_of(kernel, "dq_atomic", target="cuda", dtype="float64")
+    assert _grids(onf)["keys"] == ["b", "h", "j_blk"]
     (keys,) = [n for n in onf.nests if n.label == "keys"]
-    assert [lp.var.name for lp in walk(keys.body)
-            if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"] == ["b", "h", "j_blk"]
     stores = [(s.array, s.atomic) for s in walk(keys.body)
               if getattr(s, "array", None) in ("dQ", "dK", "dV")]
     assert sorted(stores) == [("dK", False), ("dQ", True), ("dV", False)]
     assert str(_blocks_loop(onf, "keys", "i_blk").start) == (
         "idiv(32*j_blk, 64)" if kernel.endswith("causal") else "0")
     if kernel.endswith("causal"):  # the plain kernel's pass is the same less the skips
-        monkeypatch.setenv(RACECHECK_ENV, "1")
-        row = verify.check_case(kernel, "dq_atomic", "cuda-emulated", "float64",
-                                dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
-        assert row.status == "pass", verify.format_row(row)
+        _race_checked(monkeypatch, kernel, "dq_atomic", dict(batch=1, heads=2, n=70, d=9))
+
 
 def test_the_gqa_backward_walks_a_group_s_query_heads_inside_a_key_tile(monkeypatch):
     """dQ's pass folds a group's query heads into one grid axis, as the forward; the key
@@ -233,15 +225,27 @@ def test_the_gqa_backward_walks_a_group_s_query_heads_inside_a_key_tile(monkeypa
     inside: each head's tiles staged in turn into one set (no tile has a group axis), its
     scratch a head at a time. Race-checked (the causal kernel: its skipped blocks too)."""
     onf = onf_of("attention_gqa_bwd", "flash", target="cuda", dtype="float64")
-    grid = {n.label: [lp.var.name for lp in walk(n.body)
-                      if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"]
-            for n in onf.nests}
+    grid = _grids(onf)
     assert grid["dQ"] == ["b", "g_r", "i_blk"] and grid["keys"] == ["b", "g", "j_blk"]
     assert all("group" not in str(b.shape) for b in onf.shared)
+    _race_checked(monkeypatch, "attention_gqa_bwd_causal", "flash",
+                  dict(batch=1, kv_heads=2, group=2, n=70, d=9))
+
+
+def _grids(onf):
+    """Each nest's grid loops, by their variables."""
+    return {n.label: [lp.var.name for lp in walk(n.body)
+                      if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"]
+            for n in onf.nests}
+
+
+def _race_checked(monkeypatch, kernel, variant, sizes):
+    """The float64 kernel verified on the emulation with its race check on."""
     monkeypatch.setenv(RACECHECK_ENV, "1")
-    row = verify.check_case("attention_gqa_bwd_causal", "flash", "cuda-emulated", "float64",
-                            dict(batch=1, kv_heads=2, group=2, n=70, d=9), load=runtime.load)
+    row = verify.check_case(kernel, variant, "cuda-emulated", "float64", sizes,
+                            load=runtime.load)
     assert row.status == "pass", verify.format_row(row)
+
 
 def _blocks_loop(onf, nest, var):
     (loop,) = [s for n in onf.nests if n.label == nest for s in walk(n.body)
@@ -262,10 +266,8 @@ def test_the_causal_backward_on_cuda_skips_the_blocks_no_row_of_a_tile_sees(monk
     query_blocks = _blocks_loop(onf, "keys", "i_blk")
     assert (str(query_blocks.start), str(query_blocks.stop)) == (
         "idiv(32*j_blk, 64)", "idiv(n + 63, 64)")
-    monkeypatch.setenv(RACECHECK_ENV, "1")
-    row = verify.check_case("attention_bwd_causal", "flash", "cuda-emulated", "float64",
-                            dict(batch=1, heads=2, n=70, d=9), load=runtime.load)
-    assert row.status == "pass", verify.format_row(row)
+    _race_checked(monkeypatch, "attention_bwd_causal", "flash",
+                  dict(batch=1, heads=2, n=70, d=9))
 
 
 def test_masked_blocks_refuse_a_loop_whose_blocks_are_not_no_ops_where_masked():
@@ -289,8 +291,3 @@ def test_masked_blocks_refuse_an_addition_not_zero_where_masked():
     onf = replace(onf, nests=tuple(dq if n.label == "dQ" else n for n in onf.nests))
     with pytest.raises(ScheduleError, match="dQ is added to by a value not zero where"):
         MaskedBlocks("dQ", "j_blk")(onf)
-
-
-def _with_stmt(stmts, old, new):
-    return tuple(new if s is old else replace(s, body=_with_stmt(s.body, old, new))
-                 if isinstance(s, Loop) else s for s in stmts)
