@@ -1128,9 +1128,9 @@ __global__ void block_bwd_composed_f64_attn_delta(
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_dO_tile, attn_dQ_Q_tile, attn_dQ_V_tile, attn_dQ_K_tile_by_j, attn_t_block, attn_dQ_K_tile_by_c; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
- * for b / h / i_blk / i / e6 (simd), e5 (simd), e3, e, c (simd), j_blk / e4 (simd), e2
- *     (simd), e9, e7, j, j (simd), e11 / e10 (simd), e8 (simd), c (simd), e12 (simd)
+/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_K_tile_by_j, attn_dQ_Q_tile, attn_dQ_dO_tile, attn_dQ_V_tile, attn_t_block, attn_dQ_K_tile_by_c; reads lse, K, Q, V; scratch dQ, attn_delta, dattn
+ * for b / h / i_blk / i / e2 (simd), e (simd), c (simd), j_blk / e5, e3, j, e7, e9, j
+ *     (simd), e11 / e6 (simd), e4 (simd), c (simd), e8 (simd), e10 (simd), e12 (simd)
  */
 template <int MAX_dh>
 __global__ void block_bwd_composed_f64_attn_dQ(
@@ -1152,38 +1152,28 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(double, attn_dQ_Q_tile, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_dQ_dO_tile, 288*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_dQ_lse_tile, 576*MAX_dh, 36);
-    MOAGEN_SHARED_AT(double, attn_dQ_delta_tile, 576*MAX_dh + 288, 36);
-    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_j, 576*MAX_dh + 576, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_dQ_V_tile, 1120*MAX_dh + 576, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_t_block, 576*MAX_dh + 576, 2304);
-    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_c, 1120*MAX_dh + 576, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_dQ_lse_tile, 288, 36);
+    MOAGEN_SHARED_AT(double, attn_dQ_delta_tile, 0, 36);
+    MOAGEN_SHARED_AT(double, attn_dQ_Q_tile, 544*MAX_dh + 576, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_j, 576, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_dO_tile, 576, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_dQ_V_tile, 288*MAX_dh + 576, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_t_block, 576, 2304);
+    MOAGEN_SHARED_AT(double, attn_dQ_K_tile_by_c, 19008, 64*MAX_dh + 256);
     double dQ_reg[4][((MAX_dh + 63) / 64) * 4];
     double qk[4][4];
-    double dov[4][4];
     double qk_block_reg[4][4];
+    double dov[4][4];
     double dov_block_reg[4][4];
     double dQ_lse_tile_at[4];
     double dQ_delta_tile_at[4];
     double t[4][4];
     double t_1[4];
-    for (int e6 = ty * 16 + tx; e6 < 32; e6 += 128) {
-        attn_dQ_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0);
+    for (int e2 = ty * 16 + tx; e2 < 32; e2 += 128) {
+        attn_dQ_delta_tile[e2] = (e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e2 + 32*i_blk + n*(b*heads + h)] : 0.0);
     }
-    for (int e5 = ty * 16 + tx; e5 < 32; e5 += 128) {
-        attn_dQ_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0);
-    }
-    for (int e3 = ty; e3 < 32; e3 += 8) {
-        for (int e4 = tx; e4 < dh; e4 += 16) {
-            attn_dQ_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
-        }
-    }
-    for (int e = ty; e < 32; e += 8) {
-        for (int e2 = tx; e2 < dh; e2 += 16) {
-            attn_dQ_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0);
-        }
+    for (int e = ty * 16 + tx; e < 32; e += 128) {
+        attn_dQ_lse_tile[e] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e + 32*i_blk + n*(b*heads + h)] : 0.0);
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1197,14 +1187,14 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         __syncthreads();
-        for (int e9 = ty; e9 < 64; e9 += 8) {
-            for (int e10 = tx; e10 < dh; e10 += 16) {
-                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
+        for (int e5 = ty; e5 < 64; e5 += 8) {
+            for (int e6 = tx; e6 < dh; e6 += 16) {
+                attn_dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
-        for (int e7 = ty; e7 < 64; e7 += 8) {
-            for (int e8 = tx; e8 < dh; e8 += 16) {
-                attn_dQ_K_tile_by_j[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0);
+        for (int e3 = ty; e3 < 32; e3 += 8) {
+            for (int e4 = tx; e4 < dh; e4 += 16) {
+                attn_dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
         __syncthreads();
@@ -1234,6 +1224,27 @@ __global__ void block_bwd_composed_f64_attn_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk_block_reg[s_i][s_j] = qk[s_i][s_j];
+            }
+        }
+        __syncthreads();
+        for (int e7 = ty; e7 < 32; e7 += 8) {
+            for (int e8 = tx; e8 < dh; e8 += 16) {
+                attn_dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0);
+            }
+        }
+        for (int e9 = ty; e9 < 64; e9 += 8) {
+            for (int e10 = tx; e10 < dh; e10 += 16) {
+                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -1246,15 +1257,6 @@ __global__ void block_bwd_composed_f64_attn_dQ(
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                     dov[s_i][s_j] += attn_dQ_dO_tile[36*c + i - 32*i_blk] * attn_dQ_V_tile[68*c + j - 64*j_blk];
                 }
-            }
-        }
-        #pragma unroll
-        for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-            #pragma unroll
-            for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
         #pragma unroll
@@ -1347,10 +1349,10 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     }
 }
 
-/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_dO_tile_by_i, attn_keys_Q_tile_by_i, attn_keys_V_tile, attn_keys_K_tile, attn_t2_block, attn_t3_block, attn_keys_Q_tile_by_c, attn_keys_dO_tile_by_c; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
- * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e19, e17, e15, e13, i,
- *     i (simd), e23, e25 / e20 (simd), e18 (simd), e16 (simd), e14 (simd), c (simd), e24
- *     (simd), e26 (simd)
+/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_Q_tile_by_i, attn_keys_K_tile, attn_keys_V_tile, attn_keys_dO_tile_by_i, attn_t2_block, attn_t3_block, attn_keys_dO_tile_by_c, attn_keys_Q_tile_by_c; reads lse, Q, K, V; scratch dV, dK, attn_delta, dattn
+ * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e15, e13, i, e17, e19,
+ *     i (simd), e25, e23 / e16 (simd), e14 (simd), c (simd), e18 (simd), e20 (simd), e26
+ *     (simd), e24 (simd)
  */
 template <int MAX_dh>
 __global__ void block_bwd_composed_f64_attn_keys(
@@ -1373,21 +1375,21 @@ __global__ void block_bwd_composed_f64_attn_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(double, attn_keys_K_tile, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_keys_V_tile, 288*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_i, 576*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_i, 1120*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(double, attn_keys_lse_tile, 1664*MAX_dh, 68);
-    MOAGEN_SHARED_AT(double, attn_keys_delta_tile, 1664*MAX_dh + 544, 68);
-    MOAGEN_SHARED_AT(double, attn_t2_block, 0, 2304);
-    MOAGEN_SHARED_AT(double, attn_t3_block, 288*MAX_dh, 2304);
-    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_c, 576*MAX_dh, 64*MAX_dh + 256);
-    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_c, 1120*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_keys_K_tile, 544*MAX_dh + 1088, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_i, 1088, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_V_tile, 1088, 36*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_i, 288*MAX_dh + 1088, 68*MAX_dh);
+    MOAGEN_SHARED_AT(double, attn_keys_lse_tile, 544, 68);
+    MOAGEN_SHARED_AT(double, attn_keys_delta_tile, 0, 68);
+    MOAGEN_SHARED_AT(double, attn_t2_block, 1088, 2304);
+    MOAGEN_SHARED_AT(double, attn_t3_block, 19520, 2304);
+    MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_c, 37952, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(double, attn_keys_dO_tile_by_c, 37952, 64*MAX_dh + 256);
     double dK_reg[4][((MAX_dh + 63) / 64) * 4];
     double dV_reg[4][((MAX_dh + 63) / 64) * 4];
     double qk[4][4];
-    double dov[4][4];
     double qk_block2_reg[4][4];
+    double dov[4][4];
     double dov_block2_reg[4][4];
     double t2[4][4];
     double t3[4][4];
@@ -1419,19 +1421,9 @@ __global__ void block_bwd_composed_f64_attn_keys(
         for (int e21 = ty * 16 + tx; e21 < 64; e21 += 128) {
             attn_keys_lse_tile[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
-        for (int e19 = ty; e19 < 64; e19 += 8) {
-            for (int e20 = tx; e20 < dh; e20 += 16) {
-                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
-            }
-        }
-        for (int e17 = ty; e17 < 64; e17 += 8) {
-            for (int e18 = tx; e18 < dh; e18 += 16) {
-                attn_keys_Q_tile_by_i[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0);
-            }
-        }
-        for (int e15 = ty; e15 < 32; e15 += 8) {
+        for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < dh; e16 += 16) {
-                attn_keys_V_tile[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0);
+                attn_keys_Q_tile_by_i[e15 + 68*e16] = (e15 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e15 + 64*i_blk + n*(b*heads + h)) + e16] : 0.0);
             }
         }
         for (int e13 = ty; e13 < 32; e13 += 8) {
@@ -1466,6 +1458,27 @@ __global__ void block_bwd_composed_f64_attn_keys(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
+            }
+        }
+        __syncthreads();
+        for (int e17 = ty; e17 < 32; e17 += 8) {
+            for (int e18 = tx; e18 < dh; e18 += 16) {
+                attn_keys_V_tile[e17 + 36*e18] = (e17 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e17 + 32*j_blk + n*(b*heads + h)) + e18] : 0.0);
+            }
+        }
+        for (int e19 = ty; e19 < 64; e19 += 8) {
+            for (int e20 = tx; e20 < dh; e20 += 16) {
+                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0;
             }
         }
@@ -1478,15 +1491,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] += attn_keys_dO_tile_by_i[68*c + i - 64*i_blk] * attn_keys_V_tile[36*c + j - 32*j_blk];
                 }
-            }
-        }
-        #pragma unroll
-        for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
-            #pragma unroll
-            for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
         #pragma unroll
@@ -1553,11 +1557,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
                 if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk] = t3[s_j][s_i];
             }
         }
-        for (int e23 = ty; e23 < 64; e23 += 8) {
-            for (int e24 = tx; e24 < dh; e24 += 16) {
-                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
-            }
-        }
         for (int e25 = ty; e25 < 64; e25 += 8) {
             for (int e26 = tx; e26 < dh; e26 += 16) {
                 attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
@@ -1573,6 +1572,24 @@ __global__ void block_bwd_composed_f64_attn_keys(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                }
+            }
+        }
+        __syncthreads();
+        for (int e23 = ty; e23 < 64; e23 += 8) {
+            for (int e24 = tx; e24 < dh; e24 += 16) {
+                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
+            }
+        }
+        __syncthreads();
+        for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 t3_1[s_j] = attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk];
             }
             #pragma unroll
@@ -1582,15 +1599,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                     dK_reg[s_j][s_c] += t3_1[s_j] * attn_keys_Q_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
-                }
-            }
-            #pragma unroll
-            for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
                 }
             }
         }
@@ -2723,13 +2731,13 @@ extern "C" int block_bwd_composed_f64(
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (dh <= 64) {
-            const size_t shared = 107072;
+            const size_t shared = 53824;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
         }
         else if (dh <= 128) {
-            const size_t shared = 213568;
+            const size_t shared = 107072;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ<128>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
@@ -2741,13 +2749,13 @@ extern "C" int block_bwd_composed_f64(
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (dh <= 64) {
-            const size_t shared = 107584;
+            const size_t shared = 72768;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
         else if (dh <= 128) {
-            const size_t shared = 214080;
+            const size_t shared = 107584;
             cudaFuncSetAttribute(block_bwd_composed_f64_attn_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys<128>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
@@ -3978,9 +3986,9 @@ __global__ void block_bwd_composed_f32_attn_delta(
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_dO_tile, attn_dQ_Q_tile, attn_dQ_V_tile, attn_dQ_K_tile_by_j, attn_t_block, attn_dQ_K_tile_by_c; reads lse, Q, V, K; scratch dQ, attn_delta, dattn
- * for b / h / i_blk / i / e6 (simd), e5 (simd), e3, e, c (simd), j_blk / e4 (simd), e2
- *     (simd), e9, e7, j, j (simd), e11 / e10 (simd), e8 (simd), c (simd), e12 (simd)
+/* attn.dQ: writes attn_dQ_delta_tile, attn_dQ_lse_tile, attn_dQ_K_tile_by_j, attn_dQ_Q_tile, attn_dQ_dO_tile, attn_dQ_V_tile, attn_t_block, attn_dQ_K_tile_by_c; reads lse, K, Q, V; scratch dQ, attn_delta, dattn
+ * for b / h / i_blk / i / e2 (simd), e (simd), c (simd), j_blk / e5, e3, j, e7, e9, j
+ *     (simd), e11 / e6 (simd), e4 (simd), c (simd), e8 (simd), e10 (simd), e12 (simd)
  */
 template <int MAX_dh>
 __global__ void block_bwd_composed_f32_attn_dQ(
@@ -4002,38 +4010,28 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(float, attn_dQ_Q_tile, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_dQ_dO_tile, 144*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_dQ_lse_tile, 288*MAX_dh, 36);
-    MOAGEN_SHARED_AT(float, attn_dQ_delta_tile, 288*MAX_dh + 144, 36);
-    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_j, 288*MAX_dh + 288, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_dQ_V_tile, 560*MAX_dh + 288, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_t_block, 288*MAX_dh + 288, 2304);
-    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_c, 560*MAX_dh + 288, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_dQ_lse_tile, 144, 36);
+    MOAGEN_SHARED_AT(float, attn_dQ_delta_tile, 0, 36);
+    MOAGEN_SHARED_AT(float, attn_dQ_Q_tile, 272*MAX_dh + 288, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_j, 288, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_dO_tile, 288, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_dQ_V_tile, 144*MAX_dh + 288, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_t_block, 288, 2304);
+    MOAGEN_SHARED_AT(float, attn_dQ_K_tile_by_c, 9504, 64*MAX_dh + 256);
     float dQ_reg[4][((MAX_dh + 63) / 64) * 4];
     float qk[4][4];
-    float dov[4][4];
     float qk_block_reg[4][4];
+    float dov[4][4];
     float dov_block_reg[4][4];
     float dQ_lse_tile_at[4];
     float dQ_delta_tile_at[4];
     float t[4][4];
     float t_1[4];
-    for (int e6 = ty * 16 + tx; e6 < 32; e6 += 128) {
-        attn_dQ_delta_tile[e6] = (e6 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e6 + 32*i_blk + n*(b*heads + h)] : 0.0f);
+    for (int e2 = ty * 16 + tx; e2 < 32; e2 += 128) {
+        attn_dQ_delta_tile[e2] = (e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn_delta[e2 + 32*i_blk + n*(b*heads + h)] : 0.0f);
     }
-    for (int e5 = ty * 16 + tx; e5 < 32; e5 += 128) {
-        attn_dQ_lse_tile[e5] = (e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e5 + 32*i_blk + n*(b*heads + h)] : 0.0f);
-    }
-    for (int e3 = ty; e3 < 32; e3 += 8) {
-        for (int e4 = tx; e4 < dh; e4 += 16) {
-            attn_dQ_dO_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
-        }
-    }
-    for (int e = ty; e < 32; e += 8) {
-        for (int e2 = tx; e2 < dh; e2 += 16) {
-            attn_dQ_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e + 32*i_blk + n*(b*heads + h)) + e2] : 0.0f);
-        }
+    for (int e = ty * 16 + tx; e < 32; e += 128) {
+        attn_dQ_lse_tile[e] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e + 32*i_blk + n*(b*heads + h)] : 0.0f);
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
@@ -4047,14 +4045,14 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         __syncthreads();
-        for (int e9 = ty; e9 < 64; e9 += 8) {
-            for (int e10 = tx; e10 < dh; e10 += 16) {
-                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
+        for (int e5 = ty; e5 < 64; e5 += 8) {
+            for (int e6 = tx; e6 < dh; e6 += 16) {
+                attn_dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
-        for (int e7 = ty; e7 < 64; e7 += 8) {
-            for (int e8 = tx; e8 < dh; e8 += 16) {
-                attn_dQ_K_tile_by_j[e7 + 68*e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0f);
+        for (int e3 = ty; e3 < 32; e3 += 8) {
+            for (int e4 = tx; e4 < dh; e4 += 16) {
+                attn_dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
         __syncthreads();
@@ -4084,6 +4082,27 @@ __global__ void block_bwd_composed_f32_attn_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                qk_block_reg[s_i][s_j] = qk[s_i][s_j];
+            }
+        }
+        __syncthreads();
+        for (int e7 = ty; e7 < 32; e7 += 8) {
+            for (int e8 = tx; e8 < dh; e8 += 16) {
+                attn_dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0f);
+            }
+        }
+        for (int e9 = ty; e9 < 64; e9 += 8) {
+            for (int e10 = tx; e10 < dh; e10 += 16) {
+                attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -4096,15 +4115,6 @@ __global__ void block_bwd_composed_f32_attn_dQ(
                     const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                     dov[s_i][s_j] += attn_dQ_dO_tile[36*c + i - 32*i_blk] * attn_dQ_V_tile[68*c + j - 64*j_blk];
                 }
-            }
-        }
-        #pragma unroll
-        for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-            #pragma unroll
-            for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
         #pragma unroll
@@ -4197,10 +4207,10 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     }
 }
 
-/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_dO_tile_by_i, attn_keys_Q_tile_by_i, attn_keys_V_tile, attn_keys_K_tile, attn_t2_block, attn_t3_block, attn_keys_Q_tile_by_c, attn_keys_dO_tile_by_c; reads lse, Q, V, K; scratch dV, dK, attn_delta, dattn
- * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e19, e17, e15, e13, i,
- *     i (simd), e23, e25 / e20 (simd), e18 (simd), e16 (simd), e14 (simd), c (simd), e24
- *     (simd), e26 (simd)
+/* attn.keys: writes attn_keys_delta_tile, attn_keys_lse_tile, attn_keys_Q_tile_by_i, attn_keys_K_tile, attn_keys_V_tile, attn_keys_dO_tile_by_i, attn_t2_block, attn_t3_block, attn_keys_dO_tile_by_c, attn_keys_Q_tile_by_c; reads lse, Q, K, V; scratch dV, dK, attn_delta, dattn
+ * for b / h / j_blk / j / c (simd), i_blk / e22 (simd), e21 (simd), e15, e13, i, e17, e19,
+ *     i (simd), e25, e23 / e16 (simd), e14 (simd), c (simd), e18 (simd), e20 (simd), e26
+ *     (simd), e24 (simd)
  */
 template <int MAX_dh>
 __global__ void block_bwd_composed_f32_attn_keys(
@@ -4223,21 +4233,21 @@ __global__ void block_bwd_composed_f32_attn_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    MOAGEN_SHARED_AT(float, attn_keys_K_tile, 0, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_keys_V_tile, 144*MAX_dh, 36*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_i, 288*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_i, 560*MAX_dh, 68*MAX_dh);
-    MOAGEN_SHARED_AT(float, attn_keys_lse_tile, 832*MAX_dh, 68);
-    MOAGEN_SHARED_AT(float, attn_keys_delta_tile, 832*MAX_dh + 272, 68);
-    MOAGEN_SHARED_AT(float, attn_t2_block, 0, 2304);
-    MOAGEN_SHARED_AT(float, attn_t3_block, 144*MAX_dh, 2304);
-    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_c, 288*MAX_dh, 64*MAX_dh + 256);
-    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_c, 560*MAX_dh, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_keys_K_tile, 272*MAX_dh + 544, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_i, 544, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_V_tile, 544, 36*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_i, 144*MAX_dh + 544, 68*MAX_dh);
+    MOAGEN_SHARED_AT(float, attn_keys_lse_tile, 272, 68);
+    MOAGEN_SHARED_AT(float, attn_keys_delta_tile, 0, 68);
+    MOAGEN_SHARED_AT(float, attn_t2_block, 544, 2304);
+    MOAGEN_SHARED_AT(float, attn_t3_block, 9760, 2304);
+    MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_c, 18976, 64*MAX_dh + 256);
+    MOAGEN_SHARED_AT(float, attn_keys_dO_tile_by_c, 18976, 64*MAX_dh + 256);
     float dK_reg[4][((MAX_dh + 63) / 64) * 4];
     float dV_reg[4][((MAX_dh + 63) / 64) * 4];
     float qk[4][4];
-    float dov[4][4];
     float qk_block2_reg[4][4];
+    float dov[4][4];
     float dov_block2_reg[4][4];
     float t2[4][4];
     float t3[4][4];
@@ -4269,19 +4279,9 @@ __global__ void block_bwd_composed_f32_attn_keys(
         for (int e21 = ty * 16 + tx; e21 < 64; e21 += 128) {
             attn_keys_lse_tile[e21] = (e21 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? lse[e21 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
-        for (int e19 = ty; e19 < 64; e19 += 8) {
-            for (int e20 = tx; e20 < dh; e20 += 16) {
-                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
-            }
-        }
-        for (int e17 = ty; e17 < 64; e17 += 8) {
-            for (int e18 = tx; e18 < dh; e18 += 16) {
-                attn_keys_Q_tile_by_i[e17 + 68*e18] = (e17 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e17 + 64*i_blk + n*(b*heads + h)) + e18] : 0.0f);
-            }
-        }
-        for (int e15 = ty; e15 < 32; e15 += 8) {
+        for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < dh; e16 += 16) {
-                attn_keys_V_tile[e15 + 36*e16] = (e15 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e15 + 32*j_blk + n*(b*heads + h)) + e16] : 0.0f);
+                attn_keys_Q_tile_by_i[e15 + 68*e16] = (e15 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e15 + 64*i_blk + n*(b*heads + h)) + e16] : 0.0f);
             }
         }
         for (int e13 = ty; e13 < 32; e13 += 8) {
@@ -4316,6 +4316,27 @@ __global__ void block_bwd_composed_f32_attn_keys(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
+                qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
+            }
+        }
+        __syncthreads();
+        for (int e17 = ty; e17 < 32; e17 += 8) {
+            for (int e18 = tx; e18 < dh; e18 += 16) {
+                attn_keys_V_tile[e17 + 36*e18] = (e17 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e17 + 32*j_blk + n*(b*heads + h)) + e18] : 0.0f);
+            }
+        }
+        for (int e19 = ty; e19 < 64; e19 += 8) {
+            for (int e20 = tx; e20 < dh; e20 += 16) {
+                attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int s_j = 0; s_j < 4; ++s_j) {
+            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+            #pragma unroll
+            for (int s_i = 0; s_i < 4; ++s_i) {
+                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0f;
             }
         }
@@ -4328,15 +4349,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] += attn_keys_dO_tile_by_i[68*c + i - 64*i_blk] * attn_keys_V_tile[36*c + j - 32*j_blk];
                 }
-            }
-        }
-        #pragma unroll
-        for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
-            #pragma unroll
-            for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
         #pragma unroll
@@ -4403,11 +4415,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
                 if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk] = t3[s_j][s_i];
             }
         }
-        for (int e23 = ty; e23 < 64; e23 += 8) {
-            for (int e24 = tx; e24 < dh; e24 += 16) {
-                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
-            }
-        }
         for (int e25 = ty; e25 < 64; e25 += 8) {
             for (int e26 = tx; e26 < dh; e26 += 16) {
                 attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
@@ -4423,6 +4430,24 @@ __global__ void block_bwd_composed_f32_attn_keys(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
+                #pragma unroll
+                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
+                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
+                }
+            }
+        }
+        __syncthreads();
+        for (int e23 = ty; e23 < 64; e23 += 8) {
+            for (int e24 = tx; e24 < dh; e24 += 16) {
+                attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
+            }
+        }
+        __syncthreads();
+        for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 t3_1[s_j] = attn_t3_block[36*i - 2304*i_blk + j - 32*j_blk];
             }
             #pragma unroll
@@ -4432,15 +4457,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                     dK_reg[s_j][s_c] += t3_1[s_j] * attn_keys_Q_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
-                }
-            }
-            #pragma unroll
-            for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    dV_reg[s_j][s_c] += t2_1[s_j] * attn_keys_dO_tile_by_c[c + (MAX_dh + 4)*(i - 64*i_blk)];
                 }
             }
         }
@@ -5573,13 +5589,13 @@ extern "C" int block_bwd_composed_f32(
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (dh <= 64) {
-            const size_t shared = 53536;
+            const size_t shared = 26912;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
         }
         else if (dh <= 128) {
-            const size_t shared = 106784;
+            const size_t shared = 53536;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ<128>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dQ, attn_delta, batch, n, heads, dh, scale);
@@ -5591,13 +5607,13 @@ extern "C" int block_bwd_composed_f32(
     if (batch*heads*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (dh <= 64) {
-            const size_t shared = 53792;
+            const size_t shared = 36384;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys<64>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);
         }
         else if (dh <= 128) {
-            const size_t shared = 107040;
+            const size_t shared = 53792;
             cudaFuncSetAttribute(block_bwd_composed_f32_attn_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys<128>, grid, block, shared, stream,
                           Q, K, V, lse, dattn, dK, dV, attn_delta, batch, n, heads, dh, scale);

@@ -42,10 +42,10 @@ def test_the_flash_forward_on_cuda_is_a_block_per_row_tile_of_a_head():
                if lp.gpu.kind.startswith("thread.")}
     assert threads == {("thread.y", "i", 16, 4), ("thread.x", "j", 16, 4),
                        ("thread.x", "c", 16, 4)}
-    # Q, K, V tiles and the score block in shared memory, V over K's; no scratch in global
-    # memory, and O only written, once, at the end (its tile in registers)
-    assert {b.name: b.over for b in onf.shared} == {"rows_Q_tile": "", "rows_K_tile": "",
-                                                   "rows_V_tile": "rows_K_tile", "probs": ""}
+    # Q, K, V tiles and the score block in shared memory; no scratch in global memory, and
+    # O only written, once, at the end (its tile in registers)
+    assert [b.name for b in onf.shared] == ["rows_Q_tile", "rows_K_tile", "rows_V_tile",
+                                            "probs"]
     assert onf.temps == ()
     o_reads = [s for s in walk(_rows(onf).body) if getattr(s, "array", None) == "O"]
     assert len(o_reads) == 1
@@ -57,9 +57,12 @@ def test_the_launch_is_a_3d_grid_of_16_by_16_threads_with_the_tiles_in_shared_me
     (kernel,) = [k for k in CudaPrinter(onf, "float32").kernels() if k["tiled"]]
     assert kernel["block"] == (16, 16, 1)
     assert [str(g) for g in kernel["grid"]] == ["idiv(n + 63, 64)", "heads", "batch"]
-    # per bound of d: Q and K tiles d x 68, V's over K's, the scores 64 x 68, 4 bytes each
+    # per bound of d: Q and K tiles d x 68, V's on K's bytes (copied once the scores are
+    # taken), the scores 64 x 68, 4 bytes each
     bytes_at = {int(c.split("<= ")[1]): int(b) for c, _, b in kernel["launches"]}
     assert bytes_at == {64: 4 * (2 * 64 * 68 + 64 * 68), 128: 4 * (2 * 128 * 68 + 64 * 68)}
+    assert 'MOAGEN_SHARED_AT(float, rows_V_tile, 272*MAX_d, ' in \
+        emit(KERNEL, VARIANT, "cuda")
 
 
 def _flash(dtype):

@@ -529,3 +529,33 @@ def test_distribution_takes_each_loop_the_locals_it_reads():
     reads_y = (Let("a", S.Access("y", (sympy.Integer(0),))),) + lets[1:]
     with pytest.raises(ScheduleError, match="reads an array the loop adds into"):
         Distribute("i")(onf.with_nests([nest(reads_y + adds)]))
+
+
+def test_fission_splits_a_loop_into_the_chains_no_value_flows_between():
+    """for j: let a = x[j]; let b = w[j]; y[j] = 2 a; let t = a + 1; z[j] = b t  ->  the
+    chains {b} and {a, y, t, z} are joined by z (it reads b and t): one loop; without z's
+    read of b, two loops, {a, y, t} then {b, z}, in the order of their first statements,
+    values unchanged (the interpreter against numpy); a loop with one chain is left alone."""
+    from moagen.steps.loop.fission import Fission
+    from moagen.steps.step import NotApplicable
+    j, n = sym("j"), sym("n")
+    a, b, t = S.Local("a"), S.Local("b"), S.Local("t")
+
+    def onf(z_value):
+        body = (Let("a", S.Access("x", (j,))), Let("b", S.Access("w", (j,))),
+                Store("y", (j,), S.Bin("*", S.Num(2.0), a)),
+                Let("t", S.Bin("+", a, S.Num(1.0))), Store("z", (j,), z_value))
+        return ONF("chains", "test", (Buffer("x", (n,)), Buffer("w", (n,))),
+                   (Buffer("y", (n,)), Buffer("z", (n,))), (), (n,), (),
+                   (Nest("y", (Loop(j, sympy.Integer(0), n, body),), "y, z"),))
+
+    with pytest.raises(NotApplicable, match="no loop over j whose body is independent"):
+        Fission("j")(onf(S.Bin("*", b, t)))
+    split = Fission("j")(onf(S.Bin("*", b, b)))
+    loops = split.nests[0].body
+    assert [[getattr(s, "name", None) or s.array for s in lp.body] for lp in loops] == \
+        [["a", "y", "t"], ["b", "z"]]
+    xs, ws = np.arange(5.0), np.linspace(1, 2, 5)
+    got = run_onf(split, {"x": xs, "w": ws}, {})
+    np.testing.assert_array_equal(got["y"], 2 * xs)
+    np.testing.assert_array_equal(got["z"], ws * ws)

@@ -173,13 +173,12 @@ def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS):
     loops over key blocks stages its tiles)."""
     columns = block // lanes
     key_blocks = loop_role("j", "blk")  # OnlineSoftmax's loop over blocks of keys
-    keys = Stage("K", at=key_blocks, nest=nest)
     masked = (CausalBlocks(nest, rows="i"),) if causal else ()
     return (BlockTiles(loops, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest), *masked,
             *thread_tiles(nest, "i", "j", rows, lanes, columns),
             RegisterTile("O", nest=nest),
-            Stage("Q", at="i", nest=nest), keys,
-            Stage("V", at=key_blocks, over=keys.tile, nest=nest),
+            Stage("Q", at="i", nest=nest), Stage("K", at=key_blocks, nest=nest),
+            Stage("V", at=key_blocks, late=True, nest=nest),
             SharedScratch("probs", fastest="i", nest=nest))
 
 

@@ -40,6 +40,7 @@ from moagen.steps.gpu.blocks import BlockTiles
 from moagen.steps.gpu.staging import RegisterScratch, RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.distribute import Distribute
+from moagen.steps.loop.fission import Fission
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.hoist import Hoist
 from moagen.steps.loop.interchange import BlockInterchange
@@ -202,18 +203,22 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
     if forward and not (parts or lanes or loops != Rows()):
         # the fused kernel on a GPU: the flash forward's blocks (delta with O, from its
         # registers), then the backward's two passes
-        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
+        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
                        "cuda": attention.gpu_flash("forward", 4, 4, block, causal)
                                + gpu_flash_bwd(scratch=FWDBWD_SCRATCH, causal=causal)[1:]})
     if not (forward or parts or lanes):
         # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
         # schedule and mapping as they are (OpenACC's too)
-        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"),)},
+        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
                        "cuda": gpu_flash_bwd(causal=causal, loops=loops)})
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
+
+# on a GPU, each pass's products of a block one loop each (a key block's Q K^T apart from its
+# dO V^T, dK += dS^T Q from dV += P^T dO), so that each loop reads two staged tiles, not four
+PRODUCTS_APART = (Fission("j", nest="dQ"), Fission("i", nest="keys"))
 
 # the block scratch KeyBlocks makes in the backward's dQ and keys passes: its names there
 # (the keys pass's blocks of scores and dO V^T second, after the dQ pass's)
@@ -232,7 +237,7 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, 
     registers, the thread's own) or by `lanes` columns (its output rows, in registers over
     all the other side's blocks).
 
-    dQ: gpu_query_rows; keys: gpu_key_rows (float64 at d 128: 208 KB of shared memory a
+    dQ: gpu_query_rows; keys: gpu_key_rows (float64 at d 128: 106 KB of shared memory a
     block, either pass); delta: a GPU thread per query row. Causal: each pass skips the
     blocks of the other side no row of its tile sees (MaskedBlocks). loops (Rows): the
     grouped-query kernel's, its dQ grid folding a group's query heads into one axis, its key
@@ -246,31 +251,32 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, 
 def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loops=Rows()):
     """The key rows' pass of a backward on a GPU (gpu_flash_bwd's): a thread block per
     `block` key rows of a head, dK and dV in registers over all the query blocks. Each query
-    block's Q, dO, lse, delta and (again: 227 KB hold no block's K and V tiles beside the
-    query block's at float64, d 128) its K and V tiles staged; P and dS (the block scratch
-    `scratch` names) over K's and V's tiles once the scores are taken, and Q and dO again,
-    laid out by columns for dK += dS^T Q and dV += P^T dO, over their first tiles.
+    block's tiles staged as its products need them, each taking the memory of the ones read
+    before it: K's and Q's (by rows) for the scores, then V's and dO's for dO V^T, then P
+    and dS (the block scratch `scratch` names) and dO and Q again, laid out by columns for
+    dV += P^T dO and dK += dS^T Q. Only a product's two operands are live at once: 106 KB a
+    block at float64, d 128, two blocks an SM (K, V, Q and dO together: 208 KB, one).
 
     dq: the pass adds dS K into dQ too, by atomics (the dq_atomic variant); K's tile then
-    stays live to the end of a query block, P in shared memory of its own. Causal: the query
-    blocks before the tile's first key not visited."""
+    stays live to the end of a query block. Causal: the query blocks before the tile's
+    first key not visited."""
     query_blocks = loop_role("i", "blk")
-    k_keys, v_keys = (Stage(a, at=query_blocks, nest=nest) for a in ("K", "V"))
-    q_scores, do_scores = (Stage(a, at=query_blocks, by="i", nest=nest) for a in ("Q", "dO"))
     return (BlockTiles(loops.key, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, query_blocks, "j"),
             *attention.thread_tiles(nest, "j", "i", rows, lanes, KEY_BLOCK // lanes),
             RegisterTile("dK", nest=nest), RegisterTile("dV", nest=nest),
             RegisterScratch(scratch["qk2"], nest=nest),
             RegisterScratch(scratch["dov2"], nest=nest),
-            k_keys, v_keys, q_scores, do_scores,
+            Stage("K", at=query_blocks, nest=nest),
+            Stage("Q", at=query_blocks, by="i", nest=nest),
+            Stage("V", at=query_blocks, late=True, nest=nest),
+            Stage("dO", at=query_blocks, by="i", late=True, nest=nest),
             Stage("lse", at=query_blocks, nest=nest),
             Stage("delta", at=query_blocks, nest=nest),
-            SharedScratch(scratch["P2"], fastest="j", over="" if dq else k_keys.tile,
-                          nest=nest),
-            SharedScratch(scratch["dS2"], fastest="j", over=v_keys.tile, nest=nest),
-            Stage("Q", at=query_blocks, by="c", over=q_scores.tile, nest=nest),
-            Stage("dO", at=query_blocks, by="c", over=do_scores.tile, nest=nest))
+            SharedScratch(scratch["P2"], fastest="j", nest=nest),
+            SharedScratch(scratch["dS2"], fastest="j", nest=nest),
+            Stage("Q", at=query_blocks, by="c", late=True, nest=nest),
+            Stage("dO", at=query_blocks, by="c", late=True, nest=nest))
 
 
 def _skipped(causal, nest, blocks, rows):
@@ -282,25 +288,27 @@ def _skipped(causal, nest, blocks, rows):
 def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Rows()):
     """The query rows' pass of a backward on a GPU: a thread block per `block` query rows of
     a head, block / rows x KEY_BLOCK / lanes threads, dQ in registers over all the key
-    blocks. Q's, dO's, lse's and delta's tiles staged once, each key block's K and V; the
-    block's dS (the scratch `ds`) in shared memory over K's tile once the scores are taken,
-    and K again, laid out by columns for dQ += dS K, over V's. p: the block's P too, in
-    shared memory of its own (the fused atomic kernel's pass adds P^T dO into dV). Causal:
+    blocks. lse's and delta's tiles staged once; each key block's tiles as its products
+    need them, each taking the memory of the ones read before it: Q's and K's for the
+    scores, dO's and V's for dO V^T, then the block's dS (the scratch `ds`) and K again,
+    laid out by columns for dQ += dS K. Q and dO are copied again for every key block (from
+    L2: they are the block's own) so that only a product's two operands are live at once:
+    106 KB a block at float64, d 128, two blocks an SM (Q, dO, K and V together: 208 KB,
+    one). p: the block's P too (the fused atomic kernel's pass adds P^T dO into dV). Causal:
     the key blocks past the block's last row not visited."""
     key_blocks = loop_role("j", "blk")
-    k_scores = Stage("K", at=key_blocks, by="j", nest=nest)
-    v_dq = Stage("V", at=key_blocks, nest=nest)
     return (BlockTiles(loops.query, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, key_blocks, "i"),
             *attention.thread_tiles(nest, "i", "j", rows, lanes, KEY_BLOCK // lanes),
             RegisterTile("dQ", nest=nest),
             RegisterScratch("qk_block", nest=nest), RegisterScratch("dov_block", nest=nest),
-            Stage("Q", at="i", nest=nest), Stage("dO", at="i", nest=nest),
             Stage("lse", at="i", nest=nest), Stage("delta", at="i", nest=nest),
-            k_scores, v_dq,
-            SharedScratch(ds, fastest="i", over=k_scores.tile, nest=nest),
+            Stage("Q", at=key_blocks, nest=nest), Stage("K", at=key_blocks, by="j", nest=nest),
+            Stage("dO", at=key_blocks, late=True, nest=nest),
+            Stage("V", at=key_blocks, late=True, nest=nest),
+            SharedScratch(ds, fastest="i", nest=nest),
             *((SharedScratch(p, fastest="i", nest=nest),) if p else ()),
-            Stage("K", at=key_blocks, by="c", over=v_dq.tile, nest=nest))
+            Stage("K", at=key_blocks, by="c", late=True, nest=nest))
 
 
 def gpu_key_rows_dv(nest, rows, lanes, block, scratch):
@@ -354,7 +362,8 @@ def variants(causal: bool):
                        SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
             schedule={"cpu": (),
                       "cuda": (LowerReductions(), KeyBlocks("rows", "j", KEY_BLOCK),
-                               KeyBlocks("dV", "i", KEY_BLOCK), Distribute("c"))},
+                               KeyBlocks("dV", "i", KEY_BLOCK), Distribute("c"),
+                               Fission("j", nest="rows"))},
             mapping={"cpu": (Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
                              Parallel(KEY_ROWS, nest=SCATTER_DK.zero),
                              Parallel(KEY_ROWS, nest="dV")),
@@ -383,7 +392,7 @@ def dq_atomic(causal: bool) -> Layers:
     return Layers(
         algorithm,
         schedule={"cpu": (), "cuda": (LowerReductions(), KeyBlocks("keys", "i", KEY_BLOCK),
-                                      Distribute("c"))},
+                                      Distribute("c"), Fission("i", nest="keys"))},
         mapping={"cpu": (Parallel(QUERY_ROWS, nest="delta"),
                          Parallel(QUERY_ROWS, nest=SCATTER_DQ.zero),
                          Parallel(KEY_ROWS, nest="keys")),

@@ -38,6 +38,7 @@ from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.scatter import Scatter
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.distribute import Distribute
+from moagen.steps.loop.fission import Fission
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.hoist import Hoist
 from moagen.steps.loop.parallel import GpuThreads, Parallel
@@ -94,7 +95,8 @@ def atomic(causal: bool) -> Layers:
     on_gpu = (*attention.gpu_flash("forward", 4, 4, KEY_BLOCK, causal),
               *gpu_query_rows("rows", 4, 4, 32, ATOMIC_SCRATCH["dS"], p=ATOMIC_SCRATCH["P"]),
               *(GpuThreads(KEY_ROWS, nest=z) for z in zeroed))
-    return Layers(algorithm, schedule={"cpu": (), "cuda": (Distribute("c"),)},
+    return Layers(algorithm, schedule={"cpu": (), "cuda": (Distribute("c"),
+                                                           Fission("j", nest="rows"))},
                   mapping={"cpu": on_cpu, "cuda": on_gpu})
 
 

@@ -97,8 +97,8 @@ def compose(composite: Composite, stage_onf) -> ONF:
         bounds = {x.name: v.name for x, v in sizes.items() if isinstance(v, sympy.Symbol)}
         sizes = {**sizes, **{bound_symbol(x.name): bound_symbol(bounds[x.name])
                              for x in sizes if x.name in bounds}}
-        shared += [Buffer(names[b.name], tuple(sympy.sympify(e).xreplace(sizes) for e in b.shape),
-                          names.get(b.over, "")) for b in onf.shared]
+        shared += [Buffer(names[b.name], tuple(sympy.sympify(e).xreplace(sizes) for e in b.shape))
+                   for b in onf.shared]
         for buf in onf.inputs + onf.outputs + onf.temps:
             shape = tuple(sympy.sympify(d).xreplace(sizes) for d in buf.shape)
             target = names[buf.name]

@@ -94,7 +94,6 @@ class Store(Stmt):
 class Buffer:
     name: str
     shape: Tuple[sympy.Expr, ...]
-    over: str = ""  # a block's shared array placed over another's memory, used after it
 
 
 @dataclass(frozen=True)

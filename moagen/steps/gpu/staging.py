@@ -12,7 +12,7 @@ from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, an
                               arrays_read, bound_symbol, map_stmt_exprs, rewrite_loops, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.blocks import max_extent
-from moagen.steps.step import Step, option, shown
+from moagen.steps.step import Step, flag, option, shown
 
 # elements a shared tile's rows are padded by: against bank conflicts where threads walk
 # its columns, keeping 16-byte alignment for vector loads along its rows
@@ -135,9 +135,10 @@ class Stage(Step):
     loops over `at` one after another (a causal kernel's unmasked then diagonal key
     blocks) share one tile, each copying it, where their tiles have one shape.
 
-    over: the tile placed over another shared tile's memory (a block's K tile, once its
-    scores are taken), its copy just before the first statement of the loop's body that
-    reads it rather than at the start: one tile's shared memory less.
+    late: its copy just before the first statement of the loop's body that reads it rather
+    than at the start, so that it can take the memory of tiles read before it (a key
+    block's V tile that of its K tile, once the scores are taken: one tile's shared memory
+    less; moagen.targets.cuda.shared_memory places them).
 
     by: only the reads inside a thread loop over `by` (the phase whose register tiles walk
     that axis: K by keys in the scores, by columns in dQ += dS K), laid out for them; the
@@ -145,7 +146,7 @@ class Stage(Step):
     along its own fastest axis: vector loads in both)."""
     array: str
     at: str = shown("at {at}")
-    over: str = option("over {over}", "")
+    late: bool = flag("late")
     by: str = option("by {by}", "")
     nest: Optional[str] = None
     layer = "mapping"
@@ -153,7 +154,7 @@ class Stage(Step):
     @property
     def tile(self) -> str:
         """The shared array it creates, named after the nest, the array and the axis it is
-        laid out for (what another step's `over` names): rows_K_tile, dQ_K_tile_by_c."""
+        laid out for: rows_K_tile, dQ_K_tile_by_c."""
         nest = f"{self.nest.replace('.', '_')}_" if self.nest else ""
         return f"{nest}{self.array}_tile" + (f"_by_{self.by}" if self.by else "")
 
@@ -195,9 +196,7 @@ class Stage(Step):
             if not tiles:  # the first loop over `at` makes the tile, the others reuse it
                 if name in names.reserved:
                     raise ScheduleError(f"{self}: the name {name} is taken")
-                if self.over and self.over not in {b.name for b in shared}:
-                    raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
-                shared.append(Buffer(names.claim(name), shape, over=self.over))
+                shared.append(Buffer(names.claim(name), shape))
             elif tiles[0] != (order, shape):
                 raise ScheduleError(f"{self}: the loops over {self.at} read tiles of "
                                     f"{self.array} of two shapes")
@@ -208,7 +207,7 @@ class Stage(Step):
             body = _replace_accesses(loop.body, self.array, moved, serves, (loop,))
             first = next(k for k, s in enumerate(loop.body)
                          if any(serves((loop,) + around) for _, around in
-                                _accesses((s,), self.array))) if self.over else 0
+                                _accesses((s,), self.array))) if self.late else 0
             return replace(loop, body=body[:first] + (copy,) + body[first:])
 
         body, count = rewrite_loops(nest.body, lambda lp: lp.var.name == self.at,
@@ -258,11 +257,10 @@ class SharedScratch(Step):
     of the range they span, the position `fastest` (an index variable) laid out last and
     padded. Every access must be inside the grid, each position of its index a loop
     variable (or a loop variable less the start of the block of keys it is in) of the same
-    range in every access. over: placed over a shared tile's memory (the printer's barriers
-    keep the tile's last reads before the scratch's first writes)."""
+    range in every access. It may take the memory of tiles read before its first write
+    (moagen.targets.cuda.shared_memory)."""
     array: str
     fastest: str = shown("{fastest} fastest")
-    over: str = option("over {over}", "")
     nest: Optional[str] = None
     layer = "mapping"
 
@@ -300,10 +298,8 @@ class SharedScratch(Step):
         body = _replace_accesses(nest.body, self.array, local)
         temps = tuple(b for b in onf.temps if b.name != self.array)
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
-        if self.over and self.over not in {b.name for b in onf.shared}:
-            raise ScheduleError(f"{self}: no shared array {self.over} to place it over")
         return replace(onf.with_nests(nests, str(self)), temps=temps,
-                       shared=onf.shared + (Buffer(self.array, shape, over=self.over),))
+                       shared=onf.shared + (Buffer(self.array, shape),))
 
 
 def _of_block(e, scope, grid) -> bool:

@@ -22,6 +22,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, bound_symbol, walk
 from moagen.steps.gpu.blocks import max_extent
+from moagen.targets.cuda.shared_memory import allocate
 from moagen.targets.printer import arrays_in
 
 AXES = "xyz"
@@ -68,6 +69,8 @@ class TiledKernel:
         self.ctx = []  # the thread loops around the statement being printed
         self.pending = []  # shared accesses since the last barrier: (array, write, owner)
         self.shared = [b for b in printer.onf.shared if b.name in arrays_in(self.body)]
+        self.allocation = allocate(self.shared, self.body, 8 if printer.dtype == "float64" else 4,
+                                   self.bound_values(), f"nest {nest.label}")
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -98,24 +101,10 @@ class TiledKernel:
         return tuple(dims) + (sympy.Integer(1),) * (3 - len(dims))
 
     def shared_layout(self):
-        """(name, byte offset, element count) of each shared array, and the bytes in all,
-        each array starting on 16 bytes."""
-        size = 8 if self.p.dtype == "float64" else 4
-        out, offset, at = [], sympy.Integer(0), {}
-        for b in self.shared:
-            count = sympy.Mul(*b.shape)
-            if b.over:  # in the memory of one placed before it, no larger
-                start, room = at[b.over]
-                if any(sympy.sympify(count - room).xreplace(v).is_positive
-                       for v in self.bound_values()):
-                    raise ScheduleError(f"nest {self.nest.label}: {b.name} does not fit over "
-                                        f"{b.over}")
-                out.append((b.name, start, count))
-                continue
-            at[b.name] = (offset, count)
-            out.append((b.name, offset, count))
-            offset = offset + 16 * sympy.ceiling(count * size / sympy.Integer(16))
-        return out, offset
+        """(name, byte offset, element count) of each shared array, and the bytes in all
+        (moagen.targets.cuda.shared_memory)."""
+        layout, total, _ = self.allocation
+        return layout, total
 
     def bound_values(self):
         """Each compiled bound as a substitution of its MAX_ symbol."""
@@ -310,33 +299,36 @@ class TiledKernel:
         """(shared array, whether written, owner) of every shared access inside s; owner: the
         thread loops around it and its index (two accesses with one owner are one thread's
         element), None for a block's copy."""
-        storage = {b.name: b.over or b.name for b in self.shared}
-        yield from _shared_accesses(s, storage, tuple(_key(lp) for lp in self.ctx))
+        yield from _shared_accesses(s, {b.name for b in self.shared},
+                                    tuple(_key(lp) for lp in self.ctx))
 
     def conflicts(self, access):
+        """Whether an access since the last barrier, by another thread, touched bytes of
+        this one's array (its own or another's placed on them), one of the two a write."""
         array, write, owner = access
-        return any(a == array and (w or write) and (o is None or o != owner)
+        meets = self.allocation[2][array]
+        return any(a in meets and (w or write) and (o is None or o != owner)
                    for a, w, o in self.pending)
 
 
-def _shared_accesses(s, storage, around):
-    """(the shared memory an access is in: its array's or the one it is placed over, whether
-    written, owner) of each access; `storage` maps the shared arrays to their memory's."""
+def _shared_accesses(s, shared, around):
+    """(the shared array an access is to, whether written, owner) of each access to one of
+    `shared`."""
     if isinstance(s, Loop):
         if s.gpu and s.gpu.kind.startswith("copy"):
             for b in walk(s.body):
-                if isinstance(b, Store) and b.array in storage:
-                    yield storage[b.array], True, None
+                if isinstance(b, Store) and b.array in shared:
+                    yield b.array, True, None
             return
         inner = around + ((_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
         for b in s.body:
-            yield from _shared_accesses(b, storage, inner)
+            yield from _shared_accesses(b, shared, inner)
         return
     for x in S.subexpressions(s.value):
-        if isinstance(x, S.Load) and x.array in storage:
-            yield storage[x.array], False, (frozenset(around), x.array, sympy.expand(x.offset))
-    if isinstance(s, Store) and s.array in storage:
-        yield storage[s.array], True, (frozenset(around), s.array, sympy.expand(s.index[0]))
+        if isinstance(x, S.Load) and x.array in shared:
+            yield x.array, False, (frozenset(around), x.array, sympy.expand(x.offset))
+    if isinstance(s, Store) and s.array in shared:
+        yield s.array, True, (frozenset(around), s.array, sympy.expand(s.index[0]))
 
 
 def _distinct_locals(stmts):

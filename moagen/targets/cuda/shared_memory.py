@@ -1,0 +1,112 @@
+"""Where a tiled kernel's shared arrays lie in its block's shared memory.
+
+Each array is live from its first access to its last, in the order the block runs its
+statements (a tile from each copy to its last read before the next copy), and over the
+whole of a loop it is live into (a Q tile staged before the loop over key blocks) or that
+reads it before writing it (what an iteration leaves the next).
+Arrays are placed in the order they become live, each at the lowest 16-byte offset where
+it overlaps no array live at the same time: a key block's V tile, copied once its scores
+are taken, lands on the K tile it follows without a step saying so. Sizes are symbolic in
+the compile-time bounds (MAX_d), so an offset must fit at every bound. TiledKernel's
+barriers then keep one array's last reads before the next one's first writes wherever
+their bytes meet."""
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import Loop, Store, walk
+
+
+def _touches(s, names):
+    """(array, written) for each access of s to one of `names`; a block's copy a write."""
+    if isinstance(s, Loop):  # a copy: its stores into the tile
+        return [(b.array, True) for b in walk(s.body) if isinstance(b, Store) and b.array in names]
+    value = getattr(s, "value", None)
+    reads = [(x.array, False) for x in (S.subexpressions(value) if value is not None else ())
+             if isinstance(x, (S.Access, S.Load)) and x.array in names]
+    return reads + ([(s.array, True)] if isinstance(s, Store) and s.array in names else [])
+
+
+def live_ranges(body, names):
+    """name -> its live ranges, (first, last) pairs of the statements numbered in the order
+    they run (a block's copy one statement), over which each array of `names` holds
+    something still to be read. A block's copy writes the whole tile, so a copy after the
+    tile's reads starts a range of its own (a causal kernel's unmasked and diagonal key
+    blocks each copy K and V: a range each); other writes may write a part, so they extend
+    the range they are in."""
+    uses, loops, count = {}, [], [0]
+
+    def visit(stmts):
+        for s in stmts:
+            if isinstance(s, Loop) and not (s.gpu and s.gpu.kind.startswith("copy")):
+                start = count[0]
+                visit(s.body)
+                loops.append((start, count[0] - 1))
+                continue
+            copy = isinstance(s, Loop)
+            for name, written in _touches(s, names):
+                uses.setdefault(name, []).append((count[0], written, written and copy))
+            count[0] += 1
+
+    visit(body)
+    ranges = {}
+    for name, u in uses.items():
+        spans = []
+        for position, _, whole in u:
+            if spans and not (whole and spans[-1][1] < position):
+                spans[-1][1] = position
+            else:
+                spans.append([position, position])
+        ranges[name] = [tuple(span) for span in spans]
+    changed = True
+    while changed:  # merging over one loop may reach into another
+        changed = False
+        for name, u in uses.items():
+            for start, end in loops:
+                inside = [written for p, written, _ in u if start <= p <= end]
+                meeting = [(f, lst) for f, lst in ranges[name] if f <= end and start <= lst]
+                # read in the loop before it is written there (what an iteration leaves
+                # the next), or live into the loop or out of it: live over all of it
+                if not (inside and (not inside[0] or any(f < start or lst > end
+                                                         for f, lst in meeting))):
+                    continue
+                merged = (min(start, *(f for f, _ in meeting)),
+                          max(end, *(lst for _, lst in meeting)))
+                if meeting != [merged]:
+                    ranges[name] = sorted([x for x in ranges[name] if x not in meeting]
+                                          + [merged])
+                    changed = True
+    return {name: tuple(spans) for name, spans in ranges.items()}
+
+
+def allocate(shared, body, element_bytes, bound_values, where):
+    """([(name, byte offset, element count)] of the arrays `shared`, in their order; the
+    bytes in all; name -> the names whose bytes meet its at some bound, its own included).
+    bound_values: one substitution of the MAX_ symbols per compiled bound."""
+    names = {b.name for b in shared}
+    ranges = live_ranges(body, names)
+    placed = {}  # name -> (offset, bytes)
+
+    def at(e):
+        return tuple(sympy.sympify(e).xreplace(v) for v in bound_values)
+
+    def meet(a, b):
+        (oa, na), (ob, nb) = a, b
+        return any(x < y + m and y < x + n for x, n, y, m in zip(at(oa), at(na), at(ob), at(nb)))
+
+    def together(a, b):
+        return any(f <= last and first <= lst for f, lst in ranges[a] for first, last in ranges[b])
+
+    for b in sorted(shared, key=lambda b: ranges[b.name][0]):
+        size = 16 * sympy.ceiling(sympy.Mul(*b.shape) * element_bytes / sympy.Integer(16))
+        live = [placed[n] for n in placed if together(n, b.name)]
+        candidates = sorted({sympy.Integer(0)} | {o + n for o, n in live}, key=at)
+        offset = next((c for c in candidates if not any(meet((c, size), o) for o in live)), None)
+        if offset is None:
+            raise ScheduleError(f"{where}: no offset in shared memory fits {b.name} at every "
+                                "bound")
+        placed[b.name] = (sympy.expand(offset), size)
+    layout = [(b.name, placed[b.name][0], sympy.Mul(*b.shape)) for b in shared]
+    total = sympy.Max(*(o + n for o, n in placed.values())) if placed else sympy.Integer(0)
+    meets = {a: frozenset(b for b in placed if meet(placed[a], placed[b])) for a in placed}
+    return layout, total, meets
