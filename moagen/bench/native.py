@@ -1,16 +1,16 @@
-"""The benchmarks' own native helpers (templates/stream.c), built and cached like a
+"""The benchmarks' own native helpers (templates/bench/stream.c), built and cached like a
 kernel, with the same compiler and flags."""
 import time
 from functools import lru_cache
-from pathlib import Path
 
 import cffi
 import numpy as np
 
 from moagen.targets.c.build import build_c
 from moagen.targets.c.loader import dlopen
+from moagen.templates import ROOT as TEMPLATES
 
-SOURCE = Path(__file__).resolve().parent / "templates" / "stream.c"
+SOURCE = TEMPLATES / "bench" / "stream.c"
 
 
 @lru_cache(maxsize=None)

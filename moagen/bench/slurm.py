@@ -1,7 +1,7 @@
 """`moagen slurm`: a Slurm batch script that runs the topology sweep on one whole node
-(moagen/bench/templates/slurm.sh.j2), with the placement options a NUMA machine needs; with
+(templates/bench/slurm.sh.j2), with the placement options a NUMA machine needs; with
 --ring, one that verifies the distributed kernels on the ranks of a multi-node allocation
-and measures ring attention there (moagen/bench/templates/slurm_ring.sh.j2), one rank per NUMA
+and measures ring attention there (templates/bench/slurm_ring.sh.j2), one rank per NUMA
 node."""
 from moagen.errors import MoagenError
 

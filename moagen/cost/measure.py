@@ -2,7 +2,7 @@
 cachegrind, on one thread.
 
 The kernel is built with -march=x86-64-v3 (valgrind 3.19 decodes no AVX-512) and called by
-a generated driver (moagen/targets/c/templates/driver.c.j2) that writes every array and then streams
+a generated driver (templates/c/driver.c.j2) that writes every array and then streams
 through twice the last-level cache, so that the call starts with its arrays in main memory.
 The driver runs twice, calling the kernel and not, and the second run's counts are taken
 from the first's: what is left is the call's own. Cachegrind simulates the caches given by

@@ -36,7 +36,7 @@ INSTALL_MPI = "apt-get install openmpi-bin libopenmpi-dev"
 
 def _libmvec():
     """(compile flags, link flags) that give generated C glibc's vector exponentials, where
-    the library exists (moagen/targets/c/templates/kernel.c.j2)."""
+    the library exists (templates/c/kernel.c.j2)."""
     if ctypes.util.find_library("mvec"):
         return ("-DMOAGEN_LIBMVEC",), ("-lmvec",)
     return (), ()

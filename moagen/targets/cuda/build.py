@@ -6,13 +6,14 @@ from pathlib import Path
 
 from moagen.targets.toolchain import (INSTALL_CUDA, INSTALL_CXX, Toolchain, cached, require, run,
                                      shared_library, write)
+from moagen.templates import ROOT as TEMPLATES
 
 
 # the GPUs every CUDA kernel is compiled for, with or without one present
 CUDA_ARCHS = ("sm_80", "sm_90")
 
 # the stand-in for the CUDA runtime header that runs CUDA source on the host
-CUDA_EMULATION = Path(__file__).resolve().parent / "templates" / "emulation"
+CUDA_EMULATION = TEMPLATES / "cuda" / "emulation"
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def _on_device(gpu, array, intent):
 
 
 # what the emulation's launchers return when one of its checks failed a launch (the race
-# check's, a shuffle's: templates/emulation/cuda_runtime.h), and the function that says which
+# check's, a shuffle's: templates/cuda/emulation/cuda_runtime.h), and the function that says which
 EMULATION_CHECK_FAILED = 9999
 EMULATION_ERROR = "const char *moagen_emulation_error(void);"
 
