@@ -73,11 +73,11 @@ _acc=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PATH=$_acc/usr/bin:$PATH
 export CC=$_acc/usr/bin/gcc-12 FC=$_acc/usr/bin/gfortran-12
 export LD_LIBRARY_PATH=$_acc/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-_missing=$(ldd "$_acc"/usr/lib/gcc/x86_64-linux-gnu/12/{cc1,f951,lto1} \
+_missing=$(ldd "$_acc"/usr/lib/gcc/x86_64-linux-gnu/12/{cc1,f951} \
     "$_acc"/usr/lib/gcc/x86_64-linux-gnu/12/accel/nvptx-none/{lto1,mkoffload} \
-    "$_acc"/usr/bin/nvptx-none-ld | grep 'not found' | sort -u)
+    "$_acc"/usr/bin/nvptx-none-ld 2>&1 | grep -E 'not found|No such file' | sort -u)
 if [ -n "$_missing" ]; then
-    echo "gcc12-openacc: the machine lacks libraries its compilers need:" >&2
+    echo "gcc12-openacc: the machine lacks libraries its compilers need (or a file is gone):" >&2
     echo "$_missing" >&2
     return 1
 fi
