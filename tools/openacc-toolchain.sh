@@ -6,6 +6,9 @@
 #
 #   tools/openacc-toolchain.sh OUT.tar.xz [DEBS]   # DEBS: a folder with the .debs (else apt-get download)
 #
+# XZ_LEVEL (default 6) trades time for size: the tests make theirs at 1, several times
+# faster and a few MiB larger, so that their budget check has room to spare.
+#
 # The archive holds one folder, gcc12-openacc/, with usr/ (the compilers, found by gcc's own
 # relocation: the driver looks for cc1, lto1 and mkoffload next to itself), env.sh (source
 # it: CC, FC, PATH, LD_LIBRARY_PATH) and MANIFEST (each package and version, what was kept
@@ -108,6 +111,6 @@ EOF
 } > "$prefix/MANIFEST"
 
 mkdir -p "$(dirname "$out")"
-tar -C "$work" -cf - gcc12-openacc | xz -T0 -6 > "$out"
+tar -C "$work" -cf - gcc12-openacc | xz -T0 -"${XZ_LEVEL:-6}" > "$out"
 { cat "$prefix/MANIFEST"; echo "archive_bytes $(stat -c %s "$out")"; } > "$(dirname "$out")/MANIFEST"
 cat "$(dirname "$out")/MANIFEST"
