@@ -52,7 +52,8 @@ verify-ranks: $(VENV)/.installed
 	  mpirun --oversubscribe -np $$p $(MOAGEN) verify --ranks; done
 
 gpu-dry-run: $(VENV)/.installed  # every step of bench/gpu.sh on the CUDA emulation (minutes)
-	[ -e wheelhouse/pycuda/pycuda-2026.1.tar.gz ] || PYTHON=$(PYTHON) bench/gpu.sh prepare
+	[ -e wheelhouse/pycuda/pycuda-2026.1.tar.gz ] && [ -e wheelhouse/toolchain/gcc12-openacc.tar.xz ] || \
+	  PYTHON=$(PYTHON) bench/gpu.sh prepare
 	PYTHON=$(PYTHON) OUT=bench-results/gpu-dry-run bench/gpu.sh --dry-run
 
 test: $(VENV)/.installed

@@ -20,7 +20,12 @@
 #      from the key tiles), float32 d 64 at n 1024 and 4096, against SDPA's autograd; and
 #      decode (flash-decoding's split) against SDPA and the device's copy
 #      bandwidth; and the tiled MLP's forward and backward against PyTorch's;
-#   4. OpenACC C, C without restrict and Fortran timed next to CUDA, where gcc offloads there;
+#   4. OpenACC C, C without restrict and Fortran verified on the device and timed next to
+#      CUDA, built with a carried gcc 12 (below: the machine has neither gfortran nor gcc's
+#      nvptx offloading); a probe first says the regions run on the GPU (libgomp falls back
+#      to the host silently), then GOMP_DEBUG's launch lines; the C-vs-Fortran CPU half with
+#      the same compilers; and ncu's stall reasons for the widest Fortran / C gap, where ncu
+#      may read the counters;
 # results, summaries and plots under WORK, packed into one archive in OUT
 # (gpu-results.tar.gz) next to the machine, verification, atomics and bench summaries: a
 # device machine hands back a few files of OUT, not a tree.
@@ -28,6 +33,7 @@
 #   bench/gpu.sh prepare            # here, with network: the wheels the GPU machine lacks
 #   OUT=/some/dir bench/gpu.sh      # there: carry wheelhouse/ with the working tree
 #   bench/gpu.sh --dry-run          # here, no GPU: every step on the CUDA emulation, small sizes
+#   ONLY='openacc|c-vs-fortran' bench/gpu.sh   # only the steps whose names match (a regex)
 #
 # Each step is a function, run under a time limit of its own (a new step: a function, and
 # its line in main), cut to the time left before the script's DEADLINE; the script goes on
@@ -39,11 +45,17 @@
 # all): cffi and pycparser (0.3 MiB), and in wheelhouse/pycuda/ pycuda 2026.1's source
 # (1.6 MiB) with the wheels it needs to build and run that the machine lacks: pure Python
 # (pytools, platformdirs, mako, typing_extensions, setuptools, wheel, packaging) but for two
-# small binary ones for its Python 3.12 (markupsafe, siphash24), 1.4 MiB. wheelhouse/: 3.4
-# MiB; with the tracked files (19.8 MiB on 2026-12-04) 23 MiB.
+# small binary ones for its Python 3.12 (markupsafe, siphash24), 1.4 MiB; and in
+# wheelhouse/toolchain/ gcc 12 with nvptx offloading (tools/openacc-toolchain.sh: Debian
+# bookworm's gcc-12, gfortran-12, gcc-12-offload-nvptx, nvptx-tools and their runtimes, 51 MB
+# of .deb, unpacked and pruned to 117 MiB, xz: 29.5 MiB; its MANIFEST lists each package),
+# unpacked into WORK there, where it takes binutils, glibc and the compilers' libraries from
+# the machine's gcc 13. wheelhouse/: 32.8 MiB; with the tracked files (20.6 MiB) 53.4 MiB on
+# 2026-12-07 (`bench/gpu.sh prepare` prints it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=wheelhouse
+TOOLCHAIN=$WHEELS/toolchain/gcc12-openacc.tar.xz  # tools/openacc-toolchain.sh
 PY=${PYTHON:-python3}
 FAILED=()
 
@@ -63,8 +75,17 @@ prepare() {
     "$PY" -m pip download "${binary[@]}" -d "$WHEELS/pycuda" pytools==2026.1.1 \
         platformdirs==4.14.9 siphash24==1.9 typing_extensions==4.16.0 mako==1.4.3 \
         markupsafe==3.0.4 setuptools==84.2.1 wheel==0.48.0 packaging==26.4 || return
-    du -sh "$WHEELS" "$WHEELS/pycuda"
-    echo "wheels in $WHEELS; carry it to the GPU machine"
+    # gcc 12 with nvptx offloading (about 2 minutes of xz on 2 cores; delete it to remake)
+    [ -e "$TOOLCHAIN" ] || tools/openacc-toolchain.sh "$TOOLCHAIN" || return
+    du -sh "$WHEELS" "$WHEELS/pycuda" "$TOOLCHAIN"
+    echo "what travels: $(travels)"
+    echo "wheels and the toolchain in $WHEELS; carry it to the GPU machine"
+}
+
+# MiB that travel to the GPU machine: the tracked files and wheelhouse/ (64 MiB at most)
+travels() {
+    { git ls-files -z | du -cb --files0-from=- | tail -n 1; du -sb "$WHEELS"; } |
+        awk '{ bytes += $1 } END { printf "%.1f MiB\n", bytes / 2^20 }'
 }
 
 # moagen from this checkout, and the wheels the machine lacks, in a private site folder
@@ -84,6 +105,7 @@ setup_python() {
 step() {
     local name=$1 limit=$(($2 * LIMIT_SCALE)) start=$SECONDS left=$((DEADLINE - SECONDS))
     shift 2
+    [[ $name =~ ${ONLY:-.} ]] || return 0
     if [ "$left" -lt 10 ]; then
         echo "== $name: SKIPPED, ${left}s left before the deadline"
         FAILED+=("$name(skipped)")
@@ -209,18 +231,95 @@ bench_mlp() {
         --out "$WORK/bench-mlp.jsonl"
 }
 
+# gcc 12 with nvptx offloading, carried (tools/openacc-toolchain.sh: the machine has gcc 13
+# but neither gfortran nor offloading), unpacked into WORK; each step that builds C or
+# Fortran sources its env.sh in its own shell (CC, FC, and LD_LIBRARY_PATH with the libgomp
+# its nvptx plugin was built with), so the CUDA steps keep the machine's libgomp
+acc_env() {
+    source "$WORK/gcc12-openacc/env.sh"
+}
+
+# unpacked, and a probe built with moagen's offload flags (-misa=sm_80) and run: on the GPU
+# its region must run on the device, as GOMP_DEBUG's launch line says (libgomp falls back to
+# the host silently); in a dry run, no GPU here, on the host
+openacc_toolchain() {
+    [ -e "$TOOLCHAIN" ] || { echo "no $TOOLCHAIN: run 'bench/gpu.sh prepare' where there is network"; return 2; }
+    tar -xJf "$TOOLCHAIN" -C "$WORK" && acc_env || return
+    "$CC" --version | head -n 1
+    "$FC" --version | head -n 1
+    local probe=$WORK/openacc-probe
+    "$CC" -O2 -no-pie $("$PY" -c "from moagen.targets.toolchain import OFFLOAD; print(*OFFLOAD)") \
+        bench/openacc_probe.c -o "$probe" || return
+    ACC_DEVICE_TYPE=$ACC_DEVICE GOMP_DEBUG=1 "$probe" > "$probe.txt" 2>&1
+    local status=$?
+    grep -v '^ ' "$probe.txt" | grep -m 5 -E "nvidia devices|libgomp|GOACC_parallel"
+    [ "$status" -eq 0 ] || return
+    if grep -q -E "$ACC_LAUNCH" "$probe.txt"; then
+        echo "the probe's region launched where it should ($ACC_DEVICE: /$ACC_LAUNCH/)"
+    else
+        echo "no /$ACC_LAUNCH/ in GOMP_DEBUG's output: the region did not run on $ACC_DEVICE"
+        return 1
+    fi
+}
+
+# result 3's CPU half with the carried gcc and gfortran 12 (the machine has no gfortran),
+# every core
+cpu_c_vs_fortran() {
+    acc_env || return
+    "$PY" -m moagen.cli bench c-vs-fortran $CPU_C_VS_FORTRAN --out "$WORK/c-vs-fortran-cpu.jsonl"
+}
+
 # result 3 on the GPU (docs/OPENACC.md): OpenACC C, C without restrict and Fortran, built with
-# gcc's nvptx offloading there (gcc-12-offload-nvptx, or gcc-N-offload-nvptx; libgomp's nvptx
-# plugin runs them), timed next to the CUDA kernel of the same variant; and their device code
+# the carried gcc 12's nvptx offloading (-misa=sm_80: CUDA 13's ptxas refuses gcc 12's
+# default sm_35), verified with ACC_DEVICE_TYPE=nvidia (libgomp then fails rather than run on
+# the host) and their launches counted in GOMP_DEBUG's output, timed next to the CUDA kernel of
+# the same variant; and their device code. A dry run verifies on the host (no GPU here) and
+# cannot time: timing refuses the host fallback
 openacc_c_vs_fortran() {
-    if ! "$PY" -c "from moagen.targets.openacc import devices; raise SystemExit(devices() == 0)"; then
-        echo "OpenACC: libgomp finds no GPU (no libgomp-plugin-nvptx?): skipped"
+    acc_env || return
+    local debug=$WORK/openacc-gomp-debug.txt
+    ACC_DEVICE_TYPE=$ACC_DEVICE GOMP_DEBUG=1 "$PY" -m moagen.cli verify --lang openacc-c \
+        --lang openacc-fortran rmsnorm_bwd mlp_bwd 2> "$debug" || { tail -n 20 "$debug"; return 1; }
+    echo "GOMP_DEBUG: $(grep -c -E "$ACC_LAUNCH" "$debug") region launches on $ACC_DEVICE (/$ACC_LAUNCH/)"
+    grep -q -E "$ACC_LAUNCH" "$debug" || return
+    gzip "$debug"
+    if [ -n "$DRY_RUN" ]; then
+        echo "dry run: no GPU here, so no times (bench c-vs-fortran --target openacc refuses the host)"
         return 0
     fi
-    "$PY" -m moagen.cli verify --lang openacc-c --lang openacc-fortran rmsnorm_bwd mlp_bwd
-    "$PY" -m moagen.cli bench c-vs-fortran --target openacc --out "$WORK/openacc.jsonl"
+    ACC_DEVICE_TYPE=nvidia "$PY" -m moagen.cli bench c-vs-fortran --target openacc \
+        --out "$WORK/openacc.jsonl" || return
     PATH=/usr/local/cuda/bin:$PATH "$PY" -m moagen.cli bench c-vs-fortran --target openacc --ptx \
         --kernels mlp_bwd mlp_fwd --out "$WORK/openacc-ptx.jsonl"
+}
+
+# why the OpenACC kernel with the largest Fortran / C gap stalls (ncu's warp states, C and
+# Fortran's regions alike, gcc names them *_omp_fn*): where ncu is there and may read the
+# counters; its refusal (ERR_NVGPUCTRPERM) is logged, not a failure
+openacc_stalls() {
+    acc_env || return
+    if [ -n "$DRY_RUN" ]; then echo "dry run: no GPU here, no ncu"; return 0; fi
+    local ncu
+    ncu=$(PATH=/usr/local/cuda/bin:$PATH command -v ncu) || { echo "no ncu on this machine"; return 0; }
+    local widest
+    widest=$("$PY" -c "import json, math, sys
+from moagen.bench.c_vs_fortran_plan import median_times
+t = median_times([json.loads(line) for line in open(sys.argv[1])], ('openacc-c', 'openacc-fortran'))
+k, v, n = max(t, key=lambda key: abs(math.log(t[key]['openacc-fortran'] / t[key]['openacc-c'])))
+print(f'{k}:{v} {n}')" "$WORK/openacc.jsonl") || { echo "no OpenACC times to pick from"; return 1; }
+    echo "the widest Fortran / C gap: $widest"
+    set -- $widest
+    ACC_DEVICE_TYPE=nvidia "$ncu" --target-processes all --section WarpStateStats \
+        --section SchedulerStats -k regex:_omp_fn --launch-count 40 \
+        "$PY" -m moagen.cli bench c-vs-fortran --target openacc --kernels "$1" --n "$2" \
+        --repeats 1 --out "$WORK/openacc-ncu.jsonl" > "$WORK/openacc-stalls.txt" 2>&1
+    local status=$?
+    if grep -q ERR_NVGPUCTRPERM "$WORK/openacc-stalls.txt"; then
+        echo "ncu refused: no permission for the GPU's performance counters (ERR_NVGPUCTRPERM)"
+        return 0
+    fi
+    grep -E "_omp_fn|Stall|Warp Cycles|Issued" "$WORK/openacc-stalls.txt" | head -n 80
+    return "$status"
 }
 
 # summaries and plots of whatever was measured (a step cut short writes none itself), then
@@ -233,14 +332,15 @@ pack() {
     tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
     cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/device-arrays.txt "$WORK"/pycuda.txt \
         "$WORK"/tiny-lm.txt \
-        "$WORK"/operators.txt "$WORK"/atomics.txt "$OUT"/ 2>/dev/null
+        "$WORK"/operators.txt "$WORK"/atomics.txt "$WORK"/openacc-toolchain.txt \
+        "$WORK"/openacc.txt "$WORK"/openacc-stalls.txt "$OUT"/ 2>/dev/null
     cat "$WORK"/bench-*/summary.md > "$OUT/bench-summary.md" 2>/dev/null
     echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 }
 
 main() {
     export OUT=${OUT:-bench-results/gpu} WORK=${WORK:-/tmp/moagen-gpu} PY
-    export SITE=${SITE:-/tmp/moagen-site} WHEELS
+    export SITE=${SITE:-/tmp/moagen-site} WHEELS TOOLCHAIN
     export JOBS=$(nproc)
     rm -rf "$WORK"
     mkdir -p "$OUT" "$WORK/verify"
@@ -252,6 +352,9 @@ main() {
         export LM_DEVICE=cpu LM_STEPS=1 LM_OPERATOR_CALLS=1 BENCH_HEADS=2
         export LM_SIZES="--batch 2 --context 8 --d-model 16 --heads 2 --kv-heads 1 --d-ff 24
             --layers 1 --chars 2000 --generate 4 --threads 1"
+        # OpenACC's regions on the host, which GOMP_DEBUG shows as GOACC_parallel_keyed
+        export ACC_DEVICE=host ACC_LAUNCH="GOACC_parallel_keyed"
+        export CPU_C_VS_FORTRAN="--kernels rmsnorm_fwd mlp_bwd:tiled --n 64 --repeats 1"
         LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
         DEADLINE=${DEADLINE:-1500}
         local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
@@ -259,6 +362,9 @@ main() {
     else
         export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" DECODE_N="8192 32768" MLP_N="1024 4096"
         export LM_DEVICE=cuda LM_STEPS=60 LM_OPERATOR_CALLS=30 LM_SIZES= BENCH_HEADS=8
+        # the nvptx plugin's launch line (plugin-nvptx.c: "kernel NAME: launch gangs=...")
+        export ACC_DEVICE=nvidia ACC_LAUNCH="kernel .*: launch"
+        export CPU_C_VS_FORTRAN="--kernels attention_bwd rmsnorm_fwd mlp_bwd --repeats 3"
         LIMIT_SCALE=1
         # 8 minutes from here; the limits below add up to more (each is what its step may
         # need), so the last steps are the ones a slow run gives up
@@ -269,6 +375,7 @@ main() {
     local both="attention_fwd:online attention_fwd:flash" flash=attention_fwd:flash
     local backward="attention_bwd:flash attention_bwd:dq_atomic"  # dQ: its pass, or atomics
     setup_python
+    export -f acc_env
     [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
     export VERIFY_KERNELS=$kernels
     record_machine
@@ -292,7 +399,12 @@ main() {
     step bench-bwd-float32-d64 30 bench_vs_sdpa float32 64 "$backward" "$bwd_n" bwd-float32-d64
     step bench-decode 20 bench_decode
     step bench-mlp 25 bench_mlp
-    step openacc 10 openacc_c_vs_fortran
+    # the OpenACC steps come last and a full run's 8 minutes may not reach them:
+    # ONLY='openacc|c-vs-fortran' runs them alone (their limits: 290 s; not yet timed on a GPU)
+    step openacc-toolchain 30 openacc_toolchain
+    step openacc 180 openacc_c_vs_fortran
+    step c-vs-fortran-cpu 40 cpu_c_vs_fortran
+    step openacc-stalls 40 openacc_stalls
     pack
     echo "done in $SECONDS s"
     if [ ${#FAILED[@]} -gt 0 ]; then

@@ -29,7 +29,8 @@ INSTALL_C = "apt-get install gcc"
 INSTALL_FORTRAN = "apt-get install gfortran"
 INSTALL_CXX = "apt-get install g++"
 INSTALL_CUDA = "the CUDA toolkit: apt-get install nvidia-cuda-toolkit (or NVIDIA's cuda package)"
-INSTALL_OFFLOAD = "apt-get install gcc-12-offload-nvptx"
+INSTALL_OFFLOAD = ("apt-get install gcc-12-offload-nvptx, or without root: source env.sh of the "
+                   "archive tools/openacc-toolchain.sh makes (it sets CC and FC)")
 INSTALL_F90WRAP = "pip install f90wrap==0.3.0"
 INSTALL_MPI = "apt-get install openmpi-bin libopenmpi-dev"
 

@@ -5,7 +5,6 @@ the regions run on the host, so both run and are verified on any machine; and C 
 `restrict`, the bench's ablation, offloaded too. Not in generated/: variants of C and
 Fortran for the GPU half of the C-vs-Fortran experiment (moagen.bench.offload)."""
 import ctypes
-import ctypes.util
 from dataclasses import replace
 from functools import lru_cache, partial
 
@@ -23,9 +22,13 @@ ACC_DEVICE_NVIDIA = 5  # openacc.h's acc_device_t
 @lru_cache(maxsize=None)
 def devices() -> int:
     """The NVIDIA GPUs libgomp's OpenACC runtime finds: none without a GPU, its driver or
-    libgomp's nvptx plugin, and then the regions run on the host."""
-    library = ctypes.util.find_library("gomp")
-    return ctypes.CDLL(library).acc_get_num_devices(ACC_DEVICE_NVIDIA) if library else 0
+    libgomp's nvptx plugin, and then the regions run on the host. The libgomp asked is the
+    one the built kernels load, by their soname (LD_LIBRARY_PATH first: a carried gcc's, as
+    tools/openacc-toolchain.sh's env.sh sets it, even where the machine has none)."""
+    try:
+        return ctypes.CDLL("libgomp.so.1").acc_get_num_devices(ACC_DEVICE_NVIDIA)
+    except OSError:
+        return 0
 
 
 def _on_gpu() -> bool:
