@@ -156,10 +156,8 @@ __global__ void attention_bwd_atomic_f64_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -179,10 +177,8 @@ __global__ void attention_bwd_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -199,10 +195,8 @@ __global__ void attention_bwd_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -220,10 +214,8 @@ __global__ void attention_bwd_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -240,10 +232,8 @@ __global__ void attention_bwd_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -260,28 +250,22 @@ __global__ void attention_bwd_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * exp(scale * qk[s_i][s_j] - rows_lse_tile_at[s_i]) * (dov[s_i][s_j] - rows_delta_tile_at[s_i]);
             }
         }
@@ -308,7 +292,6 @@ __global__ void attention_bwd_atomic_f64_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -376,10 +359,8 @@ __global__ void attention_bwd_atomic_f64_dV(
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -402,10 +383,8 @@ __global__ void attention_bwd_atomic_f64_dV(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0;
             }
         }
@@ -422,26 +401,21 @@ __global__ void attention_bwd_atomic_f64_dV(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -466,7 +440,6 @@ __global__ void attention_bwd_atomic_f64_dV(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -665,10 +638,8 @@ __global__ void attention_bwd_atomic_f32_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -688,10 +659,8 @@ __global__ void attention_bwd_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -708,10 +677,8 @@ __global__ void attention_bwd_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -729,10 +696,8 @@ __global__ void attention_bwd_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -749,10 +714,8 @@ __global__ void attention_bwd_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -769,28 +732,22 @@ __global__ void attention_bwd_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * expf(scale * qk[s_i][s_j] - rows_lse_tile_at[s_i]) * (dov[s_i][s_j] - rows_delta_tile_at[s_i]);
             }
         }
@@ -817,7 +774,6 @@ __global__ void attention_bwd_atomic_f32_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -885,10 +841,8 @@ __global__ void attention_bwd_atomic_f32_dV(
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -911,10 +865,8 @@ __global__ void attention_bwd_atomic_f32_dV(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0f;
             }
         }
@@ -931,26 +883,21 @@ __global__ void attention_bwd_atomic_f32_dV(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -975,7 +922,6 @@ __global__ void attention_bwd_atomic_f32_dV(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

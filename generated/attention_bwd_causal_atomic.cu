@@ -156,10 +156,8 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -179,10 +177,8 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -199,10 +195,8 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -220,10 +214,8 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -240,10 +232,8 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -260,19 +250,15 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -308,7 +294,6 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -376,10 +361,8 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -402,10 +385,8 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0;
             }
         }
@@ -422,20 +403,16 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
@@ -466,7 +443,6 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -665,10 +641,8 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -688,10 +662,8 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -708,10 +680,8 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -729,10 +699,8 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -749,10 +717,8 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -769,19 +735,15 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -817,7 +779,6 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -885,10 +846,8 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -911,10 +870,8 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0f;
             }
         }
@@ -931,20 +888,16 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
@@ -975,7 +928,6 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

@@ -132,10 +132,8 @@ __global__ void attention_bwd_flash_f64_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -155,10 +153,8 @@ __global__ void attention_bwd_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -175,10 +171,8 @@ __global__ void attention_bwd_flash_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -196,10 +190,8 @@ __global__ void attention_bwd_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -216,10 +208,8 @@ __global__ void attention_bwd_flash_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -236,28 +226,22 @@ __global__ void attention_bwd_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * exp(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
@@ -284,7 +268,6 @@ __global__ void attention_bwd_flash_f64_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -352,19 +335,15 @@ __global__ void attention_bwd_flash_f64_keys(
     double t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -389,10 +368,8 @@ __global__ void attention_bwd_flash_f64_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0;
             }
         }
@@ -409,10 +386,8 @@ __global__ void attention_bwd_flash_f64_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
@@ -430,10 +405,8 @@ __global__ void attention_bwd_flash_f64_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0;
             }
         }
@@ -450,35 +423,28 @@ __global__ void attention_bwd_flash_f64_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -487,7 +453,6 @@ __global__ void attention_bwd_flash_f64_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -526,7 +491,6 @@ __global__ void attention_bwd_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -549,7 +513,6 @@ __global__ void attention_bwd_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -725,10 +688,8 @@ __global__ void attention_bwd_flash_f32_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -748,10 +709,8 @@ __global__ void attention_bwd_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -768,10 +727,8 @@ __global__ void attention_bwd_flash_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -789,10 +746,8 @@ __global__ void attention_bwd_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -809,10 +764,8 @@ __global__ void attention_bwd_flash_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -829,28 +782,22 @@ __global__ void attention_bwd_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * expf(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
@@ -877,7 +824,6 @@ __global__ void attention_bwd_flash_f32_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -945,19 +891,15 @@ __global__ void attention_bwd_flash_f32_keys(
     float t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -982,10 +924,8 @@ __global__ void attention_bwd_flash_f32_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0f;
             }
         }
@@ -1002,10 +942,8 @@ __global__ void attention_bwd_flash_f32_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
@@ -1023,10 +961,8 @@ __global__ void attention_bwd_flash_f32_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0f;
             }
         }
@@ -1043,35 +979,28 @@ __global__ void attention_bwd_flash_f32_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1080,7 +1009,6 @@ __global__ void attention_bwd_flash_f32_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1119,7 +1047,6 @@ __global__ void attention_bwd_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1142,7 +1069,6 @@ __global__ void attention_bwd_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

@@ -139,21 +139,17 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0;
     }
     __syncthreads();
@@ -167,10 +163,8 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -196,7 +190,6 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -211,18 +204,15 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -236,7 +226,6 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -251,21 +240,17 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -284,7 +269,6 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -294,16 +278,13 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -323,7 +304,6 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         rowdot[s_i] = 0.0;
     }
     #pragma unroll
@@ -338,7 +318,6 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
     for (int o = 8; o > 0; o /= 2) {
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rowdot[s_i] += __shfl_xor_sync(0xffffffffu, rowdot[s_i], o);
         }
     }
@@ -447,10 +426,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -470,10 +447,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -490,10 +465,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -511,10 +484,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -531,10 +502,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -551,37 +520,29 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t3[s_i][s_j] = exp(scale * qk[s_i][s_j] - rows_lse_tile_at[s_i]);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t2[s_i][s_j] = scale * t3[s_i][s_j] * (dov[s_i][s_j] - rows_delta_tile_at[s_i]);
             }
         }
@@ -638,7 +599,6 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -792,21 +752,17 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0f;
     }
     __syncthreads();
@@ -820,10 +776,8 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -849,7 +803,6 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -864,18 +817,15 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -889,7 +839,6 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -904,21 +853,17 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -937,7 +882,6 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -947,16 +891,13 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -976,7 +917,6 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         rowdot[s_i] = 0.0f;
     }
     #pragma unroll
@@ -991,7 +931,6 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
     for (int o = 8; o > 0; o /= 2) {
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rowdot[s_i] += __shfl_xor_sync(0xffffffffu, rowdot[s_i], o);
         }
     }
@@ -1100,10 +1039,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -1123,10 +1060,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1143,10 +1078,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -1164,10 +1097,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -1184,10 +1115,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -1204,37 +1133,29 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t3[s_i][s_j] = expf(scale * qk[s_i][s_j] - rows_lse_tile_at[s_i]);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t2[s_i][s_j] = scale * t3[s_i][s_j] * (dov[s_i][s_j] - rows_delta_tile_at[s_i]);
             }
         }
@@ -1291,7 +1212,6 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

@@ -133,21 +133,17 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0;
     }
     __syncthreads();
@@ -161,10 +157,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -190,7 +184,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -205,18 +198,15 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -230,7 +220,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -245,21 +234,17 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -278,7 +263,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -288,7 +272,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
@@ -303,10 +286,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -332,7 +313,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -347,18 +327,15 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -372,7 +349,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -387,21 +363,17 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -420,7 +392,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -430,16 +401,13 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -459,7 +427,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         rowdot[s_i] = 0.0;
     }
     #pragma unroll
@@ -474,7 +441,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
     for (int o = 8; o > 0; o /= 2) {
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rowdot[s_i] += __shfl_xor_sync(0xffffffffu, rowdot[s_i], o);
         }
     }
@@ -583,10 +549,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -606,10 +570,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -626,10 +588,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -647,10 +607,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -667,10 +625,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -687,19 +643,15 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -714,10 +666,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t2[s_i][s_j] = scale * t3[s_i][s_j] * (dov[s_i][s_j] - rows_delta_tile_at[s_i]);
             }
         }
@@ -774,7 +724,6 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -928,21 +877,17 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0f;
     }
     __syncthreads();
@@ -956,10 +901,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -985,7 +928,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -1000,18 +942,15 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -1025,7 +964,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -1040,21 +978,17 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -1073,7 +1007,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1083,7 +1016,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
@@ -1098,10 +1030,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1127,7 +1057,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -1142,18 +1071,15 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -1167,7 +1093,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -1182,21 +1107,17 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -1215,7 +1136,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1225,16 +1145,13 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -1254,7 +1171,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         rowdot[s_i] = 0.0f;
     }
     #pragma unroll
@@ -1269,7 +1185,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
     for (int o = 8; o > 0; o /= 2) {
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rowdot[s_i] += __shfl_xor_sync(0xffffffffu, rowdot[s_i], o);
         }
     }
@@ -1378,10 +1293,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -1401,10 +1314,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1421,10 +1332,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -1442,10 +1351,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -1462,10 +1369,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -1482,19 +1387,15 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -1509,10 +1410,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t2[s_i][s_j] = scale * t3[s_i][s_j] * (dov[s_i][s_j] - rows_delta_tile_at[s_i]);
             }
         }
@@ -1569,7 +1468,6 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

@@ -131,21 +131,17 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0;
     }
     __syncthreads();
@@ -159,10 +155,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -188,7 +182,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -203,18 +196,15 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -228,7 +218,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -243,21 +232,17 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -276,7 +261,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -286,7 +270,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
@@ -301,10 +284,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -330,7 +311,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -345,18 +325,15 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -370,7 +347,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -385,21 +361,17 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -418,7 +390,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -428,16 +399,13 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -457,7 +425,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         rowdot[s_i] = 0.0;
     }
     #pragma unroll
@@ -472,7 +439,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     for (int o = 8; o > 0; o /= 2) {
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rowdot[s_i] += __shfl_xor_sync(0xffffffffu, rowdot[s_i], o);
         }
     }
@@ -532,10 +498,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -555,10 +519,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -575,10 +537,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -596,10 +556,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -616,10 +574,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -636,19 +592,15 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -684,7 +636,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -752,19 +703,15 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
     double t4_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -789,10 +736,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0;
             }
         }
@@ -809,10 +754,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
@@ -830,10 +773,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0;
             }
         }
@@ -850,29 +791,23 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
             }
         }
@@ -887,7 +822,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -926,7 +860,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -949,7 +882,6 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1103,21 +1035,17 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0f;
     }
     __syncthreads();
@@ -1131,10 +1059,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1160,7 +1086,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -1175,18 +1100,15 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -1200,7 +1122,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -1215,21 +1136,17 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -1248,7 +1165,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1258,7 +1174,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
@@ -1273,10 +1188,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1302,7 +1215,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -1317,18 +1229,15 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -1342,7 +1251,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -1357,21 +1265,17 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -1390,7 +1294,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1400,16 +1303,13 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -1429,7 +1329,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         rowdot[s_i] = 0.0f;
     }
     #pragma unroll
@@ -1444,7 +1343,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
     for (int o = 8; o > 0; o /= 2) {
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rowdot[s_i] += __shfl_xor_sync(0xffffffffu, rowdot[s_i], o);
         }
     }
@@ -1504,10 +1402,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -1527,10 +1423,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1547,10 +1441,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -1568,10 +1460,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -1588,10 +1478,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -1608,19 +1496,15 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -1656,7 +1540,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1724,19 +1607,15 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
     float t4_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -1761,10 +1640,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0f;
             }
         }
@@ -1781,10 +1658,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
@@ -1802,10 +1677,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0f;
             }
         }
@@ -1822,29 +1695,23 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
             }
         }
@@ -1859,7 +1726,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1898,7 +1764,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1921,7 +1786,6 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

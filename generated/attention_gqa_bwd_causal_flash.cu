@@ -140,10 +140,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -163,10 +161,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -183,10 +179,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -204,10 +198,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -224,10 +216,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -244,19 +234,15 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -292,7 +278,6 @@ __global__ void attention_gqa_bwd_causal_flash_f64_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -361,19 +346,15 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
     double t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -400,10 +381,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = 0.0;
                 }
             }
@@ -420,10 +399,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
                 }
             }
@@ -441,10 +418,8 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = 0.0;
                 }
             }
@@ -461,29 +436,23 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
                 }
             }
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
                 }
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
                 }
             }
@@ -498,7 +467,6 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -537,7 +505,6 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -560,7 +527,6 @@ __global__ void attention_gqa_bwd_causal_flash_f64_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -742,10 +708,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -765,10 +729,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -785,10 +747,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -806,10 +766,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -826,10 +784,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -846,19 +802,15 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
@@ -894,7 +846,6 @@ __global__ void attention_gqa_bwd_causal_flash_f32_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -963,19 +914,15 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
     float t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -1002,10 +949,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = 0.0f;
                 }
             }
@@ -1022,10 +967,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
                 }
             }
@@ -1043,10 +986,8 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = 0.0f;
                 }
             }
@@ -1063,29 +1004,23 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
                 }
             }
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
                 }
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
                 }
             }
@@ -1100,7 +1035,6 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1139,7 +1073,6 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1162,7 +1095,6 @@ __global__ void attention_gqa_bwd_causal_flash_f32_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

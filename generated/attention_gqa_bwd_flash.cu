@@ -143,10 +143,8 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -166,10 +164,8 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -186,10 +182,8 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -207,10 +201,8 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -227,10 +219,8 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -247,28 +237,22 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * exp(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
@@ -295,7 +279,6 @@ __global__ void attention_gqa_bwd_flash_f64_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -364,19 +347,15 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
     double t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -403,10 +382,8 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = 0.0;
                 }
             }
@@ -423,10 +400,8 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
                 }
             }
@@ -444,10 +419,8 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = 0.0;
                 }
             }
@@ -464,35 +437,28 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
                 }
             }
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
                 }
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
                 }
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -501,7 +467,6 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -540,7 +505,6 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -563,7 +527,6 @@ __global__ void attention_gqa_bwd_flash_f64_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -745,10 +708,8 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -768,10 +729,8 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -788,10 +747,8 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -809,10 +766,8 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -829,10 +784,8 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -849,28 +802,22 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * expf(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
@@ -897,7 +844,6 @@ __global__ void attention_gqa_bwd_flash_f32_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -966,19 +912,15 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
     float t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -1005,10 +947,8 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = 0.0f;
                 }
             }
@@ -1025,10 +965,8 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
                 }
             }
@@ -1046,10 +984,8 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = 0.0f;
                 }
             }
@@ -1066,35 +1002,28 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
                 }
             }
             __syncthreads();
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
                 }
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
-                    const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                     dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
                 }
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1103,7 +1032,6 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1142,7 +1070,6 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1165,7 +1092,6 @@ __global__ void attention_gqa_bwd_flash_f32_keys(
                 }
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
-                    const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                     #pragma unroll
                     for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                         const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

@@ -101,21 +101,17 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0;
     }
     __syncthreads();
@@ -129,10 +125,8 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -158,7 +152,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -173,18 +166,15 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -198,7 +188,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -213,21 +202,17 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -246,7 +231,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -256,7 +240,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
@@ -271,10 +254,8 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -300,7 +281,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -315,18 +295,15 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -340,7 +317,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -355,21 +331,17 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -388,7 +360,6 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -398,16 +369,13 @@ __global__ void attention_gqa_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -510,21 +478,17 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0f;
     }
     __syncthreads();
@@ -538,10 +502,8 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -567,7 +529,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -582,18 +543,15 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -607,7 +565,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -622,21 +579,17 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -655,7 +608,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -665,7 +617,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
@@ -680,10 +631,8 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -709,7 +658,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -724,18 +672,15 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -749,7 +694,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -764,21 +708,17 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -797,7 +737,6 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -807,16 +746,13 @@ __global__ void attention_gqa_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }

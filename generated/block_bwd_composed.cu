@@ -1177,10 +1177,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
@@ -1200,10 +1198,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -1220,10 +1216,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -1241,10 +1235,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0;
             }
         }
@@ -1261,10 +1253,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -1281,28 +1271,22 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * exp(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
@@ -1329,7 +1313,6 @@ __global__ void block_bwd_composed_f64_attn_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1397,19 +1380,15 @@ __global__ void block_bwd_composed_f64_attn_keys(
     double t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0;
         }
     }
@@ -1434,10 +1413,8 @@ __global__ void block_bwd_composed_f64_attn_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0;
             }
         }
@@ -1454,10 +1431,8 @@ __global__ void block_bwd_composed_f64_attn_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
@@ -1475,10 +1450,8 @@ __global__ void block_bwd_composed_f64_attn_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0;
             }
         }
@@ -1495,35 +1468,28 @@ __global__ void block_bwd_composed_f64_attn_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1532,7 +1498,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -1571,7 +1536,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -1594,7 +1558,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -4035,10 +3998,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
@@ -4058,10 +4019,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -4078,10 +4037,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
@@ -4099,10 +4056,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = 0.0f;
             }
         }
@@ -4119,10 +4074,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov_block_reg[s_i][s_j] = dov[s_i][s_j];
             }
         }
@@ -4139,28 +4092,22 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = qk_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 dov[s_i][s_j] = dov_block_reg[s_i][s_j];
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 t[s_i][s_j] = scale * expf(scale * qk[s_i][s_j] - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
@@ -4187,7 +4134,6 @@ __global__ void block_bwd_composed_f32_attn_dQ(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -4255,19 +4201,15 @@ __global__ void block_bwd_composed_f32_attn_keys(
     float t3_1[4];
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dK_reg[s_j][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_j = 0; s_j < 4; ++s_j) {
-        const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
@@ -4292,10 +4234,8 @@ __global__ void block_bwd_composed_f32_attn_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = 0.0f;
             }
         }
@@ -4312,10 +4252,8 @@ __global__ void block_bwd_composed_f32_attn_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
@@ -4333,10 +4271,8 @@ __global__ void block_bwd_composed_f32_attn_keys(
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = 0.0f;
             }
         }
@@ -4353,35 +4289,28 @@ __global__ void block_bwd_composed_f32_attn_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
         __syncthreads();
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 qk[s_j][s_i] = qk_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
                 dov[s_j][s_i] = dov_block2_reg[s_j][s_i];
             }
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -4390,7 +4319,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
         }
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
-            const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
@@ -4429,7 +4357,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -4452,7 +4379,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
             }
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 32*j_blk + (s_j / 4 * 8 + ty) * 4 + s_j % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;

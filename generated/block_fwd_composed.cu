@@ -492,21 +492,17 @@ __global__ void block_fwd_composed_f64_attn_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0;
     }
     __syncthreads();
@@ -520,10 +516,8 @@ __global__ void block_fwd_composed_f64_attn_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0;
             }
         }
@@ -549,7 +543,6 @@ __global__ void block_fwd_composed_f64_attn_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -564,18 +557,15 @@ __global__ void block_fwd_composed_f64_attn_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmax(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = exp(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -589,7 +579,6 @@ __global__ void block_fwd_composed_f64_attn_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0;
         }
         #pragma unroll
@@ -604,21 +593,17 @@ __global__ void block_fwd_composed_f64_attn_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -637,7 +622,6 @@ __global__ void block_fwd_composed_f64_attn_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -647,16 +631,13 @@ __global__ void block_fwd_composed_f64_attn_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }
@@ -1855,21 +1836,17 @@ __global__ void block_fwd_composed_f32_attn_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = 0.0f;
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_max[s_i] = -INFINITY;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         row_sum[s_i] = 0.0f;
     }
     __syncthreads();
@@ -1883,10 +1860,8 @@ __global__ void block_fwd_composed_f32_attn_rows(
         __syncthreads();
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
-                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
                 qk[s_i][s_j] = 0.0f;
             }
         }
@@ -1912,7 +1887,6 @@ __global__ void block_fwd_composed_f32_attn_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_max[s_i] = -INFINITY;
         }
         #pragma unroll
@@ -1927,18 +1901,15 @@ __global__ void block_fwd_composed_f32_attn_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_max[s_i] = fmaxf(block_max[s_i], __shfl_xor_sync(0xffffffffu, block_max[s_i], o));
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             rescale[s_i] = expf(row_max[s_i] - new_max[s_i]);
         }
         #pragma unroll
@@ -1952,7 +1923,6 @@ __global__ void block_fwd_composed_f32_attn_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             block_sum[s_i] = 0.0f;
         }
         #pragma unroll
@@ -1967,21 +1937,17 @@ __global__ void block_fwd_composed_f32_attn_rows(
         for (int o = 8; o > 0; o /= 2) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 block_sum[s_i] += __shfl_xor_sync(0xffffffffu, block_sum[s_i], o);
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_sum[s_i] = row_sum[s_i] * rescale[s_i] + block_sum[s_i];
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-                const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
@@ -2000,7 +1966,6 @@ __global__ void block_fwd_composed_f32_attn_rows(
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
-                const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
@@ -2010,16 +1975,13 @@ __global__ void block_fwd_composed_f32_attn_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
             row_max[s_i] = new_max[s_i];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_dh + 63) / 64) * 4; ++s_c) {
-            const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
             O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
         }
     }

@@ -355,6 +355,20 @@ def arrays_in(stmts) -> list:
                               for a, _ in _accesses(s)))
 
 
+def names_used(stmts) -> set:
+    """The arrays, index and size symbols and scalar parameters the statements use: what a
+    CUDA nest's kernel takes of the launcher's arguments, what a tiled kernel's statement
+    reads of a thread's coordinates."""
+    names = set(arrays_in(stmts))
+    for s in walk(stmts):
+        bounds = (s.start, s.stop) if isinstance(s, Loop) else getattr(s, "index", ())
+        names |= {x.name for e in bounds for x in sympy.sympify(e).free_symbols}
+        for x in stmt_exprs(s):
+            names |= S.free_names(x) | {e.name for e in S.subexpressions(x)
+                                        if isinstance(e, S.Param)}
+    return names
+
+
 def _accesses(st):
     """(array, offset) of every element a statement reads or writes."""
     out = [(st.array, st.index[0])] if isinstance(st, Store) else []

@@ -7,10 +7,10 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.targets.c.printer import CPrinter
-from moagen.targets.printer import arrays_in, dnf_comment
+from moagen.targets.printer import arrays_in, dnf_comment, names_used
 from moagen.targets.cuda.tiled import TiledKernel, is_tiled
 from moagen.templates import render
-from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, stmt_exprs, walk
+from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, walk
 
 # threads a block where no mapping says (nests a step made parallel itself: a register
 # tile's panels)
@@ -191,19 +191,6 @@ class CudaPrinter(CPrinter):
     def max_or_min(self, fn, a, b):
         name = "f" + fn + ("f" if self.dtype == "float32" else "")  # one instruction on a GPU
         return f"{name}({a}, {b})"
-
-
-def names_used(stmts) -> set:
-    """The arrays, size symbols and scalar parameters the statements use: what a nest's
-    kernel takes of the launcher's arguments."""
-    names = set(arrays_in(stmts))
-    for s in walk(stmts):
-        bounds = (s.start, s.stop) if isinstance(s, Loop) else getattr(s, "index", ())
-        names |= {x.name for e in bounds for x in sympy.sympify(e).free_symbols}
-        for x in stmt_exprs(s):
-            names |= S.free_names(x) | {e.name for e in S.subexpressions(x)
-                                        if isinstance(e, S.Param)}
-    return names
 
 
 def emit_cuda(onfs_by_dtype, banner):

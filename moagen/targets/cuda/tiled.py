@@ -23,7 +23,7 @@ from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, bound_symbol, walk
 from moagen.steps.gpu.blocks import max_extent
 from moagen.targets.cuda.shared_memory import allocate
-from moagen.targets.printer import arrays_in
+from moagen.targets.printer import arrays_in, names_used
 
 AXES = "xyz"
 
@@ -216,14 +216,17 @@ class TiledKernel:
         if not self.ctx:
             raise ScheduleError(f"nest {self.nest.label}: {s} is outside every thread loop")
         pad = self.p.indent
+        guarded = self.guarded(s)
+        guard = " && ".join(f"{lp.var} < {self.p.index(lp.stop)}" for lp in guarded)
+        used = self.coordinates_used(s, guarded)
         lines, level = [], depth
         for lp in self.ctx:
             slot = f"s_{lp.var}"
             lines.append(pad * level + "#pragma unroll")
             lines.append(pad * level + f"for (int {slot} = 0; {slot} < {self.slots(lp)}; ++{slot}) {{")
             level += 1
-            lines.append(pad * level + f"const int {lp.var} = {self.position(lp)};")
-        guard = self.guard(s)
+            if lp.var in used:
+                lines.append(pad * level + f"const int {lp.var} = {self.position(lp)};")
         text = self.p.block((s,), 0)
         if guard:
             lines.append(pad * level + f"if ({guard}) {text[0].strip()}")
@@ -243,17 +246,27 @@ class TiledKernel:
             return f"{start}{slot} * {threads} + {lane}"
         return f"{start}({slot} / {tile} * {threads} + {lane}) * {tile} + {slot} % {tile}"
 
-    def guard(self, s):
-        """The condition under which s may run: the thread loops' ranges, where a slot can
-        fall past them; none for a statement on a thread's own registers from shared tiles
-        (its value outside the ranges is never used)."""
+    def guarded(self, s):
+        """The thread loops whose range s must check, where a slot can fall past it; none
+        for a statement on a thread's own registers from shared tiles (its value outside
+        the ranges is never used)."""
         own = isinstance(s, (Let, Update)) and \
             set(map(_key, self.locals.get(s.name, ()))) >= set(map(_key, self.ctx)) and \
             not (set(arrays_in((s,))) - {b.name for b in self.shared})
         if own:  # the shared tiles hold every slot (Stage lays them out to the bounds)
-            return ""
-        conds = [f"{lp.var} < {self.p.index(lp.stop)}" for lp in self.ctx if not self.exact(lp)]
-        return " && ".join(conds)
+            return []
+        return [lp for lp in self.ctx if not self.exact(lp)]
+
+    def coordinates_used(self, s, guarded):
+        """The thread loops' variables that s, its guard or the position of one of them
+        reads: the coordinates a slot declares (an unread one is nvcc's warning #177)."""
+        names = names_used((s,))
+        for lp in guarded:  # `var < stop`
+            names |= {lp.var.name} | {x.name for x in lp.stop.free_symbols}
+        for lp in reversed(self.ctx):  # an inner loop's start may read an outer coordinate
+            if lp.var.name in names:
+                names |= {x.name for x in lp.start.free_symbols}
+        return {lp.var for lp in self.ctx if lp.var.name in names}
 
     def local(self, name):
         """A local's text: indexed by the slots of the thread loops it is defined in."""
