@@ -1,8 +1,9 @@
 """moagen.torch answers every call a new user tries either right or with an error that says
 what to do, never silently wrong (issue #54, item 5): a double backward, mixed devices (meta
-among them), a KV cache asked for a gradient, empty inputs, torch.func.vmap. Every test here
-failed before its fix (a gradient with no graph, uninitialized memory, an error on an empty
-batch, PyTorch's message about setup_context)."""
+among them), a KV cache asked for a gradient, empty inputs, torch.func (vmap, and the
+transforms that differentiate). Every test here failed before its fix (a gradient with no
+graph, uninitialized memory, an error on an empty batch, PyTorch's message about
+setup_context)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -135,3 +136,19 @@ def test_vmap_maps_the_operator_over_a_leading_dimension(name):
     for g, w in zip(torch.autograd.grad(got, [mapped, *inputs[1:]], dy),
                     torch.autograd.grad(want, [mapped, *inputs[1:]], dy)):
         assert torch.allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", OPERATORS)
+@pytest.mark.parametrize("transform", ["grad", "grad of vmap", "jvp"])
+def test_torch_funcs_differentiating_transforms_are_refused_by_name(name, transform):
+    """Before: PyTorch's error about setup_context (its custom ops' too)."""
+    ours, _, inputs = _cases(2)[name]
+    loss = lambda x: ours(x, *inputs[1:]).sum()
+    x = inputs[0].detach()
+    call = {"grad": lambda: torch.func.grad(loss)(x),
+            "grad of vmap": lambda: torch.func.grad(lambda x: torch.func.vmap(loss)(x).sum())(
+                x.unsqueeze(0)),
+            "jvp": lambda: torch.func.jvp(loss, (x,), (x,))}[transform]
+    with pytest.raises(NotImplementedError, match="does not support torch.func's "
+                                                  "differentiating transforms.*autograd.grad"):
+        call()

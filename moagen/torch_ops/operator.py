@@ -25,6 +25,9 @@ What no path answers silently wrong (tests/test_torch_no_silent.py):
 - torch.func.vmap: a tensor a functorch transform wraps takes the custom op, which vmap
   runs once per mapped slice (PyTorch's fallback for an operator without a batching rule);
   the eager path's autograd.Function would refuse it with a message about setup_context;
+- torch.func's differentiating transforms (grad, vjp, jacrev, jvp, ...): neither path has
+  a rule for them (a custom op's autograd refuses them with that message too), so an
+  operator with a gradient refuses them, naming `instead`;
 - a double backward: the backward kernels compute the gradients with no graph of their own,
   so under create_graph=True they come back through an identity whose own backward raises,
   naming the operator and `instead`, PyTorch's way to differentiate twice (as PyTorch's
@@ -61,14 +64,22 @@ class Operator:
         # autograd refuses a gradient through a value the call overwrote
         parameters = list(inspect.signature(impl).parameters)
         self._mutated = tuple(parameters.index(arg) for arg in mutates_args)
-        self._function = None
+        self._function, self._no_torch_func = None, None
         if backward is not None:
+            self._no_torch_func = (
+                f"{name} does not support torch.func's differentiating transforms (grad, vjp, "
+                "jacrev, jacfwd, jvp, hessian); take its gradients by torch.autograd.grad, or "
+                f"use {instead} under torch.func")
             backward = _first_order(name, instead, backward)
             self.custom_op.register_autograd(backward, setup_context=setup_context)
             self._function = _function(name, impl, setup_context, backward)
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling() or not _plain(args):
+        if torch.compiler.is_compiling():
+            return self.custom_op(*args)
+        if not _plain(args):
+            if self._no_torch_func and _torch_func_differentiates():
+                raise NotImplementedError(self._no_torch_func)
             return self.custom_op(*args)
         if self._function is None:
             result = self._impl(*args)
@@ -144,6 +155,14 @@ class _NoDoubleBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(ctx.message)
+
+
+def _torch_func_differentiates():
+    """Whether a torch.func transform that differentiates is active (PyTorch has no public
+    test for one)."""
+    transform = torch._C._functorch.TransformType
+    return any(interpreter.key() in (transform.Grad, transform.Jvp)
+               for interpreter in torch._C._functorch.get_interpreter_stack() or ())
 
 
 def _plain(args):
