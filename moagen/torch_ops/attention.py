@@ -135,7 +135,8 @@ attention_op = Operator("moagen::attention", _attention, _attention_fake,
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: Optional[float] = None, lang: str = "c") -> Tensor:
     """softmax(scale q k^T) v per (batch, head), as F.scaled_dot_product_attention(q, k, v,
-    is_causal=causal, scale=scale, enable_gqa=True) computes it; differentiable in q, k, v.
+    is_causal=causal, scale=scale, enable_gqa=True) computes it; differentiable in q, k, v
+    (once: differentiating the gradients raises, moagen.torch_ops.operator).
     lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA kernels)."""
     _check("moagen.torch.attention", q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -111,7 +111,8 @@ block_op = Operator("moagen::block", _block, _block_fake, backward=_backward,
 class Block(nn.Module):
     """A pre-norm transformer block whose forward and backward are moagen's block kernels.
     Weights are initialized as a model's are (matrices N(0, 1/fan_in), norms 1). lang: the
-    CPU kernels' language; moved to a GPU (.cuda()), the block runs the CUDA kernels."""
+    CPU kernels' language; moved to a GPU (.cuda()), the block runs the CUDA kernels.
+    Differentiable once: differentiating the gradients raises (moagen.torch_ops.operator)."""
 
     def __init__(self, d_model: int, heads: int, d_head: int, d_ff: int, eps: float = 1e-5,
                  dtype=torch.float32, lang: str = "c", causal: bool = False):

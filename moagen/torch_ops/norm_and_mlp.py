@@ -91,7 +91,8 @@ rms_norm_op = Operator("moagen::rms_norm", _rms_norm, _rms_norm_fake,
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, *, lang: str = "c") -> Tensor:
     """weight * x / sqrt(mean(x^2 over the last axis) + eps), as
-    F.rms_norm(x, (d,), weight, eps); differentiable in x and weight."""
+    F.rms_norm(x, (d,), weight, eps); differentiable in x and weight (once: differentiating
+    the gradients raises, moagen.torch_ops.operator)."""
     _check_norm("moagen.torch.rms_norm", x, weight, eps, lang)
     return rms_norm_op(x, weight, float(eps), lang)[0]
 
@@ -160,6 +161,6 @@ swiglu_mlp_op = Operator("moagen::swiglu_mlp", _swiglu_mlp, _swiglu_mlp_fake,
 def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, *,
                lang: str = "c") -> Tensor:
     """(silu(x w_gate) * (x w_up)) w_down over the last axis of x; differentiable in x and
-    the weights."""
+    the weights (once: differentiating the gradients raises, moagen.torch_ops.operator)."""
     _check_mlp("moagen.torch.swiglu_mlp", x, w_gate, w_up, w_down, lang)
     return swiglu_mlp_op(x, w_gate, w_up, w_down, lang)[0]
