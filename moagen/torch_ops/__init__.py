@@ -14,7 +14,16 @@ Public as `moagen.torch`:
 CPU or CUDA tensors, float32 or float64 (the kernels' dtype follows the tensors). On CPU
 tensors lang="c" or "fortran" picks the kernels' language; they run on OpenMP threads from
 the same libgomp as PyTorch's, so torch.set_num_threads sets theirs too. On CUDA tensors the
-CUDA kernels run, queued on PyTorch's current stream, with no copy to or from the host."""
+CUDA kernels run, queued on PyTorch's current stream, with no copy to or from the host.
+
+Refused rather than answered wrong (moagen.torch_ops.operator): differentiating a gradient
+(create_graph=True gives the first-order gradients, whose own backward raises: the backward
+kernels build no graph; use PyTorch's operator there), torch.func's differentiating
+transforms (grad, jacrev, jvp, ...: take gradients by torch.autograd.grad), tensors on
+different devices (a meta tensor among real ones: the kernels would read memory it does not
+have), and KVCache calls on tensors that require grad (inference only). torch.func.vmap runs
+(an operator call per mapped slice); an empty batch, head count or length gives empty outputs
+and PyTorch's gradients."""
 from moagen.torch_ops.attention import attention
 from moagen.torch_ops.block import Block
 from moagen.torch_ops.decode import KVCache

@@ -62,12 +62,14 @@ def _check(op, q, k, v, lang):
     check_size(op, "k's length (moagen's kernels take as many keys as queries)", k.shape[2],
                q.shape[2])
     check_size(op, "k's head size", k.shape[3], q.shape[3])
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{op}: k and v have {k.shape[1]} heads, which does not divide q's "
-                         f"{q.shape[1]} heads (grouped-query attention needs whole groups)")
-    for name, t in (("q", q), ("k", k)):
-        if 0 in t.shape:
-            raise ValueError(f"{op}: {name} is empty, shape {tuple(t.shape)}")
+    kv_heads, heads = k.shape[1], q.shape[1]
+    if heads % kv_heads if kv_heads else heads:
+        raise ValueError(f"{op}: k and v have {kv_heads} heads, which does not divide q's "
+                         f"{heads} heads (grouped-query attention needs whole groups)")
+    # an empty batch, heads or length gives an empty output (moagen.torch_ops.operator)
+    if q.shape[3] == 0:
+        raise ValueError(f"{op}: the head size d must be at least 1, got q of shape "
+                         f"{tuple(q.shape)}")
 
 
 def grouped(t: Tensor, kv_heads: int):
@@ -126,13 +128,15 @@ def _backward(ctx, grad_out, _grad_lse):
 attention_op = Operator("moagen::attention", _attention, _attention_fake,
                         check=lambda q, k, v, causal, scale, lang: _check("moagen::attention",
                                                                           q, k, v, lang),
-                        backward=_backward, setup_context=_setup)
+                        backward=_backward, setup_context=_setup,
+                        instead="F.scaled_dot_product_attention")
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: Optional[float] = None, lang: str = "c") -> Tensor:
     """softmax(scale q k^T) v per (batch, head), as F.scaled_dot_product_attention(q, k, v,
-    is_causal=causal, scale=scale, enable_gqa=True) computes it; differentiable in q, k, v.
+    is_causal=causal, scale=scale, enable_gqa=True) computes it; differentiable in q, k, v
+    (once: differentiating the gradients raises, moagen.torch_ops.operator).
     lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA kernels)."""
     _check("moagen.torch.attention", q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
