@@ -98,6 +98,8 @@ CAUSAL_SIZES = (*(_sizes(n_q, n, offset=offset) for n_q, n in PAIRS
                   for offset in sorted({0, max(n - n_q, 0)})),
                 _sizes(7, 11, offset=9),
                 dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5, offset=4))
+
+
 # the bench: a prefill of n / 4 queries against n keys, 8 query heads over 2 KV heads of 64;
 # causal bottom-right (a cache's)
 def _bench(causal):
