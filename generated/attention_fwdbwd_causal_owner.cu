@@ -67,6 +67,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <cuda_runtime.h>
 
 /* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
@@ -74,7 +75,7 @@
  * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
  * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
  * dynamic shared memory. The host build that runs this file without a GPU defines its own
- * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
+ * (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
 #define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
     kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
@@ -85,6 +86,37 @@ extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
 #define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
     T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
+
+/* What a launcher returns where a kernel's block asks more dynamic shared memory than the
+ * device allows a block (its opt-in limit: 227 KB on sm_90, 163 KB on sm_80), and
+ * moagen_launch_error() then says which kernel asked how much against what limit. */
+#define MOAGEN_SHARED_OVER_LIMIT 9998
+static char moagen_launch_error_text[256];
+
+extern "C" const char *moagen_launch_error(void)
+{
+    return moagen_launch_error_text;
+}
+
+/* Lets `kernel` take `bytes` of dynamic shared memory a block, where the current device
+ * allows that many: 0, MOAGEN_SHARED_OVER_LIMIT, or the cudaError_t of a call that failed.
+ * Checked before the launch, so that the launch never fails for it later. */
+template <typename Kernel>
+static int moagen_allow_shared(Kernel *kernel, const char *name, size_t bytes)
+{
+    int device = 0, limit = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return (int)err;
+    if (bytes > (size_t)limit) {
+        snprintf(moagen_launch_error_text, sizeof moagen_launch_error_text,
+                 "%s: a block asks %zu bytes of dynamic shared memory, device %d allows %d",
+                 name, bytes, device, limit);
+        return MOAGEN_SHARED_OVER_LIMIT;
+    }
+    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
 
 /* forward: writes forward_Q_tile, forward_K_tile, probs, forward_V_tile, O, lse; reads Q, K, V, dO; scratch delta
  * for b / h / i_blk / i / e, c (simd), j_blk, c / e2 (simd), e3, j, j (simd), c, e7, e5,
@@ -937,13 +969,15 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
         if (d <= 64) {
             const size_t shared = 104448;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_forward<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f64_forward<64>, "attention_fwdbwd_causal_owner_f64_forward<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward<64>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
         else if (d <= 128) {
             const size_t shared = 174080;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_forward<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f64_forward<128>, "attention_fwdbwd_causal_owner_f64_forward<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_forward<128>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
@@ -955,13 +989,15 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (d <= 64) {
             const size_t shared = 53824;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f64_dQ<64>, "attention_fwdbwd_causal_owner_f64_dQ<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
         }
         else if (d <= 128) {
             const size_t shared = 107072;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f64_dQ<128>, "attention_fwdbwd_causal_owner_f64_dQ<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_dQ<128>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
         }
@@ -973,13 +1009,15 @@ extern "C" int attention_fwdbwd_causal_owner_f64(
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (d <= 64) {
             const size_t shared = 72768;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f64_keys<64>, "attention_fwdbwd_causal_owner_f64_keys<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, heads, n, d, scale);
         }
         else if (d <= 128) {
             const size_t shared = 107584;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f64_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f64_keys<128>, "attention_fwdbwd_causal_owner_f64_keys<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f64_keys<128>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, heads, n, d, scale);
         }
@@ -1841,13 +1879,15 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
         if (d <= 64) {
             const size_t shared = 52224;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_forward<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f32_forward<64>, "attention_fwdbwd_causal_owner_f32_forward<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward<64>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
         else if (d <= 128) {
             const size_t shared = 87040;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_forward<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f32_forward<128>, "attention_fwdbwd_causal_owner_f32_forward<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_forward<128>, grid, block, shared, stream,
                           Q, K, V, dO, O, lse, delta, batch, heads, n, d, scale);
         }
@@ -1859,13 +1899,15 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (d <= 64) {
             const size_t shared = 26912;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_dQ<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f32_dQ<64>, "attention_fwdbwd_causal_owner_f32_dQ<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
         }
         else if (d <= 128) {
             const size_t shared = 53536;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_dQ<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f32_dQ<128>, "attention_fwdbwd_causal_owner_f32_dQ<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_dQ<128>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dQ, delta, batch, heads, n, d, scale);
         }
@@ -1877,13 +1919,15 @@ extern "C" int attention_fwdbwd_causal_owner_f32(
         const dim3 grid((unsigned int)(((n + 31) / 32)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 8, 1);
         if (d <= 64) {
             const size_t shared = 36384;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_keys<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f32_keys<64>, "attention_fwdbwd_causal_owner_f32_keys<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys<64>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, heads, n, d, scale);
         }
         else if (d <= 128) {
             const size_t shared = 53792;
-            cudaFuncSetAttribute(attention_fwdbwd_causal_owner_f32_keys<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(attention_fwdbwd_causal_owner_f32_keys<128>, "attention_fwdbwd_causal_owner_f32_keys<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(attention_fwdbwd_causal_owner_f32_keys<128>, grid, block, shared, stream,
                           Q, K, V, dO, lse, dK, dV, delta, batch, heads, n, d, scale);
         }

@@ -58,6 +58,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <cuda_runtime.h>
 
 /* A kernel launch on a stream, kernel<<<grid, block, shared_bytes, stream>>>(...) (grid and
@@ -65,7 +66,7 @@
  * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
  * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
  * dynamic shared memory. The host build that runs this file without a GPU defines its own
- * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
+ * (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
 #define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
     kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
@@ -76,6 +77,37 @@ extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
 #define MOAGEN_SHARED_AT(T, name, byte_offset, count) \
     T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
+
+/* What a launcher returns where a kernel's block asks more dynamic shared memory than the
+ * device allows a block (its opt-in limit: 227 KB on sm_90, 163 KB on sm_80), and
+ * moagen_launch_error() then says which kernel asked how much against what limit. */
+#define MOAGEN_SHARED_OVER_LIMIT 9998
+static char moagen_launch_error_text[256];
+
+extern "C" const char *moagen_launch_error(void)
+{
+    return moagen_launch_error_text;
+}
+
+/* Lets `kernel` take `bytes` of dynamic shared memory a block, where the current device
+ * allows that many: 0, MOAGEN_SHARED_OVER_LIMIT, or the cudaError_t of a call that failed.
+ * Checked before the launch, so that the launch never fails for it later. */
+template <typename Kernel>
+static int moagen_allow_shared(Kernel *kernel, const char *name, size_t bytes)
+{
+    int device = 0, limit = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return (int)err;
+    if (bytes > (size_t)limit) {
+        snprintf(moagen_launch_error_text, sizeof moagen_launch_error_text,
+                 "%s: a block asks %zu bytes of dynamic shared memory, device %d allows %d",
+                 name, bytes, device, limit);
+        return MOAGEN_SHARED_OVER_LIMIT;
+    }
+    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
 
 /* A block's threads combine a value each, every thread getting the total: a tree over
  * __shared__ memory (blockDim.x a power of two), so the same order on every call. */
@@ -1414,13 +1446,15 @@ extern "C" int block_fwd_causal_composed_f64(
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
         if (dh <= 64) {
             const size_t shared = 104448;
-            cudaFuncSetAttribute(block_fwd_causal_composed_f64_attn_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(block_fwd_causal_composed_f64_attn_rows<64>, "block_fwd_causal_composed_f64_attn_rows<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows<64>, grid, block, shared, stream,
                           Q, K, V, attn, lse, batch, n, heads, dh, scale);
         }
         else if (dh <= 128) {
             const size_t shared = 174080;
-            cudaFuncSetAttribute(block_fwd_causal_composed_f64_attn_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(block_fwd_causal_composed_f64_attn_rows<128>, "block_fwd_causal_composed_f64_attn_rows<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows<128>, grid, block, shared, stream,
                           Q, K, V, attn, lse, batch, n, heads, dh, scale);
         }
@@ -2887,13 +2921,15 @@ extern "C" int block_fwd_causal_composed_f32(
         const dim3 grid((unsigned int)(((n + 63) / 64)), (unsigned int)(heads), (unsigned int)(batch)), block(16, 16, 1);
         if (dh <= 64) {
             const size_t shared = 52224;
-            cudaFuncSetAttribute(block_fwd_causal_composed_f32_attn_rows<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(block_fwd_causal_composed_f32_attn_rows<64>, "block_fwd_causal_composed_f32_attn_rows<64>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows<64>, grid, block, shared, stream,
                           Q, K, V, attn, lse, batch, n, heads, dh, scale);
         }
         else if (dh <= 128) {
             const size_t shared = 87040;
-            cudaFuncSetAttribute(block_fwd_causal_composed_f32_attn_rows<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
+            const int allowed = moagen_allow_shared(block_fwd_causal_composed_f32_attn_rows<128>, "block_fwd_causal_composed_f32_attn_rows<128>", shared);
+            if (allowed != 0) return allowed;
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows<128>, grid, block, shared, stream,
                           Q, K, V, attn, lse, batch, n, heads, dh, scale);
         }

@@ -9,17 +9,22 @@ import torch
 import torch.nn.functional as F
 
 
-def sdpa(Q, K, V, scale, causal=False, enable_gqa=False):
+def sdpa(Q, K, V, scale, causal=False, enable_gqa=False, offset=0):
     """O only: the public SDPA returns no lse. enable_gqa: K and V have fewer heads than Q,
-    shared without a copy."""
+    shared without a copy. offset: causal's query i sees keys j <= i + offset, SDPA's
+    is_causal at 0, its boolean mask at any other."""
+    if causal and offset:
+        seen = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool, device=Q.device)
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=seen.tril(offset), scale=scale,
+                                              enable_gqa=enable_gqa)
     return F.scaled_dot_product_attention(Q, K, V, scale=scale, is_causal=causal,
                                           enable_gqa=enable_gqa)
 
 
-def _attention_grads(Q, K, V, dO, scale, causal, enable_gqa=False):
+def _attention_grads(Q, K, V, dO, scale, causal, enable_gqa=False, offset=0):
     """SDPA's forward, then autograd's backward: (O, dQ, dK, dV)."""
     q, k, v = (t.detach().requires_grad_() for t in (Q, K, V))
-    out = sdpa(q, k, v, scale, causal, enable_gqa)
+    out = sdpa(q, k, v, scale, causal, enable_gqa, offset)
     return (out.detach(),) + torch.autograd.grad(out, (q, k, v), dO)
 
 
@@ -33,16 +38,16 @@ def sdpa_fwdbwd(Q, K, V, dO, scale, causal=False):
     return _attention_grads(Q, K, V, dO, scale, causal)
 
 
-def sdpa_gqa(Q, K, V, scale, causal=False):
+def sdpa_gqa(Q, K, V, scale, causal=False, offset=0):
     """O only, the grouped queries (batch, kv_heads, group, n, d) as SDPA's heads, the KV
     heads shared by enable_gqa."""
-    return sdpa(Q.flatten(1, 2), K, V, scale, causal, enable_gqa=True).view(Q.shape)
+    return sdpa(Q.flatten(1, 2), K, V, scale, causal, True, offset).view(Q.shape)
 
 
-def sdpa_gqa_bwd(Q, K, V, O, dO, lse, scale, causal=False):
+def sdpa_gqa_bwd(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """dQ, dK, dV by autograd of SDPA with enable_gqa, which recomputes the forward."""
     _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, causal,
-                                     enable_gqa=True)
+                                     True, offset)
     return dq.view(Q.shape), dk, dv
 
 

@@ -40,3 +40,8 @@ class EmulationCheckError(MoagenError, RuntimeError):
     """A CUDA launch the host emulation's checks failed: a race on shared memory or an index
     out of bounds (the race check), a shuffle it cannot run; the message names the kernel,
     the array or call, and the threads."""
+
+
+class SharedMemoryLimit(MoagenError, RuntimeError):
+    """A tiled CUDA kernel whose block asks more dynamic shared memory than the device allows
+    a block; the message names the kernel's instance, the bytes and the device's limit."""

@@ -4,64 +4,80 @@ family's are in moagen.reference_block."""
 import numpy as np
 
 
-def _scores_numpy(Q, K, scale, causal):
+# causal: query i sees keys j <= i + offset (offset 0: SDPA's is_causal, top-left; n_k - n_q:
+# a cache's, bottom-right); queries and keys may differ in number
+def _scores_numpy(Q, K, scale, causal, offset=0):
     scores = np.einsum("bhic,bhjc->bhij", Q, K) * scale
     if causal:
-        n = Q.shape[-2]
-        scores = np.where(np.tril(np.ones((n, n), dtype=bool)), scores, -np.inf)
+        seen = np.tril(np.ones((Q.shape[-2], K.shape[-2]), dtype=bool), offset)
+        scores = np.where(seen, scores, -np.inf)
     return scores
 
 
-def attention_out_numpy(Q, K, V, scale, causal=False):
-    scores = _scores_numpy(Q, K, scale, causal)
+def attention_out_numpy(Q, K, V, scale, causal=False, offset=0):
+    scores = _scores_numpy(Q, K, scale, causal, offset)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return weights / weights.sum(axis=-1, keepdims=True) @ V
 
 
-def attention_lse_numpy(Q, K, scale, causal=False):
+def attention_lse_numpy(Q, K, scale, causal=False, offset=0):
     """The per-row logsumexp of the (masked) scaled scores, as the forward pass keeps it."""
-    scores = _scores_numpy(Q, K, scale, causal)
+    scores = _scores_numpy(Q, K, scale, causal, offset)
     top = scores.max(axis=-1, keepdims=True)
     return (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
 
 
-def attention_fwd_numpy(Q, K, V, scale, causal=False):
-    return attention_out_numpy(Q, K, V, scale, causal), attention_lse_numpy(Q, K, scale, causal)
+def attention_fwd_numpy(Q, K, V, scale, causal=False, offset=0):
+    return attention_out_numpy(Q, K, V, scale, causal, offset), \
+        attention_lse_numpy(Q, K, scale, causal, offset)
 
 
-def _scores_torch(q, k, scale, causal):
+def _seen_torch(q, k, offset):
     import torch
+    return torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(offset)
+
+
+def _scores_torch(q, k, scale, causal, offset=0):
     scores = q @ k.transpose(-1, -2) * scale
     if causal:
-        n = q.shape[-2]
-        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        scores = scores.masked_fill(~_seen_torch(q, k, offset), float("-inf"))
     return scores
 
 
-def attention_fwd_torch(Q, K, V, scale, causal=False):
+def _sdpa(q, k, v, scale, causal, offset=0, **keywords):
+    """SDPA's is_causal (top-left) at offset 0, its boolean mask at any other."""
+    import torch
+    masked = dict(attn_mask=_seen_torch(q, k, offset)) if causal and offset \
+        else dict(is_causal=causal)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, **masked,
+                                                            **keywords)
+
+
+def attention_fwd_torch(Q, K, V, scale, causal=False, offset=0):
     import torch
     q, k, v = (torch.from_numpy(a) for a in (Q, K, V))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
-    return out.numpy(), torch.logsumexp(_scores_torch(q, k, scale, causal), dim=-1).numpy()
+    out = _sdpa(q, k, v, scale, causal, offset)
+    return out.numpy(), torch.logsumexp(_scores_torch(q, k, scale, causal, offset),
+                                        dim=-1).numpy()
 
 
-def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False):
+def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """The textbook backward: P from the scores, delta as rowsum(dP * P)."""
     scores = np.einsum("bhic,bhjc->bhij", Q, K) * scale
     probs = np.exp(scores - lse[..., None])
     if causal:
-        probs = np.tril(probs)
+        probs = np.tril(probs, offset)
     dprobs = dO @ np.swapaxes(V, -1, -2)
     dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
     return scale * dscores @ K, scale * np.swapaxes(dscores, -1, -2) @ Q, \
         np.swapaxes(probs, -1, -2) @ dO
 
 
-def attention_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False):
+def attention_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """Autograd of scaled_dot_product_attention (O and lse are the forward's own)."""
     import torch
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in (Q, K, V))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+    out = _sdpa(q, k, v, scale, causal, offset)
     out.backward(torch.from_numpy(dO))
     return q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
@@ -86,40 +102,38 @@ def _heads(Q):
     return Q.reshape(Q.shape[0], -1, *Q.shape[3:])
 
 
-def attention_gqa_fwd_numpy(Q, K, V, scale, causal=False):
+def attention_gqa_fwd_numpy(Q, K, V, scale, causal=False, offset=0):
     """Every KV head repeated for its group's query heads."""
     group = Q.shape[2]
     O, lse = attention_fwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
-                                 scale, causal)
+                                 scale, causal, offset)
     return O.reshape(Q.shape), lse.reshape(Q.shape[:-1])
 
 
-def attention_gqa_fwd_torch(Q, K, V, scale, causal=False):
+def attention_gqa_fwd_torch(Q, K, V, scale, causal=False, offset=0):
     """SDPA's own grouped heads (enable_gqa); the lse from the repeated keys' scores."""
     import torch
     q, k, v = (torch.from_numpy(a) for a in (_heads(Q), K, V))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal,
-                                                           enable_gqa=True)
+    out = _sdpa(q, k, v, scale, causal, offset, enable_gqa=True)
     keys = k.repeat_interleave(Q.shape[2], dim=1)
-    lse = torch.logsumexp(_scores_torch(q, keys, scale, causal), dim=-1)
+    lse = torch.logsumexp(_scores_torch(q, keys, scale, causal, offset), dim=-1)
     return out.numpy().reshape(Q.shape), lse.numpy().reshape(Q.shape[:-1])
 
 
-def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False):
+def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """The repeated KV heads' gradients summed over each group."""
     group = Q.shape[2]
     dQ, dK, dV = attention_bwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
-                                     _heads(O), _heads(dO), _heads(lse), scale, causal)
+                                     _heads(O), _heads(dO), _heads(lse), scale, causal, offset)
     return (dQ.reshape(Q.shape),
             *(g.reshape(*K.shape[:2], group, *K.shape[2:]).sum(axis=2) for g in (dK, dV)))
 
 
-def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False):
+def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """Autograd of SDPA with enable_gqa (O and lse are the forward's own)."""
     import torch
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in (_heads(Q), K, V))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal,
-                                                           enable_gqa=True)
+    out = _sdpa(q, k, v, scale, causal, offset, enable_gqa=True)
     out.backward(torch.from_numpy(_heads(dO)))
     return q.grad.numpy().reshape(Q.shape), k.grad.numpy(), v.grad.numpy()
 

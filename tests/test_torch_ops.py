@@ -140,9 +140,13 @@ def _ops_and_args():
     weights = [_randn(*s) for s in [(7,), (7, 2, 3), (7, 2, 3), (7, 2, 3), (2, 3, 7), (7,),
                                     (7, 11), (7, 11), (11, 7)]]
     ops = torch.ops.moagen
-    return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, True, 0.4, "c")),
+    return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, True, 0, 0.4, "c")),
             # grouped: dK and dV of the KV heads' shape, not q's
-            (ops.attention.default, (q, _randn(2, 1, 7, 5), _randn(2, 1, 7, 5), False, 0.4, "c")),
+            (ops.attention.default, (q, _randn(2, 1, 7, 5), _randn(2, 1, 7, 5), False, 0, 0.4,
+                                     "c")),
+            # 7 queries against 9 keys, causal bottom-right (offset 2): the cross kernels
+            (ops.attention.default, (q, _randn(2, 1, 9, 5), _randn(2, 1, 9, 5), True, 2, 0.4,
+                                     "c")),
             (ops.rms_norm.default, (x, w, 1e-5, "c")),
             (ops.swiglu_mlp.default, (x, _randn(5, 9), _randn(5, 9), _randn(9, 5), "c")),
             (ops.block.default, (_randn(2, 5, 7), weights, 1e-5, 0.5, True, "c")),
@@ -271,8 +275,8 @@ def test_bad_inputs_get_errors_that_name_the_argument():
     assert "share one dtype" in _errors_of(lambda: mt.attention(q, q.double(), q))
     assert "4 dimensions" in _errors_of(lambda: mt.attention(q[0], q[0], q[0]))
     assert "does not divide" in _errors_of(lambda: mt.attention(q, q[:, :3], q[:, :3]))
-    assert "as many keys as queries" in _errors_of(lambda: mt.attention(q, q[:, :, :6],
-                                                                        q[:, :, :6]))
+    # k and v of one length (q's may differ: tests/test_torch_cross.py)
+    assert "k's shape" in _errors_of(lambda: mt.attention(q, q[:, :, :6], q))
     assert "lang must be one of" in _errors_of(lambda: mt.attention(q, q, q, lang="julia"))
     assert "CUDA tensors run moagen's CUDA kernels whatever lang names" in _errors_of(
         lambda: mt.attention(q, q, q, lang="cuda"))
@@ -326,7 +330,7 @@ def test_cuda_tensors_pass_the_checks_and_mixed_devices_do_not():
     kernels on a GPU)."""
     with FakeTensorMode():
         q = torch.empty(1, 2, 3, 4, device="cuda")
-        out, lse = torch.ops.moagen.attention(q, q, q, False, 0.5, "c")
+        out, lse = torch.ops.moagen.attention(q, q, q, False, 0, 0.5, "c")
         assert out.device == q.device and out.shape == q.shape and lse.shape == q.shape[:-1]
         assert "must be on one device" in _errors_of(
             lambda: mt.attention(q, q, torch.empty(1, 2, 3, 4)))

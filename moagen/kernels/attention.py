@@ -35,19 +35,20 @@ def causal_mask(scores):
     return where(outer(">=", iota("n"), iota("n")), scores, float("-inf"))
 
 
-def softmax_parts(q, k, causal):
-    """The scaled (masked) scores and the stable softmax's row max, weights and row sum."""
+def softmax_parts(q, k, causal, mask=causal_mask):
+    """The scaled (masked) scores and the stable softmax's row max, weights and row sum;
+    mask: what causal applies to the scores (moagen.kernels.attention_cross shifts it)."""
     scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
-    scores = named("scores", causal_mask(scores) if causal else scores, index=("i", "j"))
+    scores = named("scores", mask(scores) if causal else scores, index=("i", "j"))
     row_max = reduce("max", scores, axis=1, var="j", name="row_max")
     weights = exp(omega("-", scores, row_max))
     row_sum = reduce("+", weights, axis=1, var="j", name="row_sum")
     return row_max, weights, row_sum
 
 
-def one_head(q, k, v, causal):
+def one_head(q, k, v, causal, mask=causal_mask):
     """O and the per-row logsumexp, which the backward pass needs."""
-    row_max, weights, row_sum = softmax_parts(q, k, causal)
+    row_max, weights, row_sum = softmax_parts(q, k, causal, mask)
     probs = named("probs", omega("/", weights, row_sum), index=("i", "j"))
     return inner(probs, v, var="j", name="acc"), row_max + log(row_sum)
 

@@ -420,10 +420,11 @@ CHAIN = {attention.spec(causal).name: backward(attention.spec(causal), by, "flas
 
 
 def forward_of(causal, forward=reference.attention_fwd_numpy):
-    """The backward's O and lse, computed from its Q, K and V in float64 by `forward`."""
+    """The backward's O and lse, computed from its Q, K and V in float64 by `forward`, given
+    the call's scalars and given sizes (a causal mask's offset) by name."""
     def consistent(arrays, scalars):
         Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
-        O, lse = forward(Q, K, V, scalars["scale"], causal)
+        O, lse = forward(Q, K, V, causal=causal, **scalars)
         return dict(arrays, O=O, lse=lse)
     return consistent
 

@@ -1,7 +1,9 @@
 """Attention as a PyTorch operator, in scaled_dot_product_attention's conventions: q of shape
-(batch, heads, n, d), k and v of (batch, kv_heads, n, d) with kv_heads dividing heads
+(batch, heads, n_q, d), k and v of (batch, kv_heads, n, d) with kv_heads dividing heads
 (grouped-query attention as SDPA's enable_gqa: query head h reads KV head h // group; MHA
-when kv_heads = heads), scale 1/sqrt(d) unless given, optionally causal.
+when kv_heads = heads), scale 1/sqrt(d) unless given, optionally causal: True is SDPA's
+is_causal (top-left: query i sees keys j <= i), "lower_right" a cache's (PyTorch's
+causal_lower_right: j <= i + n - n_q).
 
     forward   O and the row logsumexp by attention_gqa_fwd's `flash` kernel (one pass over
               key blocks with both products register tiles, O(n d) memory)
@@ -9,6 +11,13 @@ when kv_heads = heads), scale 1/sqrt(d) unless given, optionally causal.
               it reads the saved O and logsumexp; key rows own their dK and dV rows, summed
               over their group's query heads, so there are no atomics and the gradients are
               the same bits on any thread count).
+
+Queries and keys of different lengths (or the bottom-right mask) take attention_cross's
+`dnf` kernels, forward and backward, the mask's offset given at call time; with more
+queries than keys, bottom-right, the first n_q - n rows see no key, and get SDPA's zeros
+(no gradient), the others being top-left attention over n rows. One query against several
+keys where no gradient is taken, not causal or bottom-right, is decoding: the
+attention_decode kernel (`split`) over all the keys.
 
 The grouped kernels (moagen.kernels.attention_gqa) read each KV head for its whole group:
 k and v are never repeated per query head, nor their gradients summed back in PyTorch. They
@@ -21,13 +30,15 @@ has already computed O and the logsumexp, which the fused owner would compute ag
 pass of its own (docs/PERFORMANCE.md, "The owner and the flash backward")."""
 import math
 from functools import lru_cache
-from typing import Optional
+from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from moagen.kernels.attention import flash_params
 from moagen.request import resolve
+from moagen.torch_ops.decode import attention_decode_op
 from moagen.torch_ops.native import (DTYPES, call, causal_name, check_dims, check_lang,
                                      check_size, check_tensors)
 from moagen.torch_ops.operator import Operator
@@ -59,15 +70,15 @@ def _check(op, q, k, v, lang):
         check_dims(op, name, t, 4, SHAPE)
     check_size(op, "k's shape", tuple(k.shape), tuple(v.shape))
     check_size(op, "k's batch", k.shape[0], q.shape[0])
-    check_size(op, "k's length (moagen's kernels take as many keys as queries)", k.shape[2],
-               q.shape[2])
     check_size(op, "k's head size", k.shape[3], q.shape[3])
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{op}: k and v have {k.shape[1]} heads, which does not divide q's "
-                         f"{q.shape[1]} heads (grouped-query attention needs whole groups)")
-    for name, t in (("q", q), ("k", k)):
-        if 0 in t.shape:
-            raise ValueError(f"{op}: {name} is empty, shape {tuple(t.shape)}")
+    kv_heads, heads = k.shape[1], q.shape[1]
+    if heads % kv_heads if kv_heads else heads:
+        raise ValueError(f"{op}: k and v have {kv_heads} heads, which does not divide q's "
+                         f"{heads} heads (grouped-query attention needs whole groups)")
+    # an empty batch, heads or length gives an empty output (moagen.torch_ops.operator)
+    if q.shape[3] == 0:
+        raise ValueError(f"{op}: the head size d must be at least 1, got q of shape "
+                         f"{tuple(q.shape)}")
 
 
 def grouped(t: Tensor, kv_heads: int):
@@ -76,39 +87,52 @@ def grouped(t: Tensor, kv_heads: int):
     return t, (t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+def _kernel(kind: str, q: Tensor, k: Tensor, causal: bool, offset: int, lang: str):
+    """(kernel, variant, its schedule parameters, its given sizes) for the forward (kind
+    "fwd") or the backward ("bwd"): attention_gqa's flash where queries and keys are as many
+    and the mask top-left, attention_cross's dnf otherwise (offset: causal's, query i sees
+    keys j <= i + offset)."""
+    if q.shape[2] == k.shape[2] and not offset:
+        name = causal_name(f"attention_gqa_{kind}", causal)
+        return name, "flash", _params(name, q, causal, lang), {}
+    name = causal_name(f"attention_cross_{kind}", causal)
+    return name, "dnf", (), {"offset": offset} if causal else {}
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int, scale: float,
                lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward)."""
-    name = causal_name("attention_gqa_fwd", causal)
-    return call(name, "flash", lang, grouped(q, k.shape[1]), k, v, scale=scale,
-                params=_params(name, q, causal, lang), out_shapes=(q.shape, q.shape[:-1]))
+    name, variant, params, given = _kernel("fwd", q, k, causal, offset, lang)
+    return call(name, variant, lang, grouped(q, k.shape[1]), k, v, scale=scale, params=params,
+                out_shapes=(q.shape, q.shape[:-1]), **given)
 
 
-def _attention_fake(q, k, v, causal, scale, lang):
+def _attention_fake(q, k, v, causal, offset, scale, lang):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                        grad_out: Tensor, causal: bool, scale: float,
+                        grad_out: Tensor, causal: bool, offset: int, scale: float,
                         lang: str) -> tuple[Tensor, Tensor, Tensor]:
-    kv_heads, name = k.shape[1], causal_name("attention_gqa_bwd", causal)
-    return call(name, "flash", lang, grouped(q, kv_heads), k, v,
+    kv_heads = k.shape[1]
+    name, variant, params, given = _kernel("bwd", q, k, causal, offset, lang)
+    return call(name, variant, lang, grouped(q, kv_heads), k, v,
                 *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
-                params=_params(name, q, causal, lang), out_shapes=(q.shape,))
+                params=params, out_shapes=(q.shape,), **given)
 
 
-def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, scale, lang):
+def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, offset, scale, lang):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 attention_backward_op = Operator(
     "moagen::attention_backward", _attention_backward, _attention_backward_fake,
-    check=lambda q, k, v, out, lse, grad_out, causal, scale, lang: _check(
+    check=lambda q, k, v, out, lse, grad_out, causal, offset, scale, lang: _check(
         "moagen::attention_backward", q, k, v, lang))
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, ctx.causal, ctx.scale, ctx.lang = inputs
+    q, k, v, ctx.causal, ctx.offset, ctx.scale, ctx.lang = inputs
     ctx.save_for_backward(q, k, v, *output)
     ctx.mark_non_differentiable(output[1])
     # a gradient not given stays None (the logsumexp's: never read), not zeros
@@ -117,26 +141,46 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out, _grad_lse):
     if grad_out is None:
-        return None, None, None, None, None, None
-    dq, dk, dv = attention_backward_op(*ctx.saved_tensors, grad_out, ctx.causal, ctx.scale,
-                                       ctx.lang)
-    return dq, dk, dv, None, None, None
+        return (None,) * 7
+    dq, dk, dv = attention_backward_op(*ctx.saved_tensors, grad_out, ctx.causal, ctx.offset,
+                                       ctx.scale, ctx.lang)
+    return dq, dk, dv, None, None, None, None
 
 
 attention_op = Operator("moagen::attention", _attention, _attention_fake,
-                        check=lambda q, k, v, causal, scale, lang: _check("moagen::attention",
-                                                                          q, k, v, lang),
-                        backward=_backward, setup_context=_setup)
+                        check=lambda q, k, v, causal, offset, scale, lang: _check(
+                            "moagen::attention", q, k, v, lang),
+                        backward=_backward, setup_context=_setup,
+                        instead="F.scaled_dot_product_attention")
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = False,
               scale: Optional[float] = None, lang: str = "c") -> Tensor:
     """softmax(scale q k^T) v per (batch, head), as F.scaled_dot_product_attention(q, k, v,
-    is_causal=causal, scale=scale, enable_gqa=True) computes it; differentiable in q, k, v.
-    lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA kernels)."""
-    _check("moagen.torch.attention", q, k, v, lang)
+    is_causal=causal, scale=scale, enable_gqa=True) computes it, q's length n_q and k's n
+    equal or not; differentiable in q, k, v (once: differentiating the gradients raises,
+    moagen.torch_ops.operator). causal: False, True (SDPA's is_causal, top-left: query i
+    sees keys j <= i) or "lower_right" (PyTorch's causal_lower_right, a cache's: j <= i +
+    n - n_q). lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA
+    kernels)."""
+    op = "moagen.torch.attention"
+    if not (isinstance(causal, bool) or causal == "lower_right"):
+        raise ValueError(f"{op}: causal must be False, True (top-left, SDPA's is_causal) or "
+                         f"'lower_right' (a cache's), got {causal!r}")
+    _check(op, q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    n_q, n = q.shape[2], k.shape[2]
+    offset = n - n_q if causal == "lower_right" else 0
+    if offset < 0:
+        # the first -offset query rows see no key: SDPA's zeros, no gradient; the others
+        # are top-left causal attention over as many rows as keys
+        out = attention(q[:, :, -offset:], k, v, causal=True, scale=scale, lang=lang)
+        return F.pad(out, (0, 0, -offset, 0))
+    if n_q == 1 < n and causal in (False, "lower_right") and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        # decoding: the one query sees every key; the decode kernel has no backward
+        return attention_decode_op(q[:, :, 0], k, v, n, scale, lang).unsqueeze(2)
     # made contiguous here, not inside the operator: the operator saves its arguments for
     # the backward, which would otherwise copy a transposed q a second time
-    return attention_op(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale,
-                        lang)[0]
+    return attention_op(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), offset,
+                        scale, lang)[0]

@@ -39,8 +39,6 @@ def _check(op, x, weights, lang):
                          f"got {len(weights)}")
     check_tensors(op, x=x, **dict(zip(WEIGHTS, weights)))
     check_dims(op, "x", x, 3, "(batch, n, d_model)")
-    if 0 in x.shape:
-        raise ValueError(f"{op}: x is empty, shape {tuple(x.shape)}")
     check_dims(op, "Wq", weights[1], 3, "(d_model, heads, d_head)")
     check_dims(op, "Wg", weights[6], 2, "(d_model, d_ff)")
     _, heads, d_head = weights[1].shape
@@ -106,13 +104,15 @@ def _backward(ctx, grads):
 
 # a list of tensors (the weights) takes the custom op's path (moagen.torch_ops.operator)
 block_op = Operator("moagen::block", _block, _block_fake, backward=_backward,
-                    setup_context=_setup)
+                    setup_context=_setup,
+                    instead="PyTorch's operators (the block of moagen/reference_block.py)")
 
 
 class Block(nn.Module):
     """A pre-norm transformer block whose forward and backward are moagen's block kernels.
     Weights are initialized as a model's are (matrices N(0, 1/fan_in), norms 1). lang: the
-    CPU kernels' language; moved to a GPU (.cuda()), the block runs the CUDA kernels."""
+    CPU kernels' language; moved to a GPU (.cuda()), the block runs the CUDA kernels.
+    Differentiable once: differentiating the gradients raises (moagen.torch_ops.operator)."""
 
     def __init__(self, d_model: int, heads: int, d_head: int, d_ff: int, eps: float = 1e-5,
                  dtype=torch.float32, lang: str = "c", causal: bool = False):

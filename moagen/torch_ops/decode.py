@@ -5,8 +5,10 @@ against the n valid rows (attention_decode, `split`: the rows cut into slices ru
 parallel, merged by their logsumexp). Grouped-query attention by indexing: query head h
 reads KV head h // (q_heads / kv_heads), with no copy of the cache.
 
-Inference only: the operators have no autograd formula (call them under torch.no_grad()).
-Shapes follow SDPA's with one position: k, v and q of shape (batch, heads, 1, d)."""
+Inference only: the operators have no autograd formula, so `append` and `attend` refuse a
+tensor that requires grad while grad mode is on (their result would silently have no
+gradient); call them under torch.no_grad() or torch.inference_mode(). Shapes follow SDPA's
+with one position: k, v and q of shape (batch, heads, 1, d)."""
 import math
 from typing import Optional
 
@@ -61,6 +63,10 @@ class KVCache:
     def _one_position(self, op, name, t, heads=None):
         """t (batch, heads, 1, d) as the kernels' (batch, heads, d)."""
         check_tensors(op, **{name: t, "the cache": self.k})
+        if t.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(f"{op}: {name} requires grad, and the KV cache's kernels have "
+                               "no backward (inference only); call it under torch.no_grad(), "
+                               "or use F.scaled_dot_product_attention to train")
         check_dims(op, name, t, 4, "(batch, heads, 1, d)")
         batch, kv_heads, _, d = self.k.shape
         expected = (batch, kv_heads if heads is None else t.shape[1], 1, d)

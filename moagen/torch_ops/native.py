@@ -40,7 +40,9 @@ def check_lang(op, lang):
 
 def check_tensors(op, **tensors):
     """Every tensor float32 or float64, all of one dtype, and on one device, the CPU or a
-    CUDA GPU; returns the dtype's name."""
+    CUDA GPU, or all on meta (shapes only: the fake implementations run); returns the dtype's
+    name. A meta tensor among real ones is refused: the kernels would read memory it does
+    not have."""
     dtypes, devices = {}, {}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -51,9 +53,7 @@ def check_tensors(op, **tensors):
         if t.dtype not in DTYPES:
             raise ValueError(f"{op}: {name} has dtype {t.dtype}; moagen's kernels take "
                              "torch.float32 or torch.float64 (no implicit casting)")
-        dtypes[name] = t.dtype
-        if not t.is_meta:
-            devices[name] = t.device
+        dtypes[name], devices[name] = t.dtype, t.device
     if len(set(dtypes.values())) > 1:
         listed = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
         raise ValueError(f"{op}: the tensors must share one dtype, got {listed}")

@@ -21,8 +21,10 @@ def _rows(x):
 
 
 def _check_rows(op, x):
-    if x.dim() < 1 or x.numel() == 0:
-        raise ValueError(f"{op}: x must have at least one row (..., d), got shape {tuple(x.shape)}")
+    """x (..., d) with d at least 1; no rows gives no rows (moagen.torch_ops.operator)."""
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"{op}: x must have a last dimension d of at least 1 (..., d), got "
+                         f"shape {tuple(x.shape)}")
 
 
 def _check_norm(op, x, weight, eps, lang):
@@ -83,12 +85,14 @@ def _backward_norm(ctx, grad_z, _grad_inv_rms):
 
 rms_norm_op = Operator("moagen::rms_norm", _rms_norm, _rms_norm_fake,
                        check=lambda *args: _check_norm("moagen::rms_norm", *args),
-                       backward=_backward_norm, setup_context=_setup_norm)
+                       backward=_backward_norm, setup_context=_setup_norm,
+                       instead="F.rms_norm")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, *, lang: str = "c") -> Tensor:
     """weight * x / sqrt(mean(x^2 over the last axis) + eps), as
-    F.rms_norm(x, (d,), weight, eps); differentiable in x and weight."""
+    F.rms_norm(x, (d,), weight, eps); differentiable in x and weight (once: differentiating
+    the gradients raises, moagen.torch_ops.operator)."""
     _check_norm("moagen.torch.rms_norm", x, weight, eps, lang)
     return rms_norm_op(x, weight, float(eps), lang)[0]
 
@@ -150,12 +154,13 @@ def _backward_mlp(ctx, grad_f, _grad_u, _grad_v):
 
 swiglu_mlp_op = Operator("moagen::swiglu_mlp", _swiglu_mlp, _swiglu_mlp_fake,
                          check=lambda *args: _check_mlp("moagen::swiglu_mlp", *args),
-                         backward=_backward_mlp, setup_context=_setup_mlp)
+                         backward=_backward_mlp, setup_context=_setup_mlp,
+                         instead="(F.silu(x @ w_gate) * (x @ w_up)) @ w_down")
 
 
 def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, *,
                lang: str = "c") -> Tensor:
     """(silu(x w_gate) * (x w_up)) w_down over the last axis of x; differentiable in x and
-    the weights."""
+    the weights (once: differentiating the gradients raises, moagen.torch_ops.operator)."""
     _check_mlp("moagen.torch.swiglu_mlp", x, w_gate, w_up, w_down, lang)
     return swiglu_mlp_op(x, w_gate, w_up, w_down, lang)[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import cffi
 
-from moagen.errors import DeviceUnavailable, EmulationCheckError
+from moagen.errors import DeviceUnavailable, EmulationCheckError, SharedMemoryLimit
 from moagen.targets.abi import KernelCallable, flat_view
 from moagen.targets.c.loader import CTYPES, declaration, dlopen
 from moagen.targets.cuda.arrays import DeviceArray, DeviceView, to_device
@@ -35,6 +35,7 @@ def bind_on(gpu, library, signature, validate=None):
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature, result="int", trailing=("void *",)))
     ffi.cdef(EMULATION_ERROR)
+    ffi.cdef(LAUNCH_ERROR)
     lib = dlopen(ffi, library)
     launcher = getattr(lib, signature.name)
     pointer_type = CTYPES[signature.dtype] + " *"
@@ -48,7 +49,8 @@ def bind_on(gpu, library, signature, validate=None):
             gpu.wait_for(array.stream, stream)
         check_launch(signature.name, launcher(*(ffi.cast(pointer_type, a.ptr) for a in arrays),
                                               *args[n_arrays:], ffi.cast("void *", stream)),
-                     lambda: emulation_error(ffi, lib))
+                     lambda: emulation_error(ffi, lib),
+                     lambda: ffi.string(lib.moagen_launch_error()).decode(errors="replace"))
         for host, array, intent in zip(args, arrays, intents):  # numpy arrays' results back
             if intent in ("inout", "out") and not isinstance(host, DeviceView):
                 gpu.copy_out(flat_view(host), array)
@@ -70,6 +72,10 @@ def _on_device(gpu, array, intent):
 # check's, a shuffle's: templates/cuda/emulation/cuda_runtime.h), and the function that says which
 EMULATION_CHECK_FAILED = 9999
 EMULATION_ERROR = "const char *moagen_emulation_error(void);"
+# what a tiled kernel's launcher returns when a block asks more shared memory than the
+# device allows (templates/cuda/kernel.cu.j2), and the function that says how much
+SHARED_OVER_LIMIT = 9998
+LAUNCH_ERROR = "const char *moagen_launch_error(void);"
 
 
 def emulation_error(ffi, lib) -> str:
@@ -78,11 +84,14 @@ def emulation_error(ffi, lib) -> str:
     return ffi.string(lib.moagen_emulation_error()).decode(errors="replace")
 
 
-def check_launch(name, code, message=None):
+def check_launch(name, code, message=None, launch_message=None):
     """A launcher's result: 0, or the cudaError_t of its first failure, raised; the
-    emulation's failed check as EmulationCheckError, with message() (what it says)."""
+    emulation's failed check as EmulationCheckError, with message() (what it says); a block
+    over the device's shared memory as SharedMemoryLimit, with launch_message()."""
     if code == EMULATION_CHECK_FAILED and message is not None:
         raise EmulationCheckError(f"{name}: {message()}")
+    if code == SHARED_OVER_LIMIT and launch_message is not None:
+        raise SharedMemoryLimit(f"{name}: {launch_message()}")
     if code != 0:
         raise RuntimeError(f"{name}: the CUDA launcher returned cudaError_t {code}")
 

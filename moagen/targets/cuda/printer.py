@@ -202,4 +202,5 @@ def emit_cuda(onfs_by_dtype, banner):
     dnf = CudaPrinter(onfs_by_dtype[0][1], onfs_by_dtype[0][0]).comment(
         dnf_comment([onf for _, onf in onfs_by_dtype]))
     return render("cuda/kernel.cu.j2", banner=banner, dnf=dnf, launchers=launchers,
-                  block_reductions=any(l["block_reductions"] for l in launchers))
+                  block_reductions=any(l["block_reductions"] for l in launchers),
+                  tiled=any(k["tiled"] for l in launchers for k in l["kernels"]))

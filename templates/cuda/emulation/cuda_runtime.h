@@ -13,9 +13,12 @@
  * t % 32. A race between a block's threads (a += that should be atomicAdd, a read before the
  * __syncthreads that orders it) can happen here too. What a GPU refuses is refused, with its
  * cudaError_t: a zero dimension, more than 1024 threads a block (1024 x, 1024 y, 64 z),
- * grid y or z over 65535 (cudaErrorInvalidConfiguration); dynamic shared memory over 227 KB,
- * or over 48 KB without cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
- * bytes) first (cudaErrorInvalidValue). Launches are synchronous (the stream is ignored), one
+ * grid y or z over 65535 (cudaErrorInvalidConfiguration); dynamic shared memory over the
+ * architecture's opt-in limit a block, or over 48 KB without cudaFuncSetAttribute(kernel,
+ * cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first (cudaErrorInvalidValue). The
+ * architecture is sm_90 (227 KB), or the one MOAGEN_EMULATED_ARCH names (sm_80: 163 KB;
+ * sm_86, sm_89: 99 KB), as cudaDeviceGetAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)
+ * reports it. Launches are synchronous (the stream is ignored), one
  * at a time per process.
  *
  * Shared memory. Blocks running one at a time make `static` storage per-block storage: that
@@ -56,6 +59,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -426,7 +430,40 @@ enum cudaFuncAttribute {
     cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 };
 
-static const size_t MOAGEN_DEFAULT_DYNAMIC_SHARED = 48 * 1024, MOAGEN_MAX_DYNAMIC_SHARED = 227 * 1024;
+enum cudaDeviceAttr {
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+
+static const size_t MOAGEN_DEFAULT_DYNAMIC_SHARED = 48 * 1024;
+
+/* The opt-in dynamic shared memory a block of the emulated architecture (the header's
+ * comment); 0 for a name it does not know, with why in moagen_emulation_error(). */
+static size_t moagen_max_dynamic_shared(void)
+{
+    static const struct { const char *arch; size_t bytes; } limits[] = {
+        {"sm_80", 163 * 1024}, {"sm_86", 99 * 1024}, {"sm_89", 99 * 1024}, {"sm_90", 227 * 1024}};
+    const char *arch = getenv("MOAGEN_EMULATED_ARCH");
+    if (arch == nullptr || *arch == 0) arch = "sm_90";
+    for (const auto &limit : limits)
+        if (strcmp(limit.arch, arch) == 0) return limit.bytes;
+    snprintf(moagen_error_text, sizeof moagen_error_text,
+             "MOAGEN_EMULATED_ARCH=%s: the emulation knows sm_80, sm_86, sm_89 and sm_90", arch);
+    return 0;
+}
+
+static inline cudaError_t cudaGetDevice(int *device)
+{
+    *device = 0;  /* the emulation's one device */
+    return cudaSuccess;
+}
+
+static cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attribute, int device)
+{
+    if (attribute != cudaDevAttrMaxSharedMemoryPerBlockOptin || device != 0)
+        return cudaErrorInvalidValue;
+    *value = (int)moagen_max_dynamic_shared();
+    return *value ? cudaSuccess : moagenErrorCheckFailed;
+}
 
 struct moagen_kernel_limit {
     const void *kernel;
@@ -446,7 +483,7 @@ template <typename Kernel>
 static cudaError_t cudaFuncSetAttribute(Kernel *kernel, cudaFuncAttribute attribute, int value)
 {
     if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (value < 0 || (size_t)value > MOAGEN_MAX_DYNAMIC_SHARED) return cudaErrorInvalidValue;
+        if (value < 0 || (size_t)value > moagen_max_dynamic_shared()) return cudaErrorInvalidValue;
         const void *key = reinterpret_cast<const void *>(kernel);
         for (moagen_kernel_limit &k : moagen_kernel_limits)
             if (k.kernel == key) { k.dynamic_shared = value; return cudaSuccess; }

@@ -1,0 +1,126 @@
+"""Attention whose queries and keys differ in number, n_q queries against n keys:
+cross-attention, and a prefill's queries against a cache. Forward and backward, in
+grouped-query attention's layout (moagen.kernels.attention_gqa: queries (batch, kv_heads,
+group, n_q, d), keys and values (batch, kv_heads, n, d); MHA is a group of one), the
+backward derived by moagen.moa.grad. n, as attention_decode's cache rows, is the length the
+bench sweeps.
+
+Causal: query i sees keys j <= i + offset, offset a size given at call time: 0 is SDPA's
+is_causal (top-left), n - n_q a cache's (bottom-right, PyTorch's causal_lower_right).
+The mask compares positions, query i's i + offset (iota(n_q + offset) past its first
+offset) with key j's. offset is a size, so never negative: with offset < 0 rows
+i < -offset would see no key, and SDPA gives them 0 where the softmax here gives 0 / 0; the
+caller runs the rows that see a key (moagen.torch_ops.attention)."""
+from moagen import reference
+from moagen.kernels import attention
+from moagen.kernels.attention import row_pass, softmax_scale
+from moagen.kernels.attention_bwd import Rows, forward_of
+from moagen.kernels.cases import Bench, Check, references
+from moagen.kernels.layers import Layers, cpu
+from moagen.moa.expr import array, drop, iota, lift, outer, psi, sym, where
+from moagen.moa.grad import grad
+from moagen.moa.spec import KernelSpec, Output
+from moagen.steps.loop.accumulate import Accumulate
+from moagen.steps.loop.hoist import Hoist
+from moagen.steps.loop.parallel import Parallel
+
+Q = array("Q", "batch", "kv_heads", "group", "n_q", "d")
+K = array("K", "batch", "kv_heads", "n", "d")
+V = array("V", "batch", "kv_heads", "n", "d")
+O = array("O", "batch", "kv_heads", "group", "n_q", "d")
+DO = array("dO", "batch", "kv_heads", "group", "n_q", "d")
+LSE = array("lse", "batch", "kv_heads", "group", "n_q")
+LOOPS = Rows(heads=("b", "g"), group="r")
+QUERY_HEADS, EXTENTS = LOOPS.query[:-1], ("batch", "kv_heads", "group")
+
+
+def shifted_mask(scores):
+    """Keys past query i's position i + offset get -inf."""
+    positions = drop("offset", iota(sym("n_q") + sym("offset")))
+    return where(outer(">=", positions, iota("n")), scores, float("-inf"))
+
+
+def name(causal: bool, backward=False) -> str:
+    return f"attention_cross_{'bwd' if backward else 'fwd'}{'_causal' if causal else ''}"
+
+
+def spec(causal: bool) -> KernelSpec:
+    o, lse = attention.one_head(psi(QUERY_HEADS, Q), psi(LOOPS.heads, K), psi(LOOPS.heads, V),
+                                causal, mask=shifted_mask)
+    return KernelSpec(
+        name=name(causal),
+        inputs=(Q, K, V),
+        scalars=("scale",),
+        given=("offset",) if causal else (),
+        outputs=(Output("O", lift(QUERY_HEADS, EXTENTS, o), LOOPS.query + ("c",)),
+                 Output("lse", lift(QUERY_HEADS, EXTENTS, lse), LOOPS.query)))
+
+
+def backward_spec(causal: bool) -> KernelSpec:
+    """The vector-Jacobian product of the forward: dO given for O, lse kept."""
+    return grad(spec(causal), name=name(causal, backward=True),
+                wrt={"Q": LOOPS.query + ("c",), "K": LOOPS.key + ("c",),
+                     "V": LOOPS.key + ("c",)},
+                cotangents=("O",), order=tuple(a.name for a in (Q, K, V, O, DO, LSE)),
+                labels={"probs": "P", "dscores": "dS"})
+
+
+# dnf: row by row, nothing of size n_q x n. The forward's rows (O and lse in one nest);
+# the backward's dQ rows owned by query rows, dK and dV rows by key rows (summed over the
+# group's query heads, then their rows), delta one number a query row
+FORWARD = Layers(algorithm=row_pass(LOOPS.query), mapping=cpu(Parallel(LOOPS.query)))
+BACKWARD = Layers(
+    algorithm=(Accumulate("c", over="j", nest="dQ"),
+               *(step for nest in ("dK", "dV") for step in (
+                   Accumulate("c", over="r", nest=nest), Accumulate("c", over="i", nest=nest))),
+               Hoist()),
+    mapping=cpu(Parallel(LOOPS.query, nest="delta"), Parallel(LOOPS.query, nest="dQ"),
+                Parallel(LOOPS.key, nest="dK"), Parallel(LOOPS.key, nest="dV")))
+
+KERNELS = [kernel for causal in (False, True) for kernel in (
+    (spec(causal), {"dnf": (frozenset(), FORWARD)}),
+    (backward_spec(causal), {"dnf": (frozenset({"delta"}), BACKWARD)}))]
+ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
+
+
+def _sizes(n_q, n, **rest):
+    return dict(batch=1, kv_heads=1, group=1, n_q=n_q, n=n, d=3, **rest)
+
+
+# What verification runs these kernels on: n_q and n each 1, 7 and 257 in every pairing
+# (one head of 3: the CUDA emulation stays quick), groups of 3 over 2 KV heads and a batch
+# of 2 at one pairing; causal at offset 0 (top-left) and, where n > n_q, n - n_q
+# (bottom-right), and once past it
+PAIRS = [(n_q, n) for n_q in (1, 7, 257) for n in (1, 7, 257)]
+PLAIN_SIZES = (*(_sizes(n_q, n) for n_q, n in PAIRS),
+               dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5))
+CAUSAL_SIZES = (*(_sizes(n_q, n, offset=offset) for n_q, n in PAIRS
+                  for offset in sorted({0, max(n - n_q, 0)})),
+                _sizes(7, 11, offset=9),
+                dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5, offset=4))
+
+
+# the bench: a prefill of n / 4 queries against n keys, 8 query heads over 2 KV heads of 64;
+# causal bottom-right (a cache's)
+def _bench(causal):
+    return Bench(lambda n: dict(batch=1, kv_heads=2, group=4, n_q=n // 4, n=n, d=64,
+                                **({"offset": n - n // 4} if causal else {})),
+                 quick=(512,), full=(1024, 4096))
+
+
+CHECKS, BENCH = {}, {}
+for causal, sizes in ((False, PLAIN_SIZES), (True, CAUSAL_SIZES)):
+    CHECKS[name(causal)] = Check(references(reference.attention_gqa_fwd_numpy,
+                                            reference.attention_gqa_fwd_torch, causal=causal),
+                                 sizes, softmax_scale)
+    CHECKS[name(causal, backward=True)] = Check(
+        references(reference.attention_gqa_bwd_numpy, reference.attention_gqa_bwd_torch,
+                   causal=causal), sizes, softmax_scale,
+        inputs=forward_of(causal, reference.attention_gqa_fwd_numpy))
+    BENCH[name(causal)] = _bench(causal).measured_against(
+        "sdpa_gqa", "O by F.scaled_dot_product_attention(enable_gqa=True), causal by its "
+                    "boolean mask; no lse (SDPA returns none)", outputs=(0,), causal=causal)
+    BENCH[name(causal, backward=True)] = _bench(causal).measured_against(
+        "sdpa_gqa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
+                        "enable_gqa=True), the forward recomputed (O, lse unused)",
+        causal=causal)
