@@ -51,7 +51,7 @@
  * race check sees: MOAGEN_SHARED(T, name, count) a static `__shared__ T name[count]`,
  * MOAGEN_SHARED_AT(T, name, byte_offset, count) `count` T at `byte_offset` in the block's
  * dynamic shared memory. The host build that runs this file without a GPU defines its own
- * (moagen/targets/cuda/templates/emulation/cuda_runtime.h). */
+ * (templates/cuda/emulation/cuda_runtime.h). */
 #ifndef MOAGEN_LAUNCH
 #define MOAGEN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
     kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
