@@ -23,7 +23,10 @@ An attn_mask (SDPA's: boolean, True where a key is seen, or float, added to the 
 broadcastable to (batch, heads, n_q, n)) takes attention_cross's `_masked` dnf kernels,
 forward and backward, the mask made a float one of q's dtype and expanded to its full shape
 here. A row the mask hides wholly gets SDPA's zeros and no gradient, as the bottom-right
-rows that see no key do.
+rows that see no key do. The full shape costs a copy per head and query row of a mask shared
+by them (a key-padding row: batch x n values become batch x heads x n_q x n); the next steps
+are a key-padding form from per-batch valid lengths whose kernels skip the padded key
+blocks, and a mask indexed without its broadcast axes.
 
 The grouped kernels (moagen.kernels.attention_gqa) read each KV head for its whole group:
 k and v are never repeated per query head, nor their gradients summed back in PyTorch. They
