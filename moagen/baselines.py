@@ -9,10 +9,13 @@ import torch
 import torch.nn.functional as F
 
 
-def sdpa(Q, K, V, scale, causal=False, enable_gqa=False, offset=0):
+def sdpa(Q, K, V, scale, causal=False, enable_gqa=False, offset=0, mask=None):
     """O only: the public SDPA returns no lse. enable_gqa: K and V have fewer heads than Q,
     shared without a copy. offset: causal's query i sees keys j <= i + offset, SDPA's
-    is_causal at 0, its boolean mask at any other."""
+    is_causal at 0, its boolean mask at any other. mask: its attn_mask."""
+    if mask is not None:
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=scale,
+                                              enable_gqa=enable_gqa)
     if causal and offset:
         seen = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool, device=Q.device)
         return F.scaled_dot_product_attention(Q, K, V, attn_mask=seen.tril(offset), scale=scale,
@@ -21,10 +24,10 @@ def sdpa(Q, K, V, scale, causal=False, enable_gqa=False, offset=0):
                                           enable_gqa=enable_gqa)
 
 
-def _attention_grads(Q, K, V, dO, scale, causal, enable_gqa=False, offset=0):
+def _attention_grads(Q, K, V, dO, scale, causal, enable_gqa=False, offset=0, mask=None):
     """SDPA's forward, then autograd's backward: (O, dQ, dK, dV)."""
     q, k, v = (t.detach().requires_grad_() for t in (Q, K, V))
-    out = sdpa(q, k, v, scale, causal, enable_gqa, offset)
+    out = sdpa(q, k, v, scale, causal, enable_gqa, offset, mask)
     return (out.detach(),) + torch.autograd.grad(out, (q, k, v), dO)
 
 
@@ -48,6 +51,19 @@ def sdpa_gqa_bwd(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """dQ, dK, dV by autograd of SDPA with enable_gqa, which recomputes the forward."""
     _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, causal,
                                      True, offset)
+    return dq.view(Q.shape), dk, dv
+
+
+def sdpa_gqa_masked(Q, K, V, M, scale):
+    """O only, as sdpa_gqa, the grouped mask M (batch, kv_heads, group, n_q, n) as SDPA's
+    float attn_mask."""
+    return sdpa(Q.flatten(1, 2), K, V, scale, enable_gqa=True, mask=M.flatten(1, 2)).view(Q.shape)
+
+
+def sdpa_gqa_masked_bwd(Q, K, V, M, O, dO, lse, scale):
+    """dQ, dK, dV as sdpa_gqa_bwd, under the float attn_mask M."""
+    _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, False,
+                                     True, mask=M.flatten(1, 2))
     return dq.view(Q.shape), dk, dv
 
 

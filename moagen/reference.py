@@ -5,31 +5,34 @@ import numpy as np
 
 
 # causal: query i sees keys j <= i + offset (offset 0: SDPA's is_causal, top-left; n_k - n_q:
-# a cache's, bottom-right); queries and keys may differ in number
-def _scores_numpy(Q, K, scale, causal, offset=0):
+# a cache's, bottom-right); queries and keys may differ in number; mask: (batch, heads, n_q,
+# n_k) added to the scaled scores, as SDPA's float attn_mask
+def _scores_numpy(Q, K, scale, causal, offset=0, mask=None):
     scores = np.einsum("bhic,bhjc->bhij", Q, K) * scale
+    if mask is not None:
+        scores = scores + mask
     if causal:
         seen = np.tril(np.ones((Q.shape[-2], K.shape[-2]), dtype=bool), offset)
         scores = np.where(seen, scores, -np.inf)
     return scores
 
 
-def attention_out_numpy(Q, K, V, scale, causal=False, offset=0):
-    scores = _scores_numpy(Q, K, scale, causal, offset)
+def attention_out_numpy(Q, K, V, scale, causal=False, offset=0, mask=None):
+    scores = _scores_numpy(Q, K, scale, causal, offset, mask)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return weights / weights.sum(axis=-1, keepdims=True) @ V
 
 
-def attention_lse_numpy(Q, K, scale, causal=False, offset=0):
+def attention_lse_numpy(Q, K, scale, causal=False, offset=0, mask=None):
     """The per-row logsumexp of the (masked) scaled scores, as the forward pass keeps it."""
-    scores = _scores_numpy(Q, K, scale, causal, offset)
+    scores = _scores_numpy(Q, K, scale, causal, offset, mask)
     top = scores.max(axis=-1, keepdims=True)
     return (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
 
 
-def attention_fwd_numpy(Q, K, V, scale, causal=False, offset=0):
-    return attention_out_numpy(Q, K, V, scale, causal, offset), \
-        attention_lse_numpy(Q, K, scale, causal, offset)
+def attention_fwd_numpy(Q, K, V, scale, causal=False, offset=0, mask=None):
+    return attention_out_numpy(Q, K, V, scale, causal, offset, mask), \
+        attention_lse_numpy(Q, K, scale, causal, offset, mask)
 
 
 def _seen_torch(q, k, offset):
@@ -37,18 +40,23 @@ def _seen_torch(q, k, offset):
     return torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(offset)
 
 
-def _scores_torch(q, k, scale, causal, offset=0):
+def _scores_torch(q, k, scale, causal, offset=0, mask=None):
     scores = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores + mask
     if causal:
         scores = scores.masked_fill(~_seen_torch(q, k, offset), float("-inf"))
     return scores
 
 
-def _sdpa(q, k, v, scale, causal, offset=0, **keywords):
-    """SDPA's is_causal (top-left) at offset 0, its boolean mask at any other."""
+def _sdpa(q, k, v, scale, causal, offset=0, mask=None, **keywords):
+    """SDPA's is_causal (top-left) at offset 0, its boolean mask at any other; a mask as its
+    float attn_mask."""
     import torch
     masked = dict(attn_mask=_seen_torch(q, k, offset)) if causal and offset \
         else dict(is_causal=causal)
+    if mask is not None:
+        masked = dict(attn_mask=mask)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, **masked,
                                                             **keywords)
 
@@ -61,9 +69,9 @@ def attention_fwd_torch(Q, K, V, scale, causal=False, offset=0):
                                         dim=-1).numpy()
 
 
-def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
+def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0, mask=None):
     """The textbook backward: P from the scores, delta as rowsum(dP * P)."""
-    scores = np.einsum("bhic,bhjc->bhij", Q, K) * scale
+    scores = _scores_numpy(Q, K, scale, False, mask=mask)
     probs = np.exp(scores - lse[..., None])
     if causal:
         probs = np.tril(probs, offset)
@@ -102,38 +110,50 @@ def _heads(Q):
     return Q.reshape(Q.shape[0], -1, *Q.shape[3:])
 
 
-def attention_gqa_fwd_numpy(Q, K, V, scale, causal=False, offset=0):
+def _grouped_mask(mask):
+    """A grouped mask (batch, kv_heads, group, n_q, n_k) as SDPA's heads', or None."""
+    return None if mask is None else _heads(mask)
+
+
+def attention_gqa_fwd_numpy(Q, K, V, scale, causal=False, offset=0, mask=None):
     """Every KV head repeated for its group's query heads."""
     group = Q.shape[2]
     O, lse = attention_fwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
-                                 scale, causal, offset)
+                                 scale, causal, offset, _grouped_mask(mask))
     return O.reshape(Q.shape), lse.reshape(Q.shape[:-1])
 
 
-def attention_gqa_fwd_torch(Q, K, V, scale, causal=False, offset=0):
+def _grouped_mask_torch(mask):
+    import torch
+    return None if mask is None else torch.from_numpy(_heads(mask))
+
+
+def attention_gqa_fwd_torch(Q, K, V, scale, causal=False, offset=0, mask=None):
     """SDPA's own grouped heads (enable_gqa); the lse from the repeated keys' scores."""
     import torch
     q, k, v = (torch.from_numpy(a) for a in (_heads(Q), K, V))
-    out = _sdpa(q, k, v, scale, causal, offset, enable_gqa=True)
+    mask = _grouped_mask_torch(mask)
+    out = _sdpa(q, k, v, scale, causal, offset, mask, enable_gqa=True)
     keys = k.repeat_interleave(Q.shape[2], dim=1)
-    lse = torch.logsumexp(_scores_torch(q, keys, scale, causal, offset), dim=-1)
+    lse = torch.logsumexp(_scores_torch(q, keys, scale, causal, offset, mask), dim=-1)
     return out.numpy().reshape(Q.shape), lse.numpy().reshape(Q.shape[:-1])
 
 
-def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
+def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0, mask=None):
     """The repeated KV heads' gradients summed over each group."""
     group = Q.shape[2]
     dQ, dK, dV = attention_bwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
-                                     _heads(O), _heads(dO), _heads(lse), scale, causal, offset)
+                                     _heads(O), _heads(dO), _heads(lse), scale, causal, offset,
+                                     _grouped_mask(mask))
     return (dQ.reshape(Q.shape),
             *(g.reshape(*K.shape[:2], group, *K.shape[2:]).sum(axis=2) for g in (dK, dV)))
 
 
-def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
+def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0, mask=None):
     """Autograd of SDPA with enable_gqa (O and lse are the forward's own)."""
     import torch
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in (_heads(Q), K, V))
-    out = _sdpa(q, k, v, scale, causal, offset, enable_gqa=True)
+    out = _sdpa(q, k, v, scale, causal, offset, _grouped_mask_torch(mask), enable_gqa=True)
     out.backward(torch.from_numpy(_heads(dO)))
     return q.grad.numpy().reshape(Q.shape), k.grad.numpy(), v.grad.numpy()
 

@@ -10,7 +10,16 @@ is_causal (top-left), n - n_q a cache's (bottom-right, PyTorch's causal_lower_ri
 The mask compares positions, query i's i + offset (iota(n_q + offset) past its first
 offset) with key j's. offset is a size, so never negative: with offset < 0 rows
 i < -offset would see no key, and SDPA gives them 0 where the softmax here gives 0 / 0; the
-caller runs the rows that see a key (moagen.torch_ops.attention)."""
+caller runs the rows that see a key (moagen.torch_ops.attention).
+
+Masked (`_masked`, #54 item 1): an input M of shape (batch, kv_heads, group, n_q, n) added to
+the scaled scores, as SDPA's float attn_mask (a boolean mask is 0 where a key is seen, -inf
+where not). A row M masks wholly gives 0 / 0, as the softmax does; SDPA gives such rows
+zeros, which moagen.torch_ops.attention gives them. M takes no gradient. Next step: a
+key-padding form (valid lengths per batch, the key blocks past them skipped) in place of a
+full mask for padded batches."""
+import numpy as np
+
 from moagen import reference
 from moagen.kernels import attention
 from moagen.kernels.attention import row_pass, softmax_scale
@@ -27,6 +36,7 @@ from moagen.steps.loop.parallel import Parallel
 Q = array("Q", "batch", "kv_heads", "group", "n_q", "d")
 K = array("K", "batch", "kv_heads", "n", "d")
 V = array("V", "batch", "kv_heads", "n", "d")
+M = array("M", "batch", "kv_heads", "group", "n_q", "n")
 O = array("O", "batch", "kv_heads", "group", "n_q", "d")
 DO = array("dO", "batch", "kv_heads", "group", "n_q", "d")
 LSE = array("lse", "batch", "kv_heads", "group", "n_q")
@@ -40,28 +50,42 @@ def shifted_mask(scores):
     return where(outer(">=", positions, iota("n")), scores, float("-inf"))
 
 
-def name(causal: bool, backward=False) -> str:
-    return f"attention_cross_{'bwd' if backward else 'fwd'}{'_causal' if causal else ''}"
+def added_mask(scores):
+    """M's bias added to the scores: -inf gives a key zero weight."""
+    return scores + psi(QUERY_HEADS, M)
 
 
-def spec(causal: bool) -> KernelSpec:
+# the kinds of mask, by the suffix of their kernels' names
+MASKS = {"": None, "causal": shifted_mask, "masked": added_mask}
+
+
+def name(mask: str, backward=False) -> str:
+    return f"attention_cross_{'bwd' if backward else 'fwd'}{'_' + mask if mask else ''}"
+
+
+def _inputs(mask: str):
+    return (Q, K, V, M) if mask == "masked" else (Q, K, V)
+
+
+def spec(mask: str) -> KernelSpec:
     o, lse = attention.one_head(psi(QUERY_HEADS, Q), psi(LOOPS.heads, K), psi(LOOPS.heads, V),
-                                causal, mask=shifted_mask)
+                                bool(mask), mask=MASKS[mask])
     return KernelSpec(
-        name=name(causal),
-        inputs=(Q, K, V),
+        name=name(mask),
+        inputs=_inputs(mask),
         scalars=("scale",),
-        given=("offset",) if causal else (),
+        given=("offset",) if mask == "causal" else (),
         outputs=(Output("O", lift(QUERY_HEADS, EXTENTS, o), LOOPS.query + ("c",)),
                  Output("lse", lift(QUERY_HEADS, EXTENTS, lse), LOOPS.query)))
 
 
-def backward_spec(causal: bool) -> KernelSpec:
-    """The vector-Jacobian product of the forward: dO given for O, lse kept."""
-    return grad(spec(causal), name=name(causal, backward=True),
+def backward_spec(mask: str) -> KernelSpec:
+    """The vector-Jacobian product of the forward: dO given for O, lse kept (M, an input
+    left out of wrt, takes none)."""
+    return grad(spec(mask), name=name(mask, backward=True),
                 wrt={"Q": LOOPS.query + ("c",), "K": LOOPS.key + ("c",),
                      "V": LOOPS.key + ("c",)},
-                cotangents=("O",), order=tuple(a.name for a in (Q, K, V, O, DO, LSE)),
+                cotangents=("O",), order=tuple(a.name for a in (*_inputs(mask), O, DO, LSE)),
                 labels={"probs": "P", "dscores": "dS"})
 
 
@@ -77,10 +101,10 @@ BACKWARD = Layers(
     mapping=cpu(Parallel(LOOPS.query, nest="delta"), Parallel(LOOPS.query, nest="dQ"),
                 Parallel(LOOPS.key, nest="dK"), Parallel(LOOPS.key, nest="dV")))
 
-KERNELS = [kernel for causal in (False, True) for kernel in (
-    (spec(causal), {"dnf": (frozenset(), FORWARD)}),
-    (backward_spec(causal), {"dnf": (frozenset({"delta"}), BACKWARD)}))]
-ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
+KERNELS = [kernel for mask in MASKS for kernel in (
+    (spec(mask), {"dnf": (frozenset(), FORWARD)}),
+    (backward_spec(mask), {"dnf": (frozenset({"delta"}), BACKWARD)}))]
+ALIASES = {f"{name(mask)}_vjp": name(mask, backward=True) for mask in MASKS}
 
 
 def _sizes(n_q, n, **rest):
@@ -108,19 +132,57 @@ def _bench(causal):
                  quick=(512,), full=(1024, 4096))
 
 
+def _with_mask(reference_function):
+    """A grouped reference taking the mask by keyword, called in the masked kernels' order
+    (M after Q, K and V)."""
+    return lambda Q, K, V, M, *rest, **scalars: reference_function(Q, K, V, *rest, mask=M,
+                                                                   **scalars)
+
+
+def masked_inputs(backward: bool):
+    """M as a float mask: -inf (a key not seen) where the random bias is below -0.5 (about
+    three keys in ten), the bias elsewhere; each row's largest entry stays, so that every
+    row sees a key (a row seeing none is the caller's, above). The backward's O and lse from
+    the numpy forward under that mask."""
+    def consistent(arrays, scalars):
+        M = arrays["M"]
+        M = np.where(M < np.minimum(-0.5, M.max(axis=-1, keepdims=True)), -np.inf, M)
+        if backward:
+            arrays = dict(arrays, **dict(zip(("O", "lse"), reference.attention_gqa_fwd_numpy(
+                arrays["Q"], arrays["K"], arrays["V"], mask=M, **scalars))))
+        return dict(arrays, M=M)
+    return consistent
+
+
 CHECKS, BENCH = {}, {}
-for causal, sizes in ((False, PLAIN_SIZES), (True, CAUSAL_SIZES)):
-    CHECKS[name(causal)] = Check(references(reference.attention_gqa_fwd_numpy,
-                                            reference.attention_gqa_fwd_torch, causal=causal),
-                                 sizes, softmax_scale)
-    CHECKS[name(causal, backward=True)] = Check(
+for mask, sizes in (("", PLAIN_SIZES), ("causal", CAUSAL_SIZES)):
+    causal = mask == "causal"
+    CHECKS[name(mask)] = Check(references(reference.attention_gqa_fwd_numpy,
+                                          reference.attention_gqa_fwd_torch, causal=causal),
+                               sizes, softmax_scale)
+    CHECKS[name(mask, backward=True)] = Check(
         references(reference.attention_gqa_bwd_numpy, reference.attention_gqa_bwd_torch,
                    causal=causal), sizes, softmax_scale,
         inputs=forward_of(causal, reference.attention_gqa_fwd_numpy))
-    BENCH[name(causal)] = _bench(causal).measured_against(
+    BENCH[name(mask)] = _bench(causal).measured_against(
         "sdpa_gqa", "O by F.scaled_dot_product_attention(enable_gqa=True), causal by its "
                     "boolean mask; no lse (SDPA returns none)", outputs=(0,), causal=causal)
-    BENCH[name(causal, backward=True)] = _bench(causal).measured_against(
+    BENCH[name(mask, backward=True)] = _bench(causal).measured_against(
         "sdpa_gqa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
                         "enable_gqa=True), the forward recomputed (O, lse unused)",
         causal=causal)
+CHECKS[name("masked")] = Check(
+    {key: _with_mask(f) for key, f in references(reference.attention_gqa_fwd_numpy,
+                                                 reference.attention_gqa_fwd_torch).items()},
+    PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=False))
+CHECKS[name("masked", backward=True)] = Check(
+    {key: _with_mask(f) for key, f in references(reference.attention_gqa_bwd_numpy,
+                                                 reference.attention_gqa_bwd_torch).items()},
+    PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=True))
+BENCH[name("masked")] = _bench(False).measured_against(
+    "sdpa_gqa_masked", "O by F.scaled_dot_product_attention(enable_gqa=True, attn_mask=M); "
+                       "no lse (SDPA returns none)", outputs=(0,))
+BENCH[name("masked", backward=True)] = _bench(False).measured_against(
+    "sdpa_gqa_masked_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
+                           "enable_gqa=True, attn_mask=M), the forward recomputed (O, lse "
+                           "unused)")

@@ -19,6 +19,15 @@ queries than keys, bottom-right, the first n_q - n rows see no key, and get SDPA
 keys where no gradient is taken, not causal or bottom-right, is decoding: the
 attention_decode kernel (`split`) over all the keys.
 
+An attn_mask (SDPA's: boolean, True where a key is seen, or float, added to the scores;
+broadcastable to (batch, heads, n_q, n)) takes attention_cross's `_masked` dnf kernels,
+forward and backward, the mask made a float one of q's dtype and expanded to its full shape
+here. A row the mask hides wholly gets SDPA's zeros and no gradient, as the bottom-right
+rows that see no key do. The full shape costs a copy per head and query row of a mask shared
+by them (a key-padding row: batch x n values become batch x heads x n_q x n); the next steps
+are a key-padding form from per-batch valid lengths whose kernels skip the padded key
+blocks, and a mask indexed without its broadcast axes.
+
 The grouped kernels (moagen.kernels.attention_gqa) read each KV head for its whole group:
 k and v are never repeated per query head, nor their gradients summed back in PyTorch. They
 take q as (batch, kv_heads, group, n, d): the contiguous q's values under that shape. Both
@@ -63,11 +72,13 @@ def _params(name: str, q: Tensor, causal: bool, lang: str) -> tuple:
     return fitted(name, lang, DTYPES[q.dtype], q.shape[2], q.shape[3], causal)
 
 
-def _check(op, q, k, v, lang):
+def _check(op, q, k, v, lang, mask=None):
     check_lang(op, lang)
-    check_tensors(op, q=q, k=k, v=v)
+    check_tensors(op, q=q, k=k, v=v, **({} if mask is None else {"mask": mask}))
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_dims(op, name, t, 4, SHAPE)
+    if mask is not None:
+        check_size(op, "the mask's shape", tuple(mask.shape), (*q.shape[:3], k.shape[2]))
     check_size(op, "k's shape", tuple(k.shape), tuple(v.shape))
     check_size(op, "k's batch", k.shape[0], q.shape[0])
     check_size(op, "k's head size", k.shape[3], q.shape[3])
@@ -87,11 +98,14 @@ def grouped(t: Tensor, kv_heads: int):
     return t, (t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
 
 
-def _kernel(kind: str, q: Tensor, k: Tensor, causal: bool, offset: int, lang: str):
+def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset: int,
+            lang: str):
     """(kernel, variant, its schedule parameters, its given sizes) for the forward (kind
     "fwd") or the backward ("bwd"): attention_gqa's flash where queries and keys are as many
     and the mask top-left, attention_cross's dnf otherwise (offset: causal's, query i sees
-    keys j <= i + offset)."""
+    keys j <= i + offset; masked: under a float mask, the only kernels that take one)."""
+    if masked:
+        return f"attention_cross_{kind}_masked", "dnf", (), {}
     if q.shape[2] == k.shape[2] and not offset:
         name = causal_name(f"attention_gqa_{kind}", causal)
         return name, "flash", _params(name, q, causal, lang), {}
@@ -99,41 +113,47 @@ def _kernel(kind: str, q: Tensor, k: Tensor, causal: bool, offset: int, lang: st
     return name, "dnf", (), {"offset": offset} if causal else {}
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int, scale: float,
-               lang: str) -> tuple[Tensor, Tensor]:
-    """O and the row logsumexp (kept for the backward)."""
-    name, variant, params, given = _kernel("fwd", q, k, causal, offset, lang)
-    return call(name, variant, lang, grouped(q, k.shape[1]), k, v, scale=scale, params=params,
-                out_shapes=(q.shape, q.shape[:-1]), **given)
+def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
+    """The kernel's mask argument, grouped as q, where there is one."""
+    return () if mask is None else (grouped(mask, kv_heads),)
 
 
-def _attention_fake(q, k, v, causal, offset, scale, lang):
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
+               offset: int, scale: float, lang: str) -> tuple[Tensor, Tensor]:
+    """O and the row logsumexp (kept for the backward); mask: a float mask of q's dtype of
+    shape (batch, heads, n_q, n), or None."""
+    name, variant, params, given = _kernel("fwd", q, k, mask is not None, causal, offset, lang)
+    return call(name, variant, lang, grouped(q, k.shape[1]), k, v, *_masks(mask, k.shape[1]),
+                scale=scale, params=params, out_shapes=(q.shape, q.shape[:-1]), **given)
+
+
+def _attention_fake(q, k, v, mask, causal, offset, scale, lang):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
-def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                        grad_out: Tensor, causal: bool, offset: int, scale: float,
+def _attention_backward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], out: Tensor,
+                        lse: Tensor, grad_out: Tensor, causal: bool, offset: int, scale: float,
                         lang: str) -> tuple[Tensor, Tensor, Tensor]:
     kv_heads = k.shape[1]
-    name, variant, params, given = _kernel("bwd", q, k, causal, offset, lang)
-    return call(name, variant, lang, grouped(q, kv_heads), k, v,
+    name, variant, params, given = _kernel("bwd", q, k, mask is not None, causal, offset, lang)
+    return call(name, variant, lang, grouped(q, kv_heads), k, v, *_masks(mask, kv_heads),
                 *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
                 params=params, out_shapes=(q.shape,), **given)
 
 
-def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, offset, scale, lang):
+def _attention_backward_fake(q, k, v, mask, out, lse, grad_out, causal, offset, scale, lang):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 attention_backward_op = Operator(
     "moagen::attention_backward", _attention_backward, _attention_backward_fake,
-    check=lambda q, k, v, out, lse, grad_out, causal, offset, scale, lang: _check(
-        "moagen::attention_backward", q, k, v, lang))
+    check=lambda q, k, v, mask, out, lse, grad_out, causal, offset, scale, lang: _check(
+        "moagen::attention_backward", q, k, v, lang, mask))
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, ctx.causal, ctx.offset, ctx.scale, ctx.lang = inputs
-    ctx.save_for_backward(q, k, v, *output)
+    q, k, v, mask, ctx.causal, ctx.offset, ctx.scale, ctx.lang = inputs
+    ctx.save_for_backward(q, k, v, mask, *output)
     ctx.mark_non_differentiable(output[1])
     # a gradient not given stays None (the logsumexp's: never read), not zeros
     ctx.set_materialize_grads(False)
@@ -141,34 +161,80 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out, _grad_lse):
     if grad_out is None:
-        return (None,) * 7
+        return (None,) * 8
     dq, dk, dv = attention_backward_op(*ctx.saved_tensors, grad_out, ctx.causal, ctx.offset,
                                        ctx.scale, ctx.lang)
-    return dq, dk, dv, None, None, None, None
+    # the mask takes no gradient (the public function refuses one that requires it)
+    return dq, dk, dv, None, None, None, None, None
 
 
 attention_op = Operator("moagen::attention", _attention, _attention_fake,
-                        check=lambda q, k, v, causal, offset, scale, lang: _check(
-                            "moagen::attention", q, k, v, lang),
+                        check=lambda q, k, v, mask, causal, offset, scale, lang: _check(
+                            "moagen::attention", q, k, v, lang, mask),
                         backward=_backward, setup_context=_setup,
                         instead="F.scaled_dot_product_attention")
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = False,
-              scale: Optional[float] = None, lang: str = "c") -> Tensor:
-    """softmax(scale q k^T) v per (batch, head), as F.scaled_dot_product_attention(q, k, v,
-    is_causal=causal, scale=scale, enable_gqa=True) computes it, q's length n_q and k's n
-    equal or not; differentiable in q, k, v (once: differentiating the gradients raises,
-    moagen.torch_ops.operator). causal: False, True (SDPA's is_causal, top-left: query i
-    sees keys j <= i) or "lower_right" (PyTorch's causal_lower_right, a cache's: j <= i +
-    n - n_q). lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA
-    kernels)."""
+def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """SDPA's attn_mask as the masked kernels take it: added to the scores, of q's dtype and
+    of the full shape (batch, heads, n_q, n), contiguous; the rows it hides wholly given a
+    mask of zeros (the kernel's softmax would give them 0 / 0); and whether each row sees a
+    key (False at those rows), broadcastable to (batch, heads, n_q, 1)."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{op}: attn_mask must be a torch.Tensor, got "
+                        f"{type(attn_mask).__name__}")
+    if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        raise ValueError(f"{op}: attn_mask must be boolean (True: the key is seen) or float "
+                         f"(added to the scores), as SDPA's, got dtype {attn_mask.dtype}")
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{op}: attn_mask requires grad; the masked kernels give no gradient "
+                         "for the mask (detach it, or use F.scaled_dot_product_attention)")
+    full = (*q.shape[:3], k.shape[2])
+    try:
+        broadcast = torch.broadcast_shapes(attn_mask.shape, full)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(full):
+        raise ValueError(f"{op}: attn_mask of shape {tuple(attn_mask.shape)} does not "
+                         f"broadcast to (batch, heads, n_q, n) = {full}")
+    if attn_mask.dtype == torch.bool:
+        mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device
+                           ).masked_fill_(~attn_mask, float("-inf"))
+    else:
+        mask = attn_mask.to(q.dtype)
+    seen = (mask > float("-inf")).any(-1, keepdim=True)
+    return mask.masked_fill(~seen, 0).expand(full).contiguous(), seen
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, *,
+              causal: Union[bool, str] = False, scale: Optional[float] = None,
+              lang: str = "c") -> Tensor:
+    """softmax(scale q k^T + mask) v per (batch, head), as F.scaled_dot_product_attention(q,
+    k, v, attn_mask, is_causal=causal, scale=scale, enable_gqa=True) computes it, q's length
+    n_q and k's n equal or not; differentiable in q, k, v (once: differentiating the
+    gradients raises, moagen.torch_ops.operator). attn_mask: SDPA's, boolean (True: the key
+    is seen) or float (added to the scores), broadcastable to (batch, heads, n_q, n); a row
+    it hides wholly gives zeros and no gradient, as SDPA; it takes no gradient itself.
+    causal: False, True (SDPA's is_causal, top-left: query i sees keys j <= i) or
+    "lower_right" (PyTorch's causal_lower_right, a cache's: j <= i + n - n_q), not with
+    attn_mask (SDPA refuses both). lang: the CPU kernels' language, "c" or "fortran" (CUDA
+    tensors run the CUDA kernels)."""
     op = "moagen.torch.attention"
     if not (isinstance(causal, bool) or causal == "lower_right"):
         raise ValueError(f"{op}: causal must be False, True (top-left, SDPA's is_causal) or "
                          f"'lower_right' (a cache's), got {causal!r}")
     _check(op, q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if attn_mask is not None:
+        if causal:
+            raise ValueError(f"{op}: attn_mask and causal together; as SDPA, give the causal "
+                             "mask inside attn_mask")
+        mask, seen = _float_mask(op, attn_mask, q, k)
+        out = attention_op(q.contiguous(), k.contiguous(), v.contiguous(), mask, False, 0,
+                           scale, lang)[0]
+        # SDPA's zeros where the mask hides every key; masked_fill's backward zeroes those
+        # rows' dO, so they add nothing to any gradient
+        return out.masked_fill(~seen, 0)
     n_q, n = q.shape[2], k.shape[2]
     offset = n - n_q if causal == "lower_right" else 0
     if offset < 0:
@@ -182,5 +248,5 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
         return attention_decode_op(q[:, :, 0], k, v, n, scale, lang).unsqueeze(2)
     # made contiguous here, not inside the operator: the operator saves its arguments for
     # the backward, which would otherwise copy a transposed q a second time
-    return attention_op(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal), offset,
-                        scale, lang)[0]
+    return attention_op(q.contiguous(), k.contiguous(), v.contiguous(), None, bool(causal),
+                        offset, scale, lang)[0]

@@ -1,0 +1,138 @@
+"""moagen.torch.attention with an explicit attn_mask (#54, item 1): boolean and float masks
+of SDPA's shapes (full, shared over heads, over the batch, a key-padding row), a
+left-padded batch built from per-batch lengths, rows the mask hides wholly, n_q != n,
+grouped-query, against F.scaled_dot_product_attention(attn_mask=...)'s outputs and
+gradients in float64. Before, attention took no attn_mask (a TypeError).
+
+SDPA (torch 2.13, CPU, float64) gives a row whose keys are all masked zeros, with a boolean
+mask and with a float mask of -inf alike, and no gradient to q, k or v from it; so do
+these."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import moagen.torch as mt
+
+F64 = torch.float64
+
+
+def _randn(*shape, seed=[0]):
+    seed[0] += 1
+    g = torch.Generator().manual_seed(seed[0])
+    return torch.randn(*shape, dtype=F64, generator=g).requires_grad_()
+
+
+def _seen(*shape, seed=[100]):
+    """A random boolean mask, about 6 keys in 10 seen."""
+    seed[0] += 1
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed[0])) < 0.6
+
+
+def _close(got, want, rtol=1e-12):
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= rtol * max(want.abs().max().item(), 1.0)
+
+
+def _as_float(seen):
+    """A boolean mask as SDPA's float one (-inf where a key is not seen), with a bias where it
+    is: a float mask is added to the scores, not only 0 / -inf."""
+    bias = torch.randn(seen.shape, dtype=F64, generator=torch.Generator().manual_seed(7))
+    return bias.masked_fill(~seen, float("-inf"))
+
+
+def assert_sdpa(q, k, v, mask, lang="c"):
+    """Output and gradients of q, k, v as SDPA's (grouped by enable_gqa)."""
+    got = mt.attention(q, k, v, mask, lang=lang)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    _close(got, want)
+    grad_out = torch.randn_like(want)
+    for ours, theirs in zip(torch.autograd.grad(got, (q, k, v), grad_out),
+                            torch.autograd.grad(want, (q, k, v), grad_out)):
+        _close(ours, theirs)
+    return got
+
+
+# (n_q, n): one key, one query, more keys than queries and more queries than keys
+LENGTHS = [(1, 1), (1, 7), (7, 1), (7, 7), (7, 257), (257, 7)]
+# the mask's shape for (batch, heads, n_q, n) = (2, 4, n_q, n): full, shared by the heads,
+# by the batch and the heads, one row of keys per batch (padding)
+SHAPES = {"full": lambda n_q, n: (2, 4, n_q, n), "heads": lambda n_q, n: (2, 1, n_q, n),
+          "2d": lambda n_q, n: (n_q, n), "keys": lambda n_q, n: (2, 1, 1, n)}
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_q, n", LENGTHS)
+def test_masked_attention_is_sdpa_with_its_gradients(n_q, n, shape, kind):
+    """4 query heads over 2 KV heads, d 5; with one key about 4 rows in 10 are wholly masked
+    (with more, the tests below mask rows wholly)."""
+    q, k, v = _randn(2, 4, n_q, 5), _randn(2, 2, n, 5), _randn(2, 2, n, 5)
+    seen = _seen(*SHAPES[shape](n_q, n))
+    assert_sdpa(q, k, v, seen if kind == "bool" else _as_float(seen))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_wholly_masked_rows_are_zeros_without_gradient(kind):
+    """A query row that sees no key, and a whole batch entry: SDPA's zeros, and their rows
+    of dq zero, as SDPA's; the other rows as SDPA's."""
+    q, k, v = _randn(2, 2, 5, 4), _randn(2, 2, 6, 4), _randn(2, 2, 6, 4)
+    seen = _seen(2, 2, 5, 6) | torch.eye(5, 6, dtype=torch.bool)  # every row a key, but:
+    seen[0, 1, 3] = False
+    seen[1] = False
+    out = assert_sdpa(q, k, v, seen if kind == "bool" else _as_float(seen))
+    hidden = ~seen.any(-1)
+    assert hidden.sum() == 11 and out[hidden].eq(0).all() and out[~hidden].ne(0).all()
+    (dq,) = torch.autograd.grad(mt.attention(q, k, v, seen).sum(), q)
+    assert dq[hidden].eq(0).all()
+
+
+def test_a_left_padded_batch_from_lengths_is_sdpa():
+    """A batch of 2 sequences of 9 and 5 tokens, the shorter left-padded with 4: the key
+    padding from the lengths, and with it a causal mask (a decoder's, as a Hugging Face model
+    builds it), whose padding query rows see no key. 7 and 9 queries, grouped heads."""
+    n, lengths = 9, torch.tensor([9, 5])
+    keys = torch.arange(n) >= (n - lengths)[:, None]  # (batch, n): True at a real token
+    padding = keys[:, None, None, :]
+    k, v = _randn(2, 2, n, 4), _randn(2, 2, n, 4)
+    for n_q in (7, n):
+        assert_sdpa(_randn(2, 4, n_q, 4), k, v, padding)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    out = assert_sdpa(_randn(2, 4, n, 4), k, v, padding & causal)
+    assert out[1, :, :4].eq(0).all() and out[1, :, 4:].ne(0).all()
+
+
+def test_masked_attention_passes_gradcheck_in_fortran_too():
+    q, k, v = _randn(1, 2, 3, 4), _randn(1, 1, 5, 4), _randn(1, 1, 5, 4)
+    seen = _seen(1, 2, 3, 5) | torch.eye(3, 5, dtype=torch.bool)
+    for mask in (seen, _as_float(seen)):
+        assert_sdpa(q, k, v, mask, lang="fortran")
+        assert torch.autograd.gradcheck(
+            lambda q, k, v: mt.attention(q, k, v, mask, scale=0.3), (q, k, v))
+
+
+def test_torch_compile_traces_a_mask():
+    """fullgraph (aot_eager: forward and backward through the fake implementations) gives
+    eager's output and gradients, the same bits, with a wholly masked row."""
+    q, k = _randn(1, 2, 3, 4), _randn(1, 1, 5, 4)
+    seen = _seen(3, 5) | torch.eye(3, 5, dtype=torch.bool)
+    seen[1] = False
+    compiled = torch.compile(lambda q, k: mt.attention(q, k, k, seen), fullgraph=True,
+                             backend="aot_eager")
+    eager, traced = mt.attention(q, k, k, seen), compiled(q, k)
+    assert torch.equal(traced, eager)
+    for a, b in zip(torch.autograd.grad(traced.sum(), (q, k)),
+                    torch.autograd.grad(eager.sum(), (q, k))):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mask, causal, error", [
+    (torch.ones(3, 5, dtype=torch.bool), True, "attn_mask and causal together"),
+    (torch.ones(2, 5, dtype=torch.bool), False, r"does not broadcast to .* \(1, 2, 3, 5\)"),
+    (torch.ones(1, 3, 3, 5, dtype=torch.bool), False, "does not broadcast"),
+    (torch.ones(3, 5, dtype=torch.int64), False, "must be boolean .* or float"),
+    (torch.zeros(3, 5, dtype=F64, requires_grad=True), False, "requires grad"),
+])
+def test_attention_refuses_a_mask_it_cannot_take(mask, causal, error):
+    q = _randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match=error):
+        mt.attention(q, _randn(1, 2, 5, 4), _randn(1, 2, 5, 4), mask, causal=causal)
