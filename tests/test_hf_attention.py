@@ -13,8 +13,10 @@ import pytest
 import torch
 # imported, not skipped where absent: the test extra pins it, so CI runs these
 import transformers
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import moagen.torch as mt
+from moagen.torch_ops.hf import attention_forward
 
 F64 = torch.float64
 VOCAB = 100
@@ -63,12 +65,13 @@ def test_llama_logits_and_gradients(padded):
         _close(p_ours.grad, p_ref.grad, f"{name}'s gradient")
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
-def test_llama_generate(padded):
+def test_llama_generate(padded, cache):
     ref, ours = _models(transformers.LlamaConfig(**SIZES))
     ids, mask = _batch(padded)
     tokens = [model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20,
-                             min_new_tokens=20, do_sample=False)
+                             min_new_tokens=20, do_sample=False, cache_implementation=cache)
               for model in (ref, ours)]
     assert tokens[0].shape == (2, 29)
     assert torch.equal(tokens[1], tokens[0])
@@ -84,6 +87,30 @@ def test_other_architectures_logits(config):
     with torch.no_grad():
         _close(ours(input_ids=ids, attention_mask=mask).logits,
                ref(input_ids=ids, attention_mask=mask).logits, "logits")
+
+
+@pytest.mark.parametrize("n_q, n, mask", [
+    (7, 7, None), (1, 12, None),
+    # causal with no mask and fewer queries than keys: a prefill against an empty static
+    # cache (as test_llama_generate's unpadded static), top-left as sdpa's, not bottom-right
+    (7, 12, None),
+    (7, 12, "bool"), (1, 12, "bool"), (7, 12, "float")])
+def test_attention_forward_as_sdpas(n_q, n, mask):
+    """The attention function itself against transformers' sdpa_attention_forward on the
+    same arguments, a causal module with 4 query heads over 2 KV heads."""
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, heads, length, 8, dtype=F64, generator=g)
+               for heads, length in ((4, n_q), (2, n), (2, n)))
+    if mask is not None:
+        seen = torch.rand(2, 1, n_q, n, generator=g) < 0.7
+        mask = seen if mask == "bool" else torch.zeros(seen.shape, dtype=F64).masked_fill(
+            ~seen, torch.finfo(F64).min)
+    ours, none = attention_forward(module, q, k, v, mask, scaling=0.3)
+    ref = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)[0]
+    assert none is None and ours.shape == (2, n_q, 4, 8)
+    _close(ours, ref, "output")
 
 
 def test_dropout_refused():

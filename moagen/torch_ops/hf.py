@@ -36,10 +36,10 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # as sdpa's: the mask function returns None only where the mask is causal and pads
     # nothing, and then top-left is right (n_q = n, or a prefill against an empty static
-    # cache whose keys past n_q are unwritten); one query sees every key
+    # cache whose keys past n_q are unwritten: not bottom-right); one query sees every key
     causal = n_q > 1 and attention_mask is None and is_causal
     if causal and key.shape[2] > n_q:
-        # top-left: no query sees a key past n_q, and n_q = n runs the flash kernels
+        # as sdpa: top-left, no query sees a key past n_q; n_q = n runs the flash kernels
         key, value = key[:, :, :n_q], value[:, :, :n_q]
     out = attention(query, key, value, attention_mask, causal=bool(causal), scale=scaling)
     return out.transpose(1, 2).contiguous(), None
