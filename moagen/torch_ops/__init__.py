@@ -12,6 +12,7 @@ Public as `moagen.torch`:
     f = mt.swiglu_mlp(x, w_gate, w_up, w_down) # (silu(x w_gate) * (x w_up)) w_down
     cache = mt.KVCache(batch, kv_heads, capacity, d); cache.append(k, v); o = cache.attend(q)
     block = mt.Block(d_model, heads, d_head, d_ff)
+    mt.register_hf()   # then attn_implementation="moagen" in transformers (hf.py)
 
 CPU or CUDA tensors, float32 or float64 (the kernels' dtype follows the tensors). On CPU
 tensors lang="c" or "fortran" picks the kernels' language; they run on OpenMP threads from
@@ -29,6 +30,7 @@ and PyTorch's gradients."""
 from moagen.torch_ops.attention import attention
 from moagen.torch_ops.block import Block
 from moagen.torch_ops.decode import KVCache
+from moagen.torch_ops.hf import register_hf
 from moagen.torch_ops.norm_and_mlp import rms_norm, swiglu_mlp
 
-__all__ = ["attention", "rms_norm", "swiglu_mlp", "KVCache", "Block"]
+__all__ = ["attention", "rms_norm", "swiglu_mlp", "KVCache", "Block", "register_hf"]

@@ -1,0 +1,125 @@
+"""attn_implementation="moagen" in Hugging Face transformers (#54, item 4;
+moagen.torch_ops.hf): tiny random Llama, Qwen2 and Mistral models (no downloads) in float64
+against the same models under "sdpa": logits and every parameter's gradient within 1e-12,
+unpadded and left-padded batches, and greedy generation with the KV cache.
+
+A padded batch is what a registration in AttentionInterface alone gets wrong: transformers
+then builds no mask and passes attention_mask=None, so padded keys are attended."""
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+# imported, not skipped where absent: the test extra pins it, so CI runs these
+import transformers
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+import moagen.torch as mt
+from moagen.torch_ops.hf import attention_forward
+
+F64 = torch.float64
+VOCAB = 100
+SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+
+
+def _models(config):
+    """The same random model (float64, eval) under "sdpa" and under "moagen"."""
+    mt.register_hf()
+    torch.manual_seed(0)
+    config._attn_implementation = "sdpa"
+    ref = transformers.AutoModelForCausalLM.from_config(config).to(F64).eval()
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation("moagen")
+    return ref, ours
+
+
+def _batch(padded: bool):
+    """Two rows of 9 tokens; padded: the second row's first 4 are padding (left-padded)."""
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :4] = 0
+        ids[1, :4] = 0
+    return ids, mask
+
+
+def _close(ours: torch.Tensor, ref: torch.Tensor, what: str):
+    """Normwise relative: max|ours - ref| <= 1e-12 max|ref|."""
+    err = (ours - ref).abs().max().item()
+    assert err <= 1e-12 * ref.abs().max().item(), f"{what}: error {err:.3g}"
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_llama_logits_and_gradients(padded):
+    ref, ours = _models(transformers.LlamaConfig(**SIZES))
+    ids, mask = _batch(padded)
+    weight = torch.randn(2, 9, VOCAB, dtype=F64, generator=torch.Generator().manual_seed(2))
+    logits = {}
+    for name, model in (("sdpa", ref), ("moagen", ours)):
+        logits[name] = model(input_ids=ids, attention_mask=mask).logits
+        (logits[name] * weight).sum().backward()
+    _close(logits["moagen"], logits["sdpa"], "logits")
+    for (name, p_ours), p_ref in zip(ours.named_parameters(), ref.parameters()):
+        _close(p_ours.grad, p_ref.grad, f"{name}'s gradient")
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_llama_generate(padded, cache):
+    ref, ours = _models(transformers.LlamaConfig(**SIZES))
+    ids, mask = _batch(padded)
+    tokens = [model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20,
+                             min_new_tokens=20, do_sample=False, cache_implementation=cache)
+              for model in (ref, ours)]
+    assert tokens[0].shape == (2, 29)
+    assert torch.equal(tokens[1], tokens[0])
+
+
+@pytest.mark.parametrize("config", [
+    transformers.Qwen2Config(**SIZES),
+    # a window shorter than the batch: the mask function's sliding pattern reaches moagen
+    transformers.MistralConfig(**SIZES, sliding_window=4)], ids=["qwen2", "mistral"])
+def test_other_architectures_logits(config):
+    ref, ours = _models(config)
+    ids, mask = _batch(True)
+    with torch.no_grad():
+        _close(ours(input_ids=ids, attention_mask=mask).logits,
+               ref(input_ids=ids, attention_mask=mask).logits, "logits")
+
+
+@pytest.mark.parametrize("n_q, n, mask", [
+    (7, 7, None), (1, 12, None),
+    # causal with no mask and fewer queries than keys: a prefill against an empty static
+    # cache (as test_llama_generate's unpadded static), top-left as sdpa's, not bottom-right
+    (7, 12, None),
+    (7, 12, "bool"), (1, 12, "bool"), (7, 12, "float")])
+def test_attention_forward_as_sdpas(n_q, n, mask):
+    """The attention function itself against transformers' sdpa_attention_forward on the
+    same arguments, a causal module with 4 query heads over 2 KV heads."""
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, heads, length, 8, dtype=F64, generator=g)
+               for heads, length in ((4, n_q), (2, n), (2, n)))
+    if mask is not None:
+        seen = torch.rand(2, 1, n_q, n, generator=g) < 0.7
+        mask = seen if mask == "bool" else torch.zeros(seen.shape, dtype=F64).masked_fill(
+            ~seen, torch.finfo(F64).min)
+    ours, none = attention_forward(module, q, k, v, mask, scaling=0.3)
+    ref = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)[0]
+    assert none is None and ours.shape == (2, n_q, 4, 8)
+    _close(ours, ref, "output")
+
+
+def test_dropout_refused():
+    ref, ours = _models(transformers.LlamaConfig(**SIZES, attention_dropout=0.1))
+    ours.train()
+    with pytest.raises(NotImplementedError, match="dropout"):
+        ours(input_ids=_batch(False)[0])
+
+
+def test_moagen_torch_does_not_import_transformers():
+    code = "import sys, moagen.torch; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
