@@ -49,22 +49,11 @@ def _scores_torch(q, k, scale, causal, offset=0, mask=None):
     return scores
 
 
-def _sdpa(q, k, v, scale, causal, offset=0, mask=None, **keywords):
-    """SDPA's is_causal (top-left) at offset 0, its boolean mask at any other; a mask as its
-    float attn_mask."""
-    import torch
-    masked = dict(attn_mask=_seen_torch(q, k, offset)) if causal and offset \
-        else dict(is_causal=causal)
-    if mask is not None:
-        masked = dict(attn_mask=mask)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, **masked,
-                                                            **keywords)
-
-
 def attention_fwd_torch(Q, K, V, scale, causal=False, offset=0):
     import torch
+    from moagen.baselines import sdpa
     q, k, v = (torch.from_numpy(a) for a in (Q, K, V))
-    out = _sdpa(q, k, v, scale, causal, offset)
+    out = sdpa(q, k, v, scale, causal, offset=offset)
     return out.numpy(), torch.logsumexp(_scores_torch(q, k, scale, causal, offset),
                                         dim=-1).numpy()
 
@@ -84,8 +73,9 @@ def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0, mask
 def attention_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     """Autograd of scaled_dot_product_attention (O and lse are the forward's own)."""
     import torch
+    from moagen.baselines import sdpa
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in (Q, K, V))
-    out = _sdpa(q, k, v, scale, causal, offset)
+    out = sdpa(q, k, v, scale, causal, offset=offset)
     out.backward(torch.from_numpy(dO))
     return q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
@@ -131,9 +121,10 @@ def _grouped_mask_torch(mask):
 def attention_gqa_fwd_torch(Q, K, V, scale, causal=False, offset=0, mask=None):
     """SDPA's own grouped heads (enable_gqa); the lse from the repeated keys' scores."""
     import torch
+    from moagen.baselines import sdpa
     q, k, v = (torch.from_numpy(a) for a in (_heads(Q), K, V))
     mask = _grouped_mask_torch(mask)
-    out = _sdpa(q, k, v, scale, causal, offset, mask, enable_gqa=True)
+    out = sdpa(q, k, v, scale, causal, True, offset, mask)
     keys = k.repeat_interleave(Q.shape[2], dim=1)
     lse = torch.logsumexp(_scores_torch(q, keys, scale, causal, offset, mask), dim=-1)
     return out.numpy().reshape(Q.shape), lse.numpy().reshape(Q.shape[:-1])
@@ -152,8 +143,9 @@ def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False, offset=0, 
 def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0, mask=None):
     """Autograd of SDPA with enable_gqa (O and lse are the forward's own)."""
     import torch
+    from moagen.baselines import sdpa
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in (_heads(Q), K, V))
-    out = _sdpa(q, k, v, scale, causal, offset, _grouped_mask_torch(mask), enable_gqa=True)
+    out = sdpa(q, k, v, scale, causal, True, offset, _grouped_mask_torch(mask))
     out.backward(torch.from_numpy(_heads(dO)))
     return q.grad.numpy().reshape(Q.shape), k.grad.numpy(), v.grad.numpy()
 

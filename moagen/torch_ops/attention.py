@@ -83,7 +83,8 @@ def _check(op, q, k, v, lang, mask=None):
     check_size(op, "k's batch", k.shape[0], q.shape[0])
     check_size(op, "k's head size", k.shape[3], q.shape[3])
     kv_heads, heads = k.shape[1], q.shape[1]
-    if heads % kv_heads if kv_heads else heads:
+    whole_groups = heads % kv_heads == 0 if kv_heads else heads == 0  # 0 of 0: an empty call
+    if not whole_groups:
         raise ValueError(f"{op}: k and v have {kv_heads} heads, which does not divide q's "
                          f"{heads} heads (grouped-query attention needs whole groups)")
     # an empty batch, heads or length gives an empty output (moagen.torch_ops.operator)
