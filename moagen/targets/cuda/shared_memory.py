@@ -17,14 +17,31 @@ from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, Store, walk
 
 
-def _touches(s, names):
-    """(array, written) for each access of s to one of `names`; a block's copy a write."""
-    if isinstance(s, Loop):  # a copy: its stores into the tile
-        return [(b.array, True) for b in walk(s.body) if isinstance(b, Store) and b.array in names]
-    value = getattr(s, "value", None)
-    reads = [(x.array, False) for x in (S.subexpressions(value) if value is not None else ())
-             if isinstance(x, (S.Access, S.Load)) and x.array in names]
-    return reads + ([(s.array, True)] if isinstance(s, Store) and s.array in names else [])
+def shared_accesses(s, shared, around=()):
+    """(the shared array an access is to, whether written, owner) of each access inside s to
+    one of `shared`; owner: the thread loops `around` it and inside s (their keys) and its
+    index (two accesses with one owner are one thread's element), None for a block's copy
+    (a write of the whole tile)."""
+    if isinstance(s, Loop):
+        if s.gpu and s.gpu.kind.startswith("copy"):
+            for b in walk(s.body):
+                if isinstance(b, Store) and b.array in shared:
+                    yield b.array, True, None
+            return
+        inner = around + ((loop_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+        for b in s.body:
+            yield from shared_accesses(b, shared, inner)
+        return
+    for x in S.subexpressions(s.value):
+        if isinstance(x, S.Load) and x.array in shared:
+            yield x.array, False, (frozenset(around), x.array, sympy.expand(x.offset))
+    if isinstance(s, Store) and s.array in shared:
+        yield s.array, True, (frozenset(around), s.array, sympy.expand(s.index[0]))
+
+
+def loop_key(loop):
+    """A thread loop as an owner names it: its mapping's kind, variable and range."""
+    return (loop.gpu.kind, loop.var, loop.start, loop.stop)
 
 
 def live_ranges(body, names):
@@ -44,7 +61,7 @@ def live_ranges(body, names):
                 loops.append((start, count[0] - 1))
                 continue
             copy = isinstance(s, Loop)
-            for name, written in _touches(s, names):
+            for name, written, _ in shared_accesses(s, names):
                 uses.setdefault(name, []).append((count[0], written, written and copy))
             count[0] += 1
 

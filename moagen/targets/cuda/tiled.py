@@ -22,7 +22,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, bound_symbol, walk
 from moagen.steps.gpu.blocks import max_extent
-from moagen.targets.cuda.shared_memory import allocate
+from moagen.targets.cuda.shared_memory import allocate, loop_key, shared_accesses
 from moagen.targets.printer import arrays_in, names_used
 
 AXES = "xyz"
@@ -40,10 +40,6 @@ def grid_chain(nest):
 
 def is_tiled(nest) -> bool:
     return bool(grid_chain(nest)[0])
-
-
-def _key(loop):
-    return (loop.gpu.kind, loop.var, loop.start, loop.stop)
 
 
 class TiledKernel:
@@ -69,8 +65,10 @@ class TiledKernel:
         self.ctx = []  # the thread loops around the statement being printed
         self.pending = []  # shared accesses since the last barrier: (array, write, owner)
         self.shared = [b for b in printer.onf.shared if b.name in arrays_in(self.body)]
-        self.allocation = allocate(self.shared, self.body, 8 if printer.dtype == "float64" else 4,
-                                   self.bound_values(), f"nest {nest.label}")
+        # each shared array's place, the bytes in all, and the arrays whose bytes meet each
+        self.layout, self.shared_bytes, self.meets = allocate(
+            self.shared, self.body, 8 if printer.dtype == "float64" else 4,
+            self.bound_values(), f"nest {nest.label}")
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -103,8 +101,7 @@ class TiledKernel:
     def shared_layout(self):
         """(name, byte offset, element count) of each shared array, and the bytes in all
         (moagen.targets.cuda.shared_memory)."""
-        layout, total, _ = self.allocation
-        return layout, total
+        return self.layout, self.shared_bytes
 
     def bound_values(self):
         """Each compiled bound as a substitution of its MAX_ symbol."""
@@ -251,7 +248,7 @@ class TiledKernel:
         for a statement on a thread's own registers from shared tiles (its value outside
         the ranges is never used)."""
         own = isinstance(s, (Let, Update)) and \
-            set(map(_key, self.locals.get(s.name, ()))) >= set(map(_key, self.ctx)) and \
+            set(map(loop_key, self.locals.get(s.name, ()))) >= set(map(loop_key, self.ctx)) and \
             not (set(arrays_in((s,))) - {b.name for b in self.shared})
         if own:  # the shared tiles hold every slot (Stage lays them out to the bounds)
             return []
@@ -273,8 +270,8 @@ class TiledKernel:
         dims = self.locals.get(name)
         if dims is None:
             return name
-        keys = {_key(lp) for lp in self.ctx}
-        missing = [lp.var for lp in dims if _key(lp) not in keys]
+        keys = {loop_key(lp) for lp in self.ctx}
+        missing = [lp.var for lp in dims if loop_key(lp) not in keys]
         if missing:
             raise ScheduleError(f"nest {self.nest.label}: {name} is one per iteration of the "
                                 f"loops over {', '.join(map(str, missing))}, used outside them")
@@ -287,7 +284,7 @@ class TiledKernel:
             return []
         updates = {s.name: s.op for s in walk(loop.body) if isinstance(s, Update)
                    and s.name in self.locals
-                   and _key(loop) not in set(map(_key, self.locals[s.name]))}
+                   and loop_key(loop) not in set(map(loop_key, self.locals[s.name]))}
         lines = []
         for name, op in updates.items():
             shuffle = Update(name, op, S.Local(f"__shfl_xor_sync(0xffffffffu, {self.local(name)}, o)"))
@@ -299,7 +296,8 @@ class TiledKernel:
     def leaf_lines(self, s, depth):
         """s unrolled over the thread loops its local is defined in (all threads run it)."""
         saved = self.ctx
-        self.ctx = [lp for lp in saved if _key(lp) in set(map(_key, self.locals.get(s.name, ())))]
+        defined_in = set(map(loop_key, self.locals.get(s.name, ())))
+        self.ctx = [lp for lp in saved if loop_key(lp) in defined_in]
         if not self.ctx:
             lines = [self.p.indent * depth + t for t in self.p.block((s,), 0)]
         else:
@@ -312,36 +310,15 @@ class TiledKernel:
         """(shared array, whether written, owner) of every shared access inside s; owner: the
         thread loops around it and its index (two accesses with one owner are one thread's
         element), None for a block's copy."""
-        yield from _shared_accesses(s, {b.name for b in self.shared},
-                                    tuple(_key(lp) for lp in self.ctx))
+        yield from shared_accesses(s, {b.name for b in self.shared},
+                                   tuple(loop_key(lp) for lp in self.ctx))
 
     def conflicts(self, access):
         """Whether an access since the last barrier, by another thread, touched bytes of
         this one's array (its own or another's placed on them), one of the two a write."""
         array, write, owner = access
-        meets = self.allocation[2][array]
-        return any(a in meets and (w or write) and (o is None or o != owner)
+        return any(a in self.meets[array] and (w or write) and (o is None or o != owner)
                    for a, w, o in self.pending)
-
-
-def _shared_accesses(s, shared, around):
-    """(the shared array an access is to, whether written, owner) of each access to one of
-    `shared`."""
-    if isinstance(s, Loop):
-        if s.gpu and s.gpu.kind.startswith("copy"):
-            for b in walk(s.body):
-                if isinstance(b, Store) and b.array in shared:
-                    yield b.array, True, None
-            return
-        inner = around + ((_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
-        for b in s.body:
-            yield from _shared_accesses(b, shared, inner)
-        return
-    for x in S.subexpressions(s.value):
-        if isinstance(x, S.Load) and x.array in shared:
-            yield x.array, False, (frozenset(around), x.array, sympy.expand(x.offset))
-    if isinstance(s, Store) and s.array in shared:
-        yield s.array, True, (frozenset(around), s.array, sympy.expand(s.index[0]))
 
 
 def _distinct_locals(stmts):
@@ -362,7 +339,8 @@ def _distinct_locals(stmts):
         out = []
         for s in stmts:
             if isinstance(s, Loop):
-                inner = around + ((_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+                thread = s.gpu and s.gpu.kind.startswith("thread.")
+                inner = around + ((loop_key(s),) if thread else ())
                 out.append(replace(s, body=block(s.body, inner)))
                 continue
             value = expr(s.value)
