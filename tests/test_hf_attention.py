@@ -1,7 +1,8 @@
 """attn_implementation="moagen" in Hugging Face transformers (#54, item 4;
 moagen.torch_ops.hf): tiny random Llama, Qwen2 and Mistral models (no downloads) in float64
-against the same models under "sdpa": logits and every parameter's gradient within 1e-12,
-unpadded and left-padded batches, and greedy generation with the KV cache.
+against the same models under "sdpa": logits and every parameter's gradient within 1e-12
+(float32: 2e-5), unpadded and left-padded batches, 20 training steps' losses, and greedy
+generation with the KV cache.
 
 A padded batch is what a registration in AttentionInterface alone gets wrong: transformers
 then builds no mask and passes attention_mask=None, so padded keys are attended."""
@@ -45,10 +46,10 @@ def _batch(padded: bool):
     return ids, mask
 
 
-def _close(ours: torch.Tensor, ref: torch.Tensor, what: str):
-    """Normwise relative: max|ours - ref| <= 1e-12 max|ref|."""
+def _close(ours: torch.Tensor, ref: torch.Tensor, what: str, rtol=1e-12):
+    """Normwise relative: max|ours - ref| <= rtol max|ref|."""
     err = (ours - ref).abs().max().item()
-    assert err <= 1e-12 * ref.abs().max().item(), f"{what}: error {err:.3g}"
+    assert err <= rtol * ref.abs().max().item(), f"{what}: error {err:.3g}"
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
@@ -63,6 +64,43 @@ def test_llama_logits_and_gradients(padded):
     _close(logits["moagen"], logits["sdpa"], "logits")
     for (name, p_ours), p_ref in zip(ours.named_parameters(), ref.parameters()):
         _close(p_ours.grad, p_ref.grad, f"{name}'s gradient")
+
+
+def test_llama_float32_logits_and_gradients():
+    """float32, a left-padded batch: within 2e-5 of sdpa's, normwise."""
+    ref, ours = _models(transformers.LlamaConfig(**SIZES))
+    ref, ours = ref.float(), ours.float()
+    ids, mask = _batch(True)
+    outs = {}
+    for name, model in (("sdpa", ref), ("moagen", ours)):
+        outs[name] = model(input_ids=ids, attention_mask=mask, labels=ids).logits
+        outs[name].square().mean().backward()
+    _close(outs["moagen"], outs["sdpa"], "logits", 2e-5)
+    for (name, p_ours), p_ref in zip(ours.named_parameters(), ref.parameters()):
+        _close(p_ours.grad, p_ref.grad, f"{name}'s gradient", 2e-5)
+
+
+def test_llama_training_steps_give_the_same_losses():
+    """20 AdamW steps on a left-padded batch (padding left out of the loss), in train mode:
+    each step's loss within 1e-12 of sdpa's, and so the parameters after them."""
+    ref, ours = _models(transformers.LlamaConfig(**SIZES))
+    ids, mask = _batch(True)
+    labels = ids.masked_fill(mask == 0, -100)
+    losses = {}
+    for name, model in (("sdpa", ref), ("moagen", ours)):
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses[name] = []
+        for _ in range(20):
+            optimizer.zero_grad()
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            losses[name].append(loss.detach())
+    _close(torch.stack(losses["moagen"]), torch.stack(losses["sdpa"]), "losses")
+    assert losses["sdpa"][-1] < 0.9 * losses["sdpa"][0]  # the steps train: the loss falls
+    for (name, p_ours), p_ref in zip(ours.named_parameters(), ref.parameters()):
+        _close(p_ours.detach(), p_ref.detach(), f"{name} after 20 steps")
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
