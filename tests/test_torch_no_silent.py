@@ -152,3 +152,16 @@ def test_torch_funcs_differentiating_transforms_are_refused_by_name(name, transf
     with pytest.raises(NotImplementedError, match="does not support torch.func's "
                                                   "differentiating transforms.*autograd.grad"):
         call()
+
+
+@pytest.mark.parametrize("name", OPERATORS)
+def test_forward_mode_ad_is_refused_by_name(name):
+    """A dual tensor (torch.autograd.forward_ad). Before: PyTorch's message asking for the
+    autograd.Function's jvp."""
+    ours, _, inputs = _cases(2)[name]
+    x = inputs[0].detach()
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match="no forward-mode derivative.*"
+                                                      "autograd.grad, or use"):
+            ours(dual, *inputs[1:])

@@ -28,6 +28,9 @@ What no path answers silently wrong (tests/test_torch_no_silent.py):
 - torch.func's differentiating transforms (grad, vjp, jacrev, jvp, ...): neither path has
   a rule for them (a custom op's autograd refuses them with that message too), so an
   operator with a gradient refuses them, naming `instead`;
+- forward-mode AD (torch.autograd.forward_ad's dual tensors): there is no rule for it
+  either, and an operator with a gradient refuses a dual tensor naming `instead` (the
+  autograd.Function by its jvp, the custom op before it is called);
 - a double backward: the backward kernels compute the gradients with no graph of their own,
   so under create_graph=True they come back through an identity whose own backward raises,
   naming the operator and `instead`, PyTorch's way to differentiate twice (as PyTorch's
@@ -64,15 +67,20 @@ class Operator:
         # autograd refuses a gradient through a value the call overwrote
         parameters = list(inspect.signature(impl).parameters)
         self._mutated = tuple(parameters.index(arg) for arg in mutates_args)
-        self._function, self._no_torch_func = None, None
+        self._function, self._no_torch_func, self._no_forward_mode = None, None, None
         if backward is not None:
+            self._no_forward_mode = (
+                f"{name} has no forward-mode derivative (a dual tensor of "
+                "torch.autograd.forward_ad); take its gradients by torch.autograd.grad, or "
+                f"use {instead} for forward mode")
             self._no_torch_func = (
                 f"{name} does not support torch.func's differentiating transforms (grad, vjp, "
                 "jacrev, jacfwd, jvp, hessian); take its gradients by torch.autograd.grad, or "
                 f"use {instead} under torch.func")
             backward = _first_order(name, instead, backward)
             self.custom_op.register_autograd(backward, setup_context=setup_context)
-            self._function = _function(name, impl, setup_context, backward)
+            self._function = _function(name, impl, setup_context, backward,
+                                       self._no_forward_mode)
 
     def __call__(self, *args):
         if torch.compiler.is_compiling():
@@ -80,6 +88,8 @@ class Operator:
         if not _plain(args):
             if self._no_torch_func and _torch_func_differentiates():
                 raise NotImplementedError(self._no_torch_func)
+            if self._no_forward_mode and _dual(args):
+                raise NotImplementedError(self._no_forward_mode)
             return self.custom_op(*args)
         if self._function is None:
             result = self._impl(*args)
@@ -165,6 +175,13 @@ def _torch_func_differentiates():
                for interpreter in torch._C._functorch.get_interpreter_stack() or ())
 
 
+def _dual(args):
+    """Whether a tensor argument, one in a list included, carries a forward-mode tangent."""
+    tensors = (t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]))
+    return any(isinstance(t, torch.Tensor) and
+               torch.autograd.forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
 def _plain(args):
     """Whether every argument is a plain CPU or CUDA tensor or parameter, not wrapped by a
     functorch transform (vmap), or not a tensor at all."""
@@ -177,14 +194,20 @@ def _plain(args):
     return True
 
 
-def _function(name, impl, setup_context, backward):
+def _function(name, impl, setup_context, backward, no_forward_mode):
     """The torch.autograd.Function of impl with this autograd formula. Its forward takes
     the context and sets it up itself: given a setup_context of its own, Function.apply
-    would bind every call's arguments to forward's signature through inspect, at every call."""
+    would bind every call's arguments to forward's signature through inspect, at every call.
+    Its jvp refuses forward-mode AD by name (PyTorch's own message asks the Function's
+    author for a jvp)."""
     def forward(ctx, *args):
         output = impl(*args)
         setup_context(ctx, args, output)
         return output
 
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(no_forward_mode)
+
     return type(name.replace("::", "_"), (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+                {"forward": staticmethod(forward), "backward": staticmethod(backward),
+                 "jvp": staticmethod(jvp)})
