@@ -91,6 +91,47 @@ def test_lanes_that_share_a_row_are_a_power_of_two_within_a_warp():
         ThreadTiles("c", 4, "x", threads=12, nest="rows")(onf)
 
 
+def test_block_tiles_map_a_nest_once_at_bounds_for_one_size():
+    onf = BlockTiles(("b", "h", "i"), rows=64, nest="rows")(_flash("float64"))
+    with pytest.raises(ScheduleError, match="nest rows is mapped already"):
+        BlockTiles(("b", "h", "i"), rows=64, nest="rows")(onf)
+    with pytest.raises(ScheduleError, match="bounds for one size only.*not d, n"):
+        BlockTiles(("b", "h", "i"), rows=64, bounds=(("d", (64,)), ("n", (64,))),
+                   nest="rows")(_flash("float64"))
+
+
+def test_thread_tiles_keep_one_count_of_threads_an_axis_and_a_compile_time_tile():
+    onf = BlockTiles(("b", "h", "i"), rows=64, nest="rows")(_flash("float64"))
+    onf = ThreadTiles("j", 4, "x", nest="rows")(onf)  # 16 lanes along x
+    with pytest.raises(ScheduleError, match="threads along x would be 8 and 16"):
+        ThreadTiles("c", 4, "x", threads=8, nest="rows")(onf)
+    # c runs to d, which BlockTiles gave no bounds for: no register tile's count
+    with pytest.raises(ScheduleError, match="over c has no compile-time most iterations; "
+                                            "give BlockTiles a bound for d"):
+        ThreadTiles("c", 4, "x", threads=16, nest="rows")(onf)
+
+
+def test_a_finished_mapping_runs_every_statement_on_uniform_threads():
+    """check_block_form, on the finished flash forward: a statement left outside the
+    thread loops, and a loop whose bounds read a thread's row, are refused."""
+    from moagen.steps.gpu.block_form import check_block_form
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
+    check_block_form(onf)  # as realize did
+    nest = _rows(onf)
+    loops = [s for s in walk(nest.body) if isinstance(s, Loop) and s.gpu]
+    rows = next(lp for lp in loops if lp.gpu.kind == "thread.y")  # the block's rows, i
+    unthreaded = replace(rows, gpu=None)
+    key_blocks = next(s for s in walk(nest.body) if isinstance(s, Loop) and s.var.name == "j_blk")
+    ragged = replace(key_blocks, stop=key_blocks.stop + rows.var)
+    for old, new, message in ((rows, unthreaded, "outside every thread loop"),
+                              (key_blocks, ragged, r"over j_blk has bounds that read the "
+                                                   r"thread loops' \['i'\]")):
+        broken = replace(nest, body=_with_stmt(nest.body, old, new))
+        with pytest.raises(ScheduleError, match=message):
+            check_block_form(replace(onf, nests=tuple(broken if n is nest else n
+                                                      for n in onf.nests)))
+
+
 def test_block_tiles_take_the_parallel_loops_legality():
     with pytest.raises(ScheduleError, match=r"block_tiles\(b, h, c, .*does not start with"):
         BlockTiles(("b", "h", "c"), rows=64, nest="rows")(_flash("float64"))

@@ -45,7 +45,7 @@ def test_each_copy_of_a_tile_starts_a_live_range_of_its_own():
     assert live_ranges(body, {"Q", "K", "V"}) == {"Q": ((0, 8),), "K": ((1, 2), (5, 6)),
                                                   "V": ((3, 4), (7, 8))}
     shared = [Buffer("Q", (4 * MAX_D,)), Buffer("K", (8 * MAX_D,)), Buffer("V", (8 * MAX_D,))]
-    layout, _, _ = allocate(shared, body, 8, [{MAX_D: 64}], "test")
+    layout, _, _ = allocate(shared, body, 8, [{MAX_D: 64}])
     assert {name: at for name, at, _ in layout} == {"Q": 0, "K": 32 * MAX_D, "V": 32 * MAX_D}
 
 
@@ -61,7 +61,7 @@ def test_tiles_never_live_together_share_bytes_at_every_bound():
     shared = [Buffer("Q", (4 * MAX_D,)), Buffer("K", (8 * MAX_D,)),
               Buffer("V", (6 * MAX_D + 2,))]
     bounds = [{MAX_D: 64}, {MAX_D: 128}]
-    layout, total, meets = allocate(shared, BODY, 8, bounds, "test")
+    layout, total, meets = allocate(shared, BODY, 8, bounds)
     offsets = {name: offset for name, offset, _ in layout}
     assert offsets == {"Q": 0, "K": 32 * MAX_D, "V": 32 * MAX_D}
     assert [total.xreplace(v) for v in bounds] == [96 * 64, 96 * 128]
@@ -76,5 +76,5 @@ def test_an_offset_must_fit_at_every_bound():
     bounds = [{MAX_D: 64}, {MAX_D: 128}]
     for c, offset in ((200, 0), (300, 32 * MAX_D + 2048)):
         shared = [Buffer("A", (4 * MAX_D,)), Buffer("B", (256,)), Buffer("C", (c,))]
-        layout, _, _ = allocate(shared, body, 8, bounds, "test")
+        layout, _, _ = allocate(shared, body, 8, bounds)
         assert {name: at for name, at, _ in layout} == {"A": 0, "B": 32 * MAX_D, "C": offset}

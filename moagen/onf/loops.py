@@ -13,6 +13,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
+from moagen.moa.expr import simplified
 
 
 class Stmt:
@@ -137,6 +138,31 @@ class ONF:
 
 
 # ---- generic walks -------------------------------------------------------------------
+
+def max_extent(loop: Loop):
+    """The most iterations the loop can have, a whole number, or None: its extent where
+    constant, else the least constant one of a min() stop allows."""
+    extent = simplified(loop.stop - loop.start)
+    if extent.is_Integer:
+        return int(extent)
+    stops = loop.stop.args if isinstance(loop.stop, sympy.Min) else ()
+    constant = [int(e) for e in (simplified(a - loop.start) for a in stops) if e.is_Integer]
+    return min(constant) if constant else None
+
+
+def most_iterations(loop: Loop, bounds):
+    """The most iterations of the loop at compile time: max_extent where a whole number,
+    else its extent in the MAX_ symbols of the sizes `bounds` names (a grid's
+    GpuMark.bounds), or None where it depends on another size."""
+    most = max_extent(loop)
+    if most is not None:
+        return sympy.Integer(most)
+    bounded = {name for name, _ in bounds}
+    extent = sympy.expand(loop.stop - loop.start).xreplace(
+        {x: bound_symbol(x.name) for x in (loop.stop - loop.start).free_symbols
+         if x.name in bounded})
+    return None if extent.free_symbols - {bound_symbol(n) for n in bounded} else extent
+
 
 def stmt_exprs(s: Stmt):
     if isinstance(s, (Let, Update, Store)):

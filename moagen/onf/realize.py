@@ -9,6 +9,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa.dnf import DNF, format_scalar
 from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, walk
+from moagen.steps.gpu.block_form import check_block_form
 from moagen.steps.loop.layout import ApplyLayout
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.simd import MarkSimd
@@ -46,6 +47,7 @@ def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=N
         onf = step(onf)
     if upto is None:
         _check_tails_mapped(onf)
+        check_block_form(onf)
     return onf
 
 

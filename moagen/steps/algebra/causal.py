@@ -45,9 +45,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Loop, Store, Update, ancestors, map_stmt_exprs, rewrite_loops,
-                              walk)
-from moagen.steps.gpu.blocks import max_extent
+from moagen.onf.loops import (Loop, Store, Update, ancestors, map_stmt_exprs, max_extent,
+                              rewrite_loops, walk)
 from moagen.steps.step import NotApplicable, Step, hidden, option
 
 

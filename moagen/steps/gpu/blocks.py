@@ -6,9 +6,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import idiv, simplified
-from moagen.onf.loops import (GpuMark, Let, Loop, Store, Update, names_read, perfect_chain,
-                              subs_stmts, walk)
+from moagen.moa.expr import idiv
+from moagen.onf.loops import (GpuMark, Let, Loop, Store, Update, max_extent, most_iterations,
+                              names_read, perfect_chain, subs_stmts, walk)
 from moagen.onf.names import claim_loop, folded_loop, loop_role
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.step import NotApplicable, Step, hidden, option, shown
@@ -29,7 +29,8 @@ class BlockTiles(Step):
     loop over them has a compile-time count of iterations a thread (its register tile).
     A CUDA grid has 3 axes: where there are more loops, those between the first and the
     last fold into one grid loop over the product of their extents (each variable its
-    quotient and remainder: g_r over kv_heads * group, g = g_r / group)."""
+    quotient and remainder: g_r over kv_heads * group, g = g_r / group).
+    Refused: a nest with a loop mapped already, and bounds for more than one size."""
     vars: Tuple[str, ...]
     rows: int = shown("{rows} rows a block")
     bounds: Tuple[Tuple[str, Tuple[int, ...]], ...] = hidden(())
@@ -37,6 +38,12 @@ class BlockTiles(Step):
     layer = "mapping"
 
     def rewrite_nest(self, nest, names):
+        if any(isinstance(lp, Loop) and lp.gpu for lp in walk(nest.body)):
+            raise ScheduleError(f"{self}: nest {nest.label} is mapped already (one BlockTiles "
+                                "a nest, before its ThreadTiles)")
+        if len(self.bounds) > 1:
+            raise ScheduleError(f"{self}: bounds for one size only (the kernel's one template "
+                                f"parameter), not {', '.join(name for name, _ in self.bounds)}")
         legality = Parallel(self.vars)  # the same as a parallel loop chain's
         try:
             legality.rewrite_nest(nest, names)
@@ -89,7 +96,9 @@ class ThreadTiles(Step):
     loop, every local accumulated inside and defined outside it a sum or a max the loop
     never reads (on axis x only, where the threads that share a row are lanes of one warp:
     the printer combines their parts by shuffles); a loop that cannot be is searched
-    inside. The loop's bounds may depend on no other thread loop."""
+    inside. The loop's bounds may depend on no other thread loop. Refused: a count of
+    threads along the axis other than the block's other loops there have, and a loop with
+    no compile-time most iterations (a size without BlockTiles' bounds)."""
     loop: str
     tile: int = shown("{tile} a thread")
     axis: str = shown("axis {axis}", "y")
@@ -106,7 +115,26 @@ class ThreadTiles(Step):
         if not count:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.loop} its "
                                 "threads can share")
+        self._check_block(body)
         return body
+
+    def _check_block(self, body):
+        """A block has one count of threads along an axis, and each thread a compile-time
+        count of a loop's iterations (its register tile, unrolled): the loop's extent
+        constant, or a size BlockTiles gives bounds for."""
+        bounds = next((lp.gpu.bounds for lp in walk(body) if isinstance(lp, Loop) and lp.gpu
+                       and lp.gpu.kind == "grid" and lp.gpu.bounds), ())
+        mine = [lp for lp in walk(body) if isinstance(lp, Loop) and lp.gpu
+                and lp.gpu.kind == f"thread.{self.axis}"]
+        counts = sorted({lp.gpu.threads for lp in mine})
+        if len(counts) > 1:
+            raise ScheduleError(f"{self}: the block's threads along {self.axis} would be "
+                                f"{' and '.join(map(str, counts))} in different loops")
+        for lp in mine:
+            if most_iterations(lp, bounds) is None:
+                sizes = sorted(x.name for x in (lp.stop - lp.start).free_symbols)
+                raise ScheduleError(f"{self}: the loop over {lp.var} has no compile-time most "
+                                    f"iterations; give BlockTiles a bound for {', '.join(sizes)}")
 
     def _map(self, stmts, thread_vars, axes):
         """stmts with the loops mapped; how many. thread_vars, axes: the thread loops around
@@ -158,14 +186,3 @@ class ThreadTiles(Step):
                     return False
                 accumulated.add(s.name)
         return not (accumulated & names_read(loop.body))
-
-
-def max_extent(loop):
-    """The most iterations the loop can have, a whole number, or None: its extent where
-    constant, else the least constant one of a min() stop allows."""
-    extent = simplified(loop.stop - loop.start)
-    if extent.is_Integer:
-        return int(extent)
-    stops = loop.stop.args if isinstance(loop.stop, sympy.Min) else ()
-    constant = [int(e) for e in (simplified(a - loop.start) for a in stops) if e.is_Integer]
-    return min(constant) if constant else None

@@ -9,9 +9,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, ancestors,
-                              arrays_read, bound_symbol, map_stmt_exprs, rewrite_loops, walk)
+                              arrays_read, bound_symbol, map_stmt_exprs, max_extent,
+                              rewrite_loops, walk)
 from moagen.onf.names import kernel_names
-from moagen.steps.gpu.blocks import max_extent
 from moagen.steps.step import Step, flag, option, shown
 
 # elements a shared tile's rows are padded by: against bank conflicts where threads walk

@@ -12,7 +12,6 @@ barriers then keep one array's last reads before the next one's first writes whe
 their bytes meet."""
 import sympy
 
-from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, Store, walk
 
@@ -96,7 +95,7 @@ def live_ranges(body, names):
     return {name: tuple(spans) for name, spans in ranges.items()}
 
 
-def allocate(shared, body, element_bytes, bound_values, where):
+def allocate(shared, body, element_bytes, bound_values):
     """([(name, byte offset, element count)] of the arrays `shared`, in their order; the
     bytes in all; name -> the names whose bytes meet its at some bound, its own included).
     bound_values: one substitution of the MAX_ symbols per compiled bound."""
@@ -118,10 +117,9 @@ def allocate(shared, body, element_bytes, bound_values, where):
         size = 16 * sympy.ceiling(sympy.Mul(*b.shape) * element_bytes / sympy.Integer(16))
         live = [placed[n] for n in placed if together(n, b.name)]
         candidates = sorted({sympy.Integer(0)} | {o + n for o, n in live}, key=at)
-        offset = next((c for c in candidates if not any(meet((c, size), o) for o in live)), None)
-        if offset is None:
-            raise ScheduleError(f"{where}: no offset in shared memory fits {b.name} at every "
-                                "bound")
+        # past every live array's end fits at every bound: the last resort
+        offset = next((c for c in candidates if not any(meet((c, size), o) for o in live)),
+                      sympy.Max(*(o + n for o, n in live)))
         placed[b.name] = (sympy.expand(offset), size)
     layout = [(b.name, placed[b.name][0], sympy.Mul(*b.shape)) for b in shared]
     total = sympy.Max(*(o + n for o, n in placed.values())) if placed else sympy.Integer(0)

@@ -18,10 +18,9 @@ from dataclasses import replace
 
 import sympy
 
-from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, Store, Update, bound_symbol, walk
-from moagen.steps.gpu.blocks import max_extent
+from moagen.onf.loops import (Let, Loop, Store, Update, bound_symbol, max_extent,
+                              most_iterations, walk)
 from moagen.targets.cuda.shared_memory import allocate, loop_key, shared_accesses
 from moagen.targets.printer import arrays_in, names_used
 
@@ -49,17 +48,11 @@ class TiledKernel:
         self.p, self.nest = printer, nest
         self.grid, body = grid_chain(nest)
         self.body = _distinct_locals(body)
-        if len(self.grid) > len(AXES):
-            raise ScheduleError(f"nest {nest.label}: {len(self.grid)} grid loops; a CUDA grid "
-                                f"has {len(AXES)} axes")
         self.bounds = dict(self.grid[-1].gpu.bounds)
-        self.threads = {}
-        for lp in walk(self.body):
-            if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind.startswith("thread."):
-                axis = lp.gpu.kind[-1]
-                if self.threads.setdefault(axis, lp.gpu.threads) != lp.gpu.threads:
-                    raise ScheduleError(f"nest {nest.label}: thread loops of {lp.gpu.threads} and "
-                                        f"{self.threads[axis]} threads along {axis}")
+        # BlockTiles' and ThreadTiles' preconditions: at most 3 grid loops, bounds for one
+        # size, one count of threads an axis
+        self.threads = {lp.gpu.kind[-1]: lp.gpu.threads for lp in walk(self.body)
+                        if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind.startswith("thread.")}
         self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
@@ -68,7 +61,7 @@ class TiledKernel:
         # each shared array's place, the bytes in all, and the arrays whose bytes meet each
         self.layout, self.shared_bytes, self.meets = allocate(
             self.shared, self.body, 8 if printer.dtype == "float64" else 4,
-            self.bound_values(), f"nest {nest.label}")
+            self.bound_values())
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -80,9 +73,6 @@ class TiledKernel:
         _, shared = self.shared_layout()
         if not self.bounds:
             return [(sympy.true, "", shared)]
-        if len(self.bounds) > 1:
-            raise ScheduleError(f"nest {self.nest.label}: bounds for one size only, not "
-                                f"{', '.join(self.bounds)}")
         (name, values), = self.bounds.items()
         size = next(s for s in self.p.onf.sizes if s.name == name)
         return [(sympy.Le(size, v), f"<{v}>", shared.xreplace({bound_symbol(name): v}))
@@ -127,17 +117,10 @@ class TiledKernel:
     def tiles(self, loop):
         """How many tiles of the loop one thread takes, as C text (a compile-time count)."""
         span = loop.gpu.threads * loop.gpu.tile
-        most = max_extent(loop)
-        if most is not None:
-            return str(-(-most // span))
-        extent = sympy.expand(loop.stop - loop.start)
-        bound = extent.xreplace({x: bound_symbol(x.name) for x in extent.free_symbols
-                                 if x.name in self.bounds})
-        if bound.free_symbols - {bound_symbol(n) for n in self.bounds}:
-            raise ScheduleError(f"nest {self.nest.label}: the loop over {loop.var} has no "
-                                "compile-time most iterations; give BlockTiles a bound for "
-                                f"{', '.join(sorted(s.name for s in extent.free_symbols))}")
-        return f"(({self.p.index(bound)} + {span - 1}) / {span})"
+        most = most_iterations(loop, self.bounds.items())  # ThreadTiles' precondition
+        if most.is_Integer:
+            return str(-(-int(most) // span))
+        return f"(({self.p.index(most)} + {span - 1}) / {span})"
 
     def slots(self, loop):
         tiles = self.tiles(loop)
@@ -176,9 +159,7 @@ class TiledKernel:
         return lines
 
     def loop(self, loop, depth):
-        if (loop.start.free_symbols | loop.stop.free_symbols) & {lp.var for lp in self.ctx}:
-            raise ScheduleError(f"nest {self.nest.label}: the loop over {loop.var} has bounds "
-                                "that depend on a thread's row or column (not yet printed)")
+        # uniform across the block's threads (check_block_form)
         pad, v = self.p.indent * depth, loop.var
         # the previous iteration's accesses, for the barrier at the top of this one
         self.pending = self.pending + list(self.accesses(loop))
@@ -192,8 +173,6 @@ class TiledKernel:
         """A block's copy: its last loop over the x threads (consecutive threads on
         consecutive elements), the one before over the y threads, any other a loop of
         every thread; a 1-D copy's one loop over all the block's threads (copy.xy)."""
-        if (loop.start.free_symbols | loop.stop.free_symbols) & {lp.var for lp in self.ctx}:
-            raise ScheduleError(f"nest {self.nest.label}: a block's copy depends on a thread")
         pad, v = self.p.indent * depth, loop.var
         first, step = {"copy.x": ("tx", self.block_dims[0]),
                        "copy.y": ("ty", self.block_dims[1]),
@@ -210,9 +189,7 @@ class TiledKernel:
                 *inner, pad + "}"]
 
     def leaf(self, s, depth):
-        if not self.ctx:
-            raise ScheduleError(f"nest {self.nest.label}: {s} is outside every thread loop")
-        pad = self.p.indent
+        pad = self.p.indent  # inside a thread loop (check_block_form)
         guarded = self.guarded(s)
         guard = " && ".join(f"{lp.var} < {self.p.index(lp.stop)}" for lp in guarded)
         used = self.coordinates_used(s, guarded)
@@ -270,11 +247,10 @@ class TiledKernel:
         dims = self.locals.get(name)
         if dims is None:
             return name
+        # read inside the thread loops it is defined in: a local the mapping steps keep
+        # across a thread loop is a register array declared outside it (RegisterScratch)
         keys = {loop_key(lp) for lp in self.ctx}
-        missing = [lp.var for lp in dims if loop_key(lp) not in keys]
-        if missing:
-            raise ScheduleError(f"nest {self.nest.label}: {name} is one per iteration of the "
-                                f"loops over {', '.join(map(str, missing))}, used outside them")
+        assert all(loop_key(lp) in keys for lp in dims), f"{name} read outside its loops"
         return name + "".join(f"[s_{lp.var}]" for lp in dims)
 
     def lane_reductions(self, loop, depth):
