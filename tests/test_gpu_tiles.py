@@ -15,7 +15,8 @@ from moagen import reference, runtime, verify
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Loop, perfect_chain, stmt_exprs, walk
+from moagen.onf.loops import (Loop, Threads, is_grid, is_thread_loop, perfect_chain, stmt_exprs,
+                              walk)
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.algebra.causal import mask_sides
@@ -36,12 +37,11 @@ def _rows(onf):
 def test_the_flash_forward_on_cuda_is_a_block_per_row_tile_of_a_head():
     onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
     loops = [s for s in walk(_rows(onf).body) if isinstance(s, Loop) and s.gpu]
-    grid = [lp.var.name for lp in loops if lp.gpu.kind == "grid"]
+    grid = [lp.var.name for lp in loops if is_grid(lp)]
     assert grid == ["b", "h", "i_blk"]
-    threads = {(lp.gpu.kind, lp.var.name, lp.gpu.threads, lp.gpu.tile) for lp in loops
-               if lp.gpu.kind.startswith("thread.")}
-    assert threads == {("thread.y", "i", 16, 4), ("thread.x", "j", 16, 4),
-                       ("thread.x", "c", 16, 4)}
+    threads = {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile) for lp in loops
+               if is_thread_loop(lp)}
+    assert threads == {("y", "i", 16, 4), ("x", "j", 16, 4), ("x", "c", 16, 4)}
     # Q, K, V tiles and the score block in shared memory; no scratch in global memory, and
     # O only written, once, at the end (its tile in registers)
     assert [b.name for b in onf.shared] == ["rows_Q_tile", "rows_K_tile", "rows_V_tile",
@@ -119,7 +119,7 @@ def test_a_finished_mapping_runs_every_statement_on_uniform_threads():
     check_block_form(onf)  # as realize did
     nest = _rows(onf)
     loops = [s for s in walk(nest.body) if isinstance(s, Loop) and s.gpu]
-    rows = next(lp for lp in loops if lp.gpu.kind == "thread.y")  # the block's rows, i
+    rows = next(lp for lp in loops if lp.gpu == Threads("y", 16, 4))  # the block's rows, i
     unthreaded = replace(rows, gpu=None)
     key_blocks = next(s for s in walk(nest.body) if isinstance(s, Loop) and s.var.name == "j_blk")
     ragged = replace(key_blocks, stop=key_blocks.stop + rows.var)
@@ -140,7 +140,7 @@ def test_block_tiles_take_the_parallel_loops_legality():
 def test_the_causal_flash_on_cuda_skips_the_key_blocks_past_a_block_of_rows():
     onf = onf_of("attention_fwd_causal", VARIANT, target="cuda", dtype="float64")
     loops = [s for s in walk(_rows(onf).body) if isinstance(s, Loop)]
-    assert [lp.var.name for lp in loops if lp.gpu and lp.gpu.kind == "grid"] == ["b", "h", "i_blk"]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "h", "i_blk"]
     # the unmasked key blocks, then the diagonal ones up to the block's last row (64 i_blk +
     # 63): bounds of the block, not of a thread's row, so every thread meets every barrier
     unmasked, diagonal = [lp for lp in loops if lp.var.name == "j_blk"]
@@ -282,7 +282,7 @@ def test_the_gqa_backward_walks_a_group_s_query_heads_inside_a_key_tile(monkeypa
 def _grids(onf):
     """Each nest's grid loops, by their variables."""
     return {n.label: [lp.var.name for lp in walk(n.body)
-                      if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid"]
+                      if is_grid(lp)]
             for n in onf.nests}
 
 

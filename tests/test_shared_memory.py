@@ -5,7 +5,7 @@ lowest offset that meets no live array at any compiled bound."""
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import Buffer, GpuMark, Loop, Store, bound_symbol
+from moagen.onf.loops import BlockCopy, Buffer, Loop, Store, bound_symbol
 from moagen.targets.cuda.shared_memory import allocate, live_ranges
 
 e, k, kb = sympy.symbols("e k kb", integer=True)
@@ -15,7 +15,7 @@ ZERO = sympy.Integer(0)
 
 def _copy(tile, count):
     """A block's copy into `tile`: one statement (a write) for the live ranges."""
-    return Loop(e, ZERO, count, (Store(tile, (e,), S.Num(1.0)),), gpu=GpuMark("copy.xy"))
+    return Loop(e, ZERO, count, (Store(tile, (e,), S.Num(1.0)),), gpu=BlockCopy("xy"))
 
 
 def _read(*tiles):

@@ -22,7 +22,7 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, bound_symbol
+from moagen.onf.loops import ONF, Buffer, Grid, Let, Loop, Nest, Store, Update, bound_symbol
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class _Renamer:
     def stmt(self, s):
         if isinstance(s, Loop):
             gpu = s.gpu
-            if gpu is not None and gpu.bounds:
+            if isinstance(gpu, Grid) and gpu.bounds:
                 if any(name not in self.bounds for name, _ in gpu.bounds):
                     raise SpecError(f"a tiled stage's bounded size is no size of the composite: "
                                     f"{', '.join(name for name, _ in gpu.bounds)}")

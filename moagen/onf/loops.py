@@ -7,7 +7,7 @@ moagen.moa.scalar nodes. The steps (moagen.steps) map one ONF to the next; moage
 prints one.
 """
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import sympy
 
@@ -21,24 +21,42 @@ class Stmt:
 
 
 @dataclass(frozen=True)
-class GpuMark:
-    """Where a loop runs in a CUDA thread block (moagen.steps.gpu): "grid" (an iteration a
-    thread block: blockIdx), "thread.x" / "thread.y" (the block's threads along that axis,
-    `threads` of them, each taking `tile` consecutive iterations, and as many more such
-    tiles, `threads * tile` apart, as the loop's extent needs), or "copy" (every thread of
-    the block, thread t taking t, t + the block's size, ...). A grid loop's `bounds` are the
-    compile-time bounds of sizes the kernel is specialized for (d <= 64, 128, ...)."""
-    kind: str
-    threads: int = 0
-    tile: int = 1
+class Grid:
+    """A loop of a tiled CUDA kernel (moagen.steps.gpu) whose iterations are thread blocks
+    (blockIdx; BlockTiles). `bounds`: the compile-time bounds of sizes the kernel is
+    specialized for (d <= 64, 128, ...)."""
     bounds: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
 
     def __str__(self):
-        if self.kind == "grid":
-            return "grid"
-        if self.kind == "copy":
-            return "block-copy"
-        return f"{self.kind}({self.threads} x {self.tile})"
+        return "grid"
+
+
+@dataclass(frozen=True)
+class Threads:
+    """A loop over a block's threads along `axis`, "x" or "y" (ThreadTiles): `threads` of
+    them, each taking `tile` consecutive iterations, and as many more such tiles,
+    `threads * tile` apart, as the loop's extent needs."""
+    axis: str
+    threads: int
+    tile: int = 1
+
+    def __str__(self):
+        return f"thread.{self.axis}({self.threads} x {self.tile})"
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """A loop of a block's copy into shared memory (Stage), over the block's threads along
+    `axis`: "x" (consecutive threads on consecutive elements), "y", or "xy" (all of them,
+    flat: a 1-D tile)."""
+    axis: str
+
+    def __str__(self):
+        return f"block-copy.{self.axis}"
+
+
+# where a loop runs in a CUDA thread block
+GpuMark = Union[Grid, Threads, BlockCopy]
 
 
 def bound_symbol(size: str) -> sympy.Symbol:
@@ -138,6 +156,18 @@ class ONF:
 
 
 # ---- generic walks -------------------------------------------------------------------
+
+def is_grid(s: Stmt) -> bool:
+    return isinstance(s, Loop) and isinstance(s.gpu, Grid)
+
+
+def is_thread_loop(s: Stmt) -> bool:
+    return isinstance(s, Loop) and isinstance(s.gpu, Threads)
+
+
+def is_block_copy(s: Stmt) -> bool:
+    return isinstance(s, Loop) and isinstance(s.gpu, BlockCopy)
+
 
 def max_extent(loop: Loop):
     """The most iterations the loop can have, a whole number, or None: its extent where

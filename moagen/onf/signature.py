@@ -18,7 +18,7 @@ from typing import Tuple
 import sympy
 
 from moagen.errors import UnknownNameError
-from moagen.onf.loops import Loop, walk
+from moagen.onf.loops import is_grid, walk
 
 DTYPES = ("float64", "float32")
 DTYPE_SUFFIX = {"float64": "f64", "float32": "f32"}
@@ -73,7 +73,7 @@ def signature(onf, dtype: str) -> Signature:
     limits = {}
     for nest in onf.nests:
         for lp in walk(nest.body):
-            if isinstance(lp, Loop) and lp.gpu and lp.gpu.bounds:
+            if is_grid(lp) and lp.gpu.bounds:
                 for name, values in lp.gpu.bounds:
                     limits[name] = min(limits.get(name, max(values)), max(values))
     return Signature(f"{onf.name}_{onf.variant}_{DTYPE_SUFFIX[dtype]}", tuple(arrays),

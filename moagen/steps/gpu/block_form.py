@@ -5,14 +5,14 @@ block's threads (its bounds read no thread's row or column), so that each thread
 every barrier and warp shuffle the printer puts in it. BlockTiles and ThreadTiles check
 what they can as they run; these properties hold only of the finished mapping."""
 from moagen.errors import ScheduleError
-from moagen.onf.loops import Loop, ONF, walk
+from moagen.onf.loops import Loop, ONF, is_block_copy, is_grid, is_thread_loop, walk
 
 
 def check_block_form(onf: ONF):
     """ScheduleError naming the nest and the statement where a tiled nest breaks the
     above."""
     for nest in onf.nests:
-        if any(isinstance(s, Loop) and s.gpu and s.gpu.kind == "grid" for s in walk(nest.body)):
+        if any(map(is_grid, walk(nest.body))):
             _check(nest.label, nest.body, threads=(), in_grid=False)
 
 
@@ -23,16 +23,15 @@ def _check(label, stmts, threads, in_grid):
                 raise ScheduleError(f"nest {label}: {s} is inside the grid and outside every "
                                     "thread loop: map its loops with ThreadTiles")
             continue
-        kind = s.gpu.kind if s.gpu else ""
         bound_by = (s.start.free_symbols | s.stop.free_symbols) & set(threads)
-        if kind.startswith("copy"):
+        if is_block_copy(s):
             if bound_by:
                 raise ScheduleError(f"nest {label}: a block's copy over {s.var} has bounds "
                                     f"that read the thread loops' {sorted(map(str, bound_by))}")
             continue  # its threads are the whole block's
-        if bound_by and not kind.startswith("thread."):
+        if bound_by and not is_thread_loop(s):
             raise ScheduleError(f"nest {label}: the loop over {s.var} has bounds that read the "
                                 f"thread loops' {sorted(map(str, bound_by))}: its threads would "
                                 "not all reach a barrier inside")
-        inner = threads + ((s.var,) if kind.startswith("thread.") else ())
-        _check(label, s.body, inner, in_grid or kind == "grid")
+        inner = threads + ((s.var,) if is_thread_loop(s) else ())
+        _check(label, s.body, inner, in_grid or is_grid(s))

@@ -7,8 +7,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (GpuMark, Let, Loop, Store, Update, max_extent, most_iterations,
-                              names_read, perfect_chain, subs_stmts, walk)
+from moagen.onf.loops import (Grid, Let, Loop, Store, Threads, Update, is_grid, is_thread_loop,
+                              max_extent, most_iterations, names_read, perfect_chain,
+                              subs_stmts, walk)
 from moagen.onf.names import claim_loop, folded_loop, loop_role
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.step import NotApplicable, Step, hidden, option, shown
@@ -60,9 +61,9 @@ class BlockTiles(Step):
                        stop=sympy.Min(last.stop, self.rows * tile + self.rows))
         outer, rows = self._fold(chain[:-1], rows, names)
         body = (Loop(tile, sympy.Integer(0), idiv(last.stop + self.rows - 1, self.rows), (rows,),
-                     gpu=GpuMark("grid", bounds=tuple(self.bounds))),)
+                     gpu=Grid(bounds=tuple(self.bounds))),)
         for lp in reversed(outer):
-            body = (replace(lp, body=body, gpu=GpuMark("grid")),)
+            body = (replace(lp, body=body, gpu=Grid()),)
         return body
 
     def _fold(self, outer, rows, names):
@@ -109,7 +110,7 @@ class ThreadTiles(Step):
     def rewrite_nest(self, nest, names):
         if self.axis not in ("x", "y") or self.tile < 1:
             raise ScheduleError(f"{self}: the axis is x or y, a thread's tile at least 1")
-        if not any(isinstance(s, Loop) and s.gpu and s.gpu.kind == "grid" for s in walk(nest.body)):
+        if not any(map(is_grid, walk(nest.body))):
             raise NotApplicable(f"{self}: nest {nest.label} has no grid (BlockTiles first)")
         body, count = self._map(nest.body, thread_vars=set(), axes=set())
         if not count:
@@ -122,10 +123,8 @@ class ThreadTiles(Step):
         """A block has one count of threads along an axis, and each thread a compile-time
         count of a loop's iterations (its register tile, unrolled): the loop's extent
         constant, or a size BlockTiles gives bounds for."""
-        bounds = next((lp.gpu.bounds for lp in walk(body) if isinstance(lp, Loop) and lp.gpu
-                       and lp.gpu.kind == "grid" and lp.gpu.bounds), ())
-        mine = [lp for lp in walk(body) if isinstance(lp, Loop) and lp.gpu
-                and lp.gpu.kind == f"thread.{self.axis}"]
+        bounds = next((lp.gpu.bounds for lp in walk(body) if is_grid(lp) and lp.gpu.bounds), ())
+        mine = [lp for lp in walk(body) if is_thread_loop(lp) and lp.gpu.axis == self.axis]
         counts = sorted({lp.gpu.threads for lp in mine})
         if len(counts) > 1:
             raise ScheduleError(f"{self}: the block's threads along {self.axis} would be "
@@ -146,13 +145,12 @@ class ThreadTiles(Step):
                 continue
             if s.var.name == self.loop and s.gpu is None and self.axis not in axes \
                     and self._legal(s, thread_vars):
-                out.append(replace(s, gpu=GpuMark(f"thread.{self.axis}", self._threads(s),
-                                                  self.tile)))
+                out.append(replace(s, gpu=Threads(self.axis, self._threads(s), self.tile)))
                 count += 1
                 continue
-            threaded = s.gpu is not None and s.gpu.kind.startswith("thread")
+            threaded = is_thread_loop(s)
             body, n = self._map(s.body, thread_vars | ({s.var} if threaded else set()),
-                                axes | ({s.gpu.kind[-1]} if threaded else set()))
+                                axes | ({s.gpu.axis} if threaded else set()))
             out.append(replace(s, body=body))
             count += n
         return tuple(out), count

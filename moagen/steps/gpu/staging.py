@@ -8,8 +8,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Buffer, GpuMark, Let, Loop, ONF, Store, Update, ancestors,
-                              arrays_read, bound_symbol, map_stmt_exprs, max_extent,
+from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, ONF, Store, Update, ancestors,
+                              arrays_read, bound_symbol, is_grid, is_thread_loop,
+                              map_stmt_exprs, max_extent,
                               rewrite_loops, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.step import Step, flag, option, shown
@@ -102,8 +103,7 @@ def _region(who, array, accesses, inside) -> _Region:
 def _fastest(region: _Region, accesses) -> int:
     """The tile position that varies fastest: the one a thread's register tile walks
     (a thread loop of tile > 1 in the accesses), else the last."""
-    tiled = [p for p, lp in enumerate(region.loops) if lp is not None and lp.gpu
-             and lp.gpu.kind.startswith("thread") and lp.gpu.tile > 1]
+    tiled = [p for p, lp in enumerate(region.loops) if is_thread_loop(lp) and lp.gpu.tile > 1]
     spanned = [p for p, lp in enumerate(region.loops) if lp is not None]
     return tiled[-1] if tiled else spanned[-1]
 
@@ -171,8 +171,8 @@ class Stage(Step):
         shared = list(onf.shared)
 
         def serves(around):
-            return not self.by or any(lp.var.name == self.by and lp.gpu is not None
-                                      and lp.gpu.kind.startswith("thread.") for lp in around)
+            return not self.by or any(lp.var.name == self.by and is_thread_loop(lp)
+                                      for lp in around)
 
         tiles = []  # (the tile's order, its shape) in each loop over `at`
 
@@ -181,7 +181,7 @@ class Stage(Step):
             # stages their K tile (a sequential loop around it, a GQA group's query heads,
             # is at one iteration for the whole copy: its index fixed)
             outer = tuple(lp for lp in ancestors(nest.body, loop)
-                          if lp.gpu and lp.gpu.kind.startswith("thread."))
+                          if is_thread_loop(lp))
             accesses = [(a, around) for a, around in
                         _accesses(loop.body, self.array, outer + (loop,)) if serves(around)]
             if not accesses:
@@ -235,19 +235,16 @@ def _copy(tile, array, region, order, names) -> Loop:
         value = S.Select(sympy.And(*inside), value, S.Num(0.0))
     body = (Store(tile, tuple(coords[p] for p in order), value),)
     # a 1-D tile (a block's lse) over all the block's threads, flat: no two copy one element
-    kinds = {spanned[-1]: "copy.x", spanned[-2]: "copy.y"} if len(spanned) > 1 else \
-        {spanned[-1]: "copy.xy"}
+    axes = {spanned[-1]: "x", spanned[-2]: "y"} if len(spanned) > 1 else {spanned[-1]: "xy"}
     for p in reversed(spanned):
-        mark = GpuMark(kinds[p]) if p in kinds else None
+        mark = BlockCopy(axes[p]) if p in axes else None
         body = (Loop(coords[p], sympy.Integer(0), sympy.sympify(extents[p]), body, gpu=mark),)
     return body[0]
 
 
 def grid_bounds(nest):
     """The size bounds the nest's grid is compiled for (BlockTiles)."""
-    return next((lp.gpu.bounds for lp in walk(nest.body)
-                 if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind == "grid" and lp.gpu.bounds),
-                ())
+    return next((lp.gpu.bounds for lp in walk(nest.body) if is_grid(lp) and lp.gpu.bounds), ())
 
 
 @dataclass(frozen=True)
@@ -267,12 +264,12 @@ class SharedScratch(Step):
     def __call__(self, onf: ONF) -> ONF:
         nest = _scratch_nest(self, onf)
         accesses = list(_accesses(nest.body, self.array))
-        grid = {lp.var for _, around in accesses for lp in around
-                if lp.gpu and lp.gpu.kind == "grid"} | _walked_by_block(accesses)
+        grid = {lp.var for _, around in accesses for lp in around if is_grid(lp)} \
+            | _walked_by_block(accesses)
         positions = len(accesses[0][0].index)
         spans = [None] * positions
         for access, around in accesses:
-            if not any(lp.gpu and lp.gpu.kind == "grid" for lp in around):
+            if not any(map(is_grid, around)):
                 raise ScheduleError(f"{self}: {self.array} is used outside the grid")
             scope = {lp.var: lp for lp in around}
             for p, e in enumerate(access.index):
@@ -370,7 +367,7 @@ class RegisterTile(Step):
                                 "and then again")
         for access, around in accesses:
             scope = {lp.var: lp for lp in around}
-            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"}
+            grid = {lp.var for lp in around if is_grid(lp)}
             for e in map(sympy.sympify, access.index):
                 lp = scope.get(e)
                 if (lp is None or lp.gpu is None) and not _of_block(e, scope, grid):
@@ -389,7 +386,7 @@ class RegisterTile(Step):
                 raise ScheduleError(f"{self}: {self.array}'s last addition is inside the loops "
                                     "of its first write")
             chain = a[m:]
-            if any(lp.gpu is None or not lp.gpu.kind.startswith("thread.") for lp in chain):
+            if not all(map(is_thread_loop, chain)):
                 raise ScheduleError(f"{self}: the loops of {self.array}'s first write inside "
                                     "those of its last are not all thread loops")
             tail = (b[m], chain)
@@ -440,8 +437,8 @@ class RegisterScratch(Step):
         walked = _walked_by_block(accesses)
         owners = None
         for access, around in accesses:
-            grid = {lp.var for lp in around if lp.gpu and lp.gpu.kind == "grid"}
-            threads = {lp.var: lp for lp in around if lp.gpu and lp.gpu.kind.startswith("thread.")}
+            grid = {lp.var for lp in around if is_grid(lp)}
+            threads = {lp.var: lp for lp in around if is_thread_loop(lp)}
             if not grid:
                 raise ScheduleError(f"{self}: {self.array} is used outside the grid")
             grid |= walked
@@ -455,7 +452,7 @@ class RegisterScratch(Step):
                     raise ScheduleError(f"{self}: {self.array}'s index {e} is no grid or thread "
                                         "loop's variable: other threads read what one wrote")
                 used.add(span[0])
-            key = frozenset((lp.gpu.kind, lp.var, lp.start, lp.stop) for lp in threads.values())
+            key = frozenset((lp.gpu, lp.var, lp.start, lp.stop) for lp in threads.values())
             if used != set(threads) or (owners is not None and key != owners):
                 raise ScheduleError(f"{self}: {self.array} is not indexed by the same thread "
                                     "loops in every access: other threads read what one wrote")

@@ -13,7 +13,7 @@ their bytes meet."""
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import Loop, Store, walk
+from moagen.onf.loops import Loop, Store, is_block_copy, is_thread_loop, walk
 
 
 def shared_accesses(s, shared, around=()):
@@ -22,12 +22,12 @@ def shared_accesses(s, shared, around=()):
     index (two accesses with one owner are one thread's element), None for a block's copy
     (a write of the whole tile)."""
     if isinstance(s, Loop):
-        if s.gpu and s.gpu.kind.startswith("copy"):
+        if is_block_copy(s):
             for b in walk(s.body):
                 if isinstance(b, Store) and b.array in shared:
                     yield b.array, True, None
             return
-        inner = around + ((loop_key(s),) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+        inner = around + ((loop_key(s),) if is_thread_loop(s) else ())
         for b in s.body:
             yield from shared_accesses(b, shared, inner)
         return
@@ -39,8 +39,8 @@ def shared_accesses(s, shared, around=()):
 
 
 def loop_key(loop):
-    """A thread loop as an owner names it: its mapping's kind, variable and range."""
-    return (loop.gpu.kind, loop.var, loop.start, loop.stop)
+    """A thread loop as an owner names it: its mapping, variable and range."""
+    return (loop.gpu, loop.var, loop.start, loop.stop)
 
 
 def live_ranges(body, names):
@@ -54,7 +54,7 @@ def live_ranges(body, names):
 
     def visit(stmts):
         for s in stmts:
-            if isinstance(s, Loop) and not (s.gpu and s.gpu.kind.startswith("copy")):
+            if isinstance(s, Loop) and not is_block_copy(s):
                 start = count[0]
                 visit(s.body)
                 loops.append((start, count[0] - 1))

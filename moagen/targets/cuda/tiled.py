@@ -19,8 +19,8 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Store, Update, bound_symbol, max_extent,
-                              most_iterations, walk)
+from moagen.onf.loops import (Let, Loop, Store, Update, bound_symbol, is_block_copy, is_grid,
+                              is_thread_loop, max_extent, most_iterations, walk)
 from moagen.targets.cuda.shared_memory import allocate, loop_key, shared_accesses
 from moagen.targets.printer import arrays_in, names_used
 
@@ -30,8 +30,7 @@ AXES = "xyz"
 def grid_chain(nest):
     """The nest's grid loops, outermost first, and the statements inside them."""
     chain, body = [], nest.body
-    while len(body) == 1 and isinstance(body[0], Loop) and body[0].gpu \
-            and body[0].gpu.kind == "grid":
+    while len(body) == 1 and is_grid(body[0]):
         chain.append(body[0])
         body = body[0].body
     return chain, body
@@ -51,8 +50,8 @@ class TiledKernel:
         self.bounds = dict(self.grid[-1].gpu.bounds)
         # BlockTiles' and ThreadTiles' preconditions: at most 3 grid loops, bounds for one
         # size, one count of threads an axis
-        self.threads = {lp.gpu.kind[-1]: lp.gpu.threads for lp in walk(self.body)
-                        if isinstance(lp, Loop) and lp.gpu and lp.gpu.kind.startswith("thread.")}
+        self.threads = {lp.gpu.axis: lp.gpu.threads for lp in walk(self.body)
+                        if is_thread_loop(lp)}
         self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
@@ -144,12 +143,12 @@ class TiledKernel:
             if any(self.conflicts(a) for a in accesses):
                 lines.append(self.p.indent * depth + "__syncthreads();")
                 self.pending = []
-            if isinstance(s, Loop) and s.gpu and s.gpu.kind.startswith("thread."):
+            if is_thread_loop(s):
                 self.ctx.append(s)
                 lines += self.block(s.body, depth)
                 self.ctx.pop()
                 lines += self.lane_reductions(s, depth)
-            elif isinstance(s, Loop) and s.gpu and s.gpu.kind.startswith("copy"):
+            elif is_block_copy(s):
                 lines += self.copy(s, depth)
             elif isinstance(s, Loop):
                 lines += self.loop(s, depth)
@@ -172,13 +171,13 @@ class TiledKernel:
     def copy(self, loop, depth):
         """A block's copy: its last loop over the x threads (consecutive threads on
         consecutive elements), the one before over the y threads, any other a loop of
-        every thread; a 1-D copy's one loop over all the block's threads (copy.xy)."""
+        every thread; a 1-D copy's one loop over all the block's threads (axis xy)."""
         pad, v = self.p.indent * depth, loop.var
-        first, step = {"copy.x": ("tx", self.block_dims[0]),
-                       "copy.y": ("ty", self.block_dims[1]),
-                       "copy.xy": (f"ty * {self.block_dims[0]} + tx",
-                                   self.block_dims[0] * self.block_dims[1])}.get(
-            loop.gpu.kind if loop.gpu else "", (self.p.index(loop.start), 1))
+        first, step = {"x": ("tx", self.block_dims[0]),
+                       "y": ("ty", self.block_dims[1]),
+                       "xy": (f"ty * {self.block_dims[0]} + tx",
+                              self.block_dims[0] * self.block_dims[1])}.get(
+            loop.gpu.axis if is_block_copy(loop) else "", (self.p.index(loop.start), 1))
         saved, self.ctx = self.ctx, []
         inner = []
         for s in loop.body:
@@ -213,7 +212,7 @@ class TiledKernel:
 
     def position(self, loop):
         """The iteration of slot s_<var> of this thread."""
-        lane = "tx" if loop.gpu.kind == "thread.x" else "ty"
+        lane = "t" + loop.gpu.axis
         slot, threads, tile = f"s_{loop.var}", loop.gpu.threads, loop.gpu.tile
         start = "" if loop.start == 0 else f"{self.p.index(loop.start)} + "
         if tile == 1:
@@ -256,7 +255,7 @@ class TiledKernel:
     def lane_reductions(self, loop, depth):
         """After a thread loop along x: the locals it accumulated that are defined outside it,
         combined across the threads that took its iterations (consecutive lanes of a warp)."""
-        if loop.gpu.kind != "thread.x":
+        if loop.gpu.axis != "x":
             return []
         updates = {s.name: s.op for s in walk(loop.body) if isinstance(s, Update)
                    and s.name in self.locals
@@ -315,7 +314,7 @@ def _distinct_locals(stmts):
         out = []
         for s in stmts:
             if isinstance(s, Loop):
-                thread = s.gpu and s.gpu.kind.startswith("thread.")
+                thread = is_thread_loop(s)
                 inner = around + ((loop_key(s),) if thread else ())
                 out.append(replace(s, body=block(s.body, inner)))
                 continue
@@ -345,7 +344,7 @@ def _definitions(stmts, around=()):
     """(Let, the thread loops around it) for every local defined inside thread loops."""
     for s in stmts:
         if isinstance(s, Loop):
-            inner = around + ((s,) if s.gpu and s.gpu.kind.startswith("thread.") else ())
+            inner = around + ((s,) if is_thread_loop(s) else ())
             yield from _definitions(s.body, inner)
         elif isinstance(s, Let):
             yield s, around
