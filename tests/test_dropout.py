@@ -1,8 +1,12 @@
 """Dropout's random numbers (moagen.philox, #54 item 3): the numpy Philox4x32-10 against
 Random123's known answers, its keep mask's statistics (keep rate, rows and heads
-independent), the Dropout node through shape, DNF, interpretation and grad. The generated
-kernels themselves are verified against moagen.reference's numpy dropout in every
+independent), the generated files' moagen_keep in C and Fortran against it at counters and
+seeds past 32 bits, the Dropout node through shape, DNF, interpretation and grad. The
+generated kernels themselves are verified against moagen.reference's numpy dropout in every
 language by tests/test_verify.py (C, Fortran) and tests/test_cuda_emulation.py (CUDA)."""
+import ctypes
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -16,6 +20,8 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
 from moagen.philox import keep_mask, keep_words, philox4x32
 from moagen import reference
+from moagen.targets.toolchain import Toolchain
+from moagen.templates import render
 
 # Random123's kat_vectors for philox4x32_10: counter, key, the four output words
 KNOWN_ANSWERS = [
@@ -75,6 +81,75 @@ def test_a_seed_outside_63_bits_is_refused():
     for seed in (-1, 2 ** 63):
         with pytest.raises(ValueError, match="seed"):
             keep_words([0], seed)
+
+
+# ---- moagen_keep, the generated files' helper ------------------------------------------
+
+# keep_many(counters, p, count, seed, kept): moagen_keep of each counter at its own p
+C_DRIVER = """
+#include <stdint.h>
+{helper}
+void keep_many(const int64_t *counters, const double *p, int64_t count, int64_t seed,
+               int32_t *kept)
+{{
+    for (int64_t k = 0; k < count; ++k) kept[k] = moagen_keep(counters[k], seed, p[k]);
+}}
+"""
+FORTRAN_DRIVER = """
+module keep_driver
+  use, intrinsic :: iso_c_binding, only: c_double, c_int32_t, c_int64_t
+  implicit none
+contains
+{helper}
+  subroutine keep_many(counters, p, count, seed, kept) bind(C, name="keep_many")
+    integer(c_int64_t), value, intent(in) :: count, seed
+    integer(c_int64_t), intent(in) :: counters(count)
+    real(c_double), intent(in) :: p(count)
+    integer(c_int32_t), intent(out) :: kept(count)
+    integer(c_int64_t) :: k
+
+    do k = 1, count
+      kept(k) = merge(1_c_int32_t, 0_c_int32_t, moagen_keep(counters(k), seed, p(k)))
+    end do
+  end subroutine keep_many
+end module keep_driver
+"""
+
+
+def _built(lang, tmp_path):
+    tools = Toolchain()
+    if lang == "c":
+        source = C_DRIVER.format(helper=render("c/keep.c.j2", qualifier="static inline ",
+                                               helper_directive=""))
+        command = [tools.cc, *tools.cflags, *tools.cldflags]
+    else:
+        source = FORTRAN_DRIVER.format(helper=render("fortran/keep.f90.j2"))
+        command = [tools.fc, *tools.fflags, "-shared", "-J", str(tmp_path)]
+    path = tmp_path / f"keep.{'c' if lang == 'c' else 'f90'}"
+    path.write_text(source)
+    library = tmp_path / f"keep_{lang}.so"
+    subprocess.run([*command, str(path), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library)).keep_many
+
+
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+def test_moagen_keep_compares_philoxs_word_at_any_counter_and_seed(lang, tmp_path):
+    """For counters and seeds with both 32-bit words set (up to 2**63 - 1), the helper
+    keeps at p = word / 2**32 and drops at p just above: its word is numpy's, bit for bit
+    (Fortran's 32-bit words held in 64-bit integers included)."""
+    keep_many = _built(lang, tmp_path)
+    rng = np.random.default_rng(2)
+    counters = np.concatenate([np.arange(4), [2 ** 32 - 1, 2 ** 32, 2 ** 63 - 1],
+                               rng.integers(0, 2 ** 63 - 1, 500)]).astype(np.int64)
+    for seed in (0, 2 ** 32 + 5, 2 ** 63 - 1, int(rng.integers(2 ** 62, 2 ** 63 - 1))):
+        words = keep_words(counters.astype(np.uint64), seed).astype(np.float64)
+        for p, kept in ((words * 2.0 ** -32, 1), ((words + 1) * 2.0 ** -32, 0)):
+            got = np.empty(len(counters), dtype=np.int32)
+            keep_many(counters.ctypes.data_as(ctypes.c_void_p),
+                      np.ascontiguousarray(p).ctypes.data_as(ctypes.c_void_p),
+                      ctypes.c_int64(len(counters)), ctypes.c_int64(seed),
+                      got.ctypes.data_as(ctypes.c_void_p))
+            assert (got == kept).all(), (seed, np.flatnonzero(got != kept)[:5])
 
 
 # ---- the Dropout node ---------------------------------------------------------------
