@@ -61,9 +61,13 @@ def backward_spec(causal: bool) -> KernelSpec:
                 labels={"probs": "P", "dscores": "dS"})
 
 
-# dnf: row by row, nothing of size n x n, as attention_cross's (the same loops)
+# dnf: row by row, nothing of size n x n, as attention_cross's (the same loops). The
+# forward's flash: attention_gqa's (an online pass over key blocks, both products register
+# tiles), the factors drawn inside the tiles. (The backward's flash runs on a CPU, but its
+# GPU mapping names block scratch that this backward names otherwise.)
 KERNELS = [kernel for causal in (False, True) for kernel in (
-    (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD)}),
+    (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD),
+                    "flash": attention.flash_variant(causal, loops=LOOPS.query)}),
     (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD)}))]
 ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
 
@@ -75,12 +79,14 @@ def dropout_scalars(sizes):
 
 
 # What verification runs these kernels on: one head at n = 1, 7 and 257 (d 3: the CUDA
-# emulation stays quick), groups of 3 over 2 KV heads and a batch of 2; seeds with both
-# 32-bit words set
+# emulation stays quick), groups of 3 over 2 KV heads and a batch of 2, and two heads of 37
+# at 130 rows (the flash variants' full tiles of keys and columns, and their remainders);
+# seeds with both 32-bit words set
 CHECK_SIZES = (dict(batch=1, kv_heads=1, group=1, n=1, d=3, seed=7),
                dict(batch=1, kv_heads=1, group=1, n=7, d=3, seed=2 ** 40 + 12345),
                dict(batch=1, kv_heads=1, group=1, n=257, d=3, seed=2 ** 62 + 3),
-               dict(batch=2, kv_heads=2, group=3, n=7, d=5, seed=2 ** 33 + 1))
+               dict(batch=2, kv_heads=2, group=3, n=7, d=5, seed=2 ** 33 + 1),
+               dict(batch=1, kv_heads=1, group=2, n=130, d=37, seed=2 ** 31 + 11))
 BENCH_ON = Bench(lambda n: dict(batch=1, kv_heads=2, group=4, n=n, d=64, seed=1),
                  quick=(128,), full=(512, 1024))
 

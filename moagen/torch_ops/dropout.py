@@ -6,8 +6,9 @@ each call draws from PyTorch's default CPU generator, so that torch.manual_seed 
 reproducible. The seed is all the backward keeps of Z: attention_dropout_bwd draws the same
 mask again from it, and stores none.
 
-    forward   O and the row logsumexp by attention_dropout_fwd's `dnf` kernel (row by row,
-              O(n d) memory)
+    forward   O and the row logsumexp by attention_dropout_fwd's `flash` kernel (one pass
+              over key blocks, both products register tiles, O(n d) memory; its schedule
+              fitted to n and d as attention_gqa_fwd's)
     backward  dQ, dK, dV by attention_dropout_bwd's `dnf` kernel (derived from the forward by
               moagen.moa.grad: delta = rowsum(dO * O), O the dropped forward's output)
 
@@ -16,11 +17,10 @@ public function refuses the others with dropout."""
 import torch
 from torch import Tensor
 
-from moagen.torch_ops.attention import _check, grouped
+from moagen.torch_ops.attention import _check, _params, grouped
 from moagen.torch_ops.native import call, causal_name, check_size
 from moagen.torch_ops.operator import Operator
 
-VARIANT = "dnf"
 
 
 def draw_seed() -> int:
@@ -50,8 +50,9 @@ def _check_dropout(op, q, k, v, lang, dropout_p, seed):
 def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropout_p: float,
              seed: int, lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (the softmax's, which dropout leaves as it is)."""
-    return call(causal_name("attention_dropout_fwd", causal), VARIANT, lang,
-                grouped(q, k.shape[1]), k, v, scale=scale, dropout_p=dropout_p, seed=seed,
+    name = causal_name("attention_dropout_fwd", causal)
+    return call(name, "flash", lang, grouped(q, k.shape[1]), k, v, scale=scale,
+                dropout_p=dropout_p, seed=seed, params=_params(name, q, causal, lang),
                 out_shapes=(q.shape, q.shape[:-1]))
 
 
@@ -63,7 +64,7 @@ def _backward_kernel(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      grad_out: Tensor, causal: bool, scale: float, dropout_p: float, seed: int,
                      lang: str) -> tuple[Tensor, Tensor, Tensor]:
     kv_heads = k.shape[1]
-    return call(causal_name("attention_dropout_bwd", causal), VARIANT, lang,
+    return call(causal_name("attention_dropout_bwd", causal), "dnf", lang,
                 grouped(q, kv_heads), k, v, *(grouped(t, kv_heads) for t in (out, grad_out, lse)),
                 scale=scale, dropout_p=dropout_p, seed=seed, out_shapes=(q.shape,))
 
