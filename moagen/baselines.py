@@ -67,6 +67,26 @@ def sdpa_gqa_masked_bwd(Q, K, V, M, O, dO, lse, scale):
     return dq.view(Q.shape), dk, dv
 
 
+def _sdpa_dropout(Q, K, V, scale, dropout_p, causal):
+    """SDPA with dropout on the grouped queries as its heads: its own random numbers (a
+    seed of moagen's has no meaning to it)."""
+    return F.scaled_dot_product_attention(Q.flatten(1, 2), K, V, dropout_p=dropout_p,
+                                          scale=scale, is_causal=causal, enable_gqa=True)
+
+
+def sdpa_gqa_dropout(Q, K, V, scale, dropout_p, seed, causal=False):
+    """O only, as sdpa_gqa, dropping with SDPA's own generator (seed unused)."""
+    return _sdpa_dropout(Q, K, V, scale, dropout_p, causal).view(Q.shape)
+
+
+def sdpa_gqa_dropout_bwd(Q, K, V, O, dO, lse, scale, dropout_p, seed, causal=False):
+    """dQ, dK, dV by autograd of sdpa_gqa_dropout, which recomputes the forward."""
+    q, k, v = (t.detach().requires_grad_() for t in (Q, K, V))
+    out = _sdpa_dropout(q, k, v, scale, dropout_p, causal)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dO.flatten(1, 2))
+    return dq, dk, dv
+
+
 def sdpa_decode(q, K, V, scale, n):
     """O only, over the cache's first n rows, the KV heads shared by enable_gqa (no copy of
     the cache per query head)."""

@@ -150,6 +150,73 @@ def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False, offset=0, 
     return q.grad.numpy().reshape(Q.shape), k.grad.numpy(), v.grad.numpy()
 
 
+# dropout (moagen.kernels.attention_dropout): the probabilities of the (batch, heads, n, n)
+# scores times moagen.philox's keep mask, scaled by 1 / (1 - p), weight V; the lse is the
+# softmax's own
+def _dropout_scale(Q, dropout_p, seed):
+    """Z / (1 - p) of the grouped queries' probabilities, as (batch, heads, n, n)."""
+    from moagen.philox import keep_mask
+    heads, n = Q.shape[1] * Q.shape[2], Q.shape[3]
+    return keep_mask((Q.shape[0], heads, n, n), seed, dropout_p) / (1.0 - dropout_p)
+
+
+def _dropout_probs(Q, K, scale, dropout_p, seed, causal):
+    """The grouped queries as heads, each KV head repeated for its group, the softmax's
+    probabilities and the dropped ones."""
+    keys = np.repeat(K, Q.shape[2], axis=1)
+    scores = _scores_numpy(_heads(Q), keys, scale, causal)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return probs, probs * _dropout_scale(Q, dropout_p, seed)
+
+
+def attention_dropout_fwd_numpy(Q, K, V, scale, dropout_p, seed, causal=False):
+    _, dropped = _dropout_probs(Q, K, scale, dropout_p, seed, causal)
+    O = dropped @ np.repeat(V, Q.shape[2], axis=1)
+    lse = attention_lse_numpy(_heads(Q), np.repeat(K, Q.shape[2], axis=1), scale, causal)
+    return O.reshape(Q.shape), lse.reshape(Q.shape[:-1])
+
+
+def attention_dropout_bwd_numpy(Q, K, V, O, dO, lse, scale, dropout_p, seed, causal=False):
+    """The textbook backward through the dropped probabilities, delta as rowsum(dP * P)
+    (O and lse unused); the repeated KV heads' gradients summed over each group."""
+    group = Q.shape[2]
+    probs, dropped = _dropout_probs(Q, K, scale, dropout_p, seed, causal)
+    values, dout = np.repeat(V, group, axis=1), _heads(dO)
+    dprobs = dout @ np.swapaxes(values, -1, -2) * _dropout_scale(Q, dropout_p, seed)
+    dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
+    dK = scale * np.swapaxes(dscores, -1, -2) @ _heads(Q)
+    dV = np.swapaxes(dropped, -1, -2) @ dout
+    return ((scale * dscores @ np.repeat(K, group, axis=1)).reshape(Q.shape),
+            *(g.reshape(*K.shape[:2], group, *K.shape[2:]).sum(axis=2) for g in (dK, dV)))
+
+
+def _dropout_torch(Q, K, V, scale, dropout_p, seed, causal):
+    """O and lse by PyTorch's operators under the same keep mask (as a tensor), from
+    leaves q, k, v that require grad."""
+    import torch
+    q, k, v = (torch.from_numpy(a).requires_grad_() for a in (_heads(Q), K, V))
+    keys, values = (t.repeat_interleave(Q.shape[2], dim=1) for t in (k, v))
+    scores = _scores_torch(q, keys, scale, causal)
+    mask = torch.from_numpy(_dropout_scale(Q, dropout_p, seed))
+    out = (torch.softmax(scores, dim=-1) * mask) @ values
+    return (q, k, v), out, torch.logsumexp(scores, dim=-1)
+
+
+def attention_dropout_fwd_torch(Q, K, V, scale, dropout_p, seed, causal=False):
+    _, out, lse = _dropout_torch(Q, K, V, scale, dropout_p, seed, causal)
+    return out.detach().numpy().reshape(Q.shape), lse.detach().numpy().reshape(Q.shape[:-1])
+
+
+def attention_dropout_bwd_torch(Q, K, V, O, dO, lse, scale, dropout_p, seed, causal=False):
+    """Autograd through the same dropped probabilities (O and lse unused)."""
+    import torch
+    leaves, out, _ = _dropout_torch(Q, K, V, scale, dropout_p, seed, causal)
+    out.backward(torch.from_numpy(_heads(dO)))
+    q, k, v = (t.grad.numpy() for t in leaves)
+    return q.reshape(Q.shape), k, v
+
+
 def attention_decode_numpy(q, K, V, scale, n):
     """One query row per head against the first n cache rows; query head h reads KV head
     h // (q_heads / kv_heads)."""

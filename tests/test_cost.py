@@ -37,6 +37,8 @@ TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=
                        **({"offset": 11} if c == "_causal" else {}))
            for k in ("attention_cross_fwd", "attention_cross_bwd")
            for c in ("", "_causal", "_masked")},
+        **{f"attention_dropout_{k}": dict(batch=1, kv_heads=1, group=2, n=16, d=3, seed=5)
+           for k in ("fwd", "bwd", "fwd_causal", "bwd_causal")},
         "kv_append": dict(batch=2, kv_heads=2, cap=5, d=3, n=3),
         "rmsnorm_fwd": dict(batch=2, n=5, d=3),
         # rows a multiple of the 16 partial sums; register tiles of 6 rows x 8 columns, the

@@ -46,11 +46,14 @@ def softmax_parts(q, k, causal, mask=causal_mask):
     return row_max, weights, row_sum
 
 
-def one_head(q, k, v, causal, mask=causal_mask):
-    """O and the per-row logsumexp, which the backward pass needs."""
+def one_head(q, k, v, causal, mask=causal_mask, dropout=None):
+    """O and the per-row logsumexp, which the backward pass needs; dropout: what the
+    probabilities become before they weight V (moagen.kernels.attention_dropout), the lse
+    being the softmax's own."""
     row_max, weights, row_sum = softmax_parts(q, k, causal, mask)
     probs = named("probs", omega("/", weights, row_sum), index=("i", "j"))
-    return inner(probs, v, var="j", name="acc"), row_max + log(row_sum)
+    return (inner(dropout(probs) if dropout else probs, v, var="j", name="acc"),
+            row_max + log(row_sum))
 
 
 def spec(causal: bool) -> KernelSpec:

@@ -150,6 +150,19 @@ class Iota(Expr):
 
 
 @dataclass(frozen=True)
+class Dropout(Expr):
+    """Dropout's factors, an array of `shape` that is 1 / (1 - p) where an element is kept
+    and 0 where it is dropped: element k of its row-major order is kept when the first word
+    of Philox4x32-10 of counter k under the key `seed` (a size given at call time), scaled
+    to [0, 1), is >= p (moagen.philox). The scale is the node's, not a product around it:
+    a loop-invariant 1 / (1 - p) would be hoisted above a nest's parallel loops. A constant
+    to grad: it depends on no input."""
+    shape: Shape
+    seed: sympy.Expr
+    p: Expr
+
+
+@dataclass(frozen=True)
 class Where(Expr):
     """`then` where `cond` holds, else `other`; cond compares indices (built from iota), so
     that it can become an index condition in the generated code. A shape-() condition
@@ -320,6 +333,10 @@ def iota(count) -> Iota:
     return Iota(as_dim(count))
 
 
+def dropout(shape, seed, p) -> Dropout:
+    return Dropout(tuple(as_dim(s) for s in shape), as_dim(seed), as_expr(p))
+
+
 def where(cond, then, other) -> Where:
     return Where(cond, as_expr(then), as_expr(other))
 
@@ -412,6 +429,8 @@ def describe(node: Expr) -> str:
         return f"Iota {node.count}"
     if isinstance(node, Where):
         return "Where"
+    if isinstance(node, Dropout):
+        return f"Dropout seed={node.seed}"
     if isinstance(node, (Take, Drop)):
         return f"{type(node).__name__} {node.count} axis={node.axis}"
     if isinstance(node, Reverse):

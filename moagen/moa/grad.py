@@ -269,10 +269,11 @@ class _Adjoints:
     def _pull(self, node, g):
         """[(child, its share of g)] for node with cotangent g (a cell of node's shape)."""
         shape = shape_of(node)
+        if isinstance(node, (E.Const, E.Scalar, E.Dim, E.Iota, E.Dropout)) or \
+                (isinstance(node, E.Psi) and isinstance(node.array, E.Dropout)):
+            return []  # no input below them: constants
         if isinstance(node, (E.Array, E.Psi)):
             self._leaf(node, g)
-            return []
-        if isinstance(node, (E.Const, E.Scalar, E.Dim, E.Iota)):
             return []
         if isinstance(node, E.Named):
             softmax = stable_softmax(node.value)

@@ -10,7 +10,9 @@ the equality from the forward spec itself; `rewrite` reports how often each step
                           recomputed from its score, no row max or row sum, nothing n x n
     delta from output     +/ (dP * P) with dP = dO +.x V^T, and the forward's O = P +.x V
                           saved, is +/ (dO * O): sum_j P_ij sum_c dO_ic V_jc
-                          = sum_c dO_ic sum_j P_ij V_jc; a row of d, not of n
+                          = sum_c dO_ic sum_j P_ij V_jc; a row of d, not of n. The same
+                          with a factor F on both sides (dropout's), dP = (dO +.x V^T) * F
+                          and O = (P * F) +.x V
     masked zeros          where(cond, P * Y, 0) with P = exp(where(cond, s, -inf) - x) is
                           P * Y: the causal mask's cotangent is already zero where it masks
     scale into named      c * dL, where a Named cotangent dL is only ever used scaled by
@@ -64,7 +66,8 @@ def softmax_from_lse(node, context):
 
 def delta_from_output(node, context):
     """+/ (dP * P) with dP = dO +.x V^T, where a forward output O = P +.x V has cotangent dO:
-    +/ (dO * O), along the last axis."""
+    +/ (dO * O), along the last axis; also with dP = (dO +.x V^T) * F and O = (P * F) +.x V
+    (dropout's factors F)."""
     if not (isinstance(node, E.Reduce) and node.op == "+" and isinstance(node.array, E.BinOp)
             and node.array.op == "*"):
         return None
@@ -73,19 +76,29 @@ def delta_from_output(node, context):
         return None
     pair = (node.array.left, node.array.right)
     for dprobs, probs in (pair, pair[::-1]):
-        dprobs = _unnamed(dprobs)
+        dprobs, factor = _factor(dprobs)
         if not (isinstance(dprobs, E.Inner) and isinstance(dprobs.right, E.Transpose)
                 and dprobs.right.perm == (1, 0)):
             continue
         values = dprobs.right.array
         for out, cotangent in context.cotangents.items():
             body, _ = context.saved[out]
-            if dprobs.left == cotangent and isinstance(body, E.Inner) and \
-                    (body.add, body.mul) == ("+", "*") and \
-                    _unnamed(body.left) == _unnamed(probs) and body.right == values:
+            if not (isinstance(body, E.Inner) and (body.add, body.mul) == ("+", "*")):
+                continue
+            weights, weights_factor = _factor(body.left)
+            if dprobs.left == cotangent and weights_factor == factor and \
+                    _unnamed(weights) == _unnamed(probs) and body.right == values:
                 return E.reduce("+", cotangent * context.read(out), axis=rank - 1, var="c",
                                 name="rowdot")
     return None
+
+
+def _factor(node):
+    """(x, f) where node is x * f, else (node, None); x seen through its Named."""
+    node = _unnamed(node)
+    if isinstance(node, E.BinOp) and node.op == "*":
+        return _unnamed(node.left), node.right
+    return node, None
 
 
 def masked_zeros(node, context):

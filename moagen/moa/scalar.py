@@ -71,6 +71,16 @@ class Select(ScalarExpr):
 
 
 @dataclass(frozen=True)
+class Dropout(ScalarExpr):
+    """Dropout's factor at one element: 1 / (1 - p) where Philox4x32-10 of `counter` (the
+    element's offset) under the key `seed` keeps it at drop probability p, else 0
+    (moagen.moa.expr.Dropout, moagen.philox)."""
+    counter: sympy.Expr
+    seed: sympy.Expr
+    p: ScalarExpr
+
+
+@dataclass(frozen=True)
 class IfGreater(ScalarExpr):
     """`then` where the number left > right, else `other` (the online softmax's choice of
     which of two exponentials is exp(0) = 1)."""
@@ -117,6 +127,8 @@ def index_exprs(e: ScalarExpr):
         return (e.extent,)
     if isinstance(e, Dim):
         return (e.value,)
+    if isinstance(e, Dropout):
+        return (e.counter, e.seed)
     return ()
 
 
@@ -147,6 +159,8 @@ def subs(e: ScalarExpr, mapping: dict) -> ScalarExpr:
         return Select(e.cond.xreplace(mapping), subs(e.then, mapping), subs(e.other, mapping))
     if isinstance(e, Dim):
         return Dim(e.value.xreplace(mapping))
+    if isinstance(e, Dropout):
+        return Dropout(e.counter.xreplace(mapping), e.seed.xreplace(mapping), subs(e.p, mapping))
     if isinstance(e, Reduction):
         inner = {k: v for k, v in mapping.items() if k != e.var}
         return Reduction(e.op, e.var, e.extent.xreplace(mapping), subs(e.body, inner), e.name)

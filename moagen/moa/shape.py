@@ -70,6 +70,11 @@ def _rule(node, path, kids) -> E.Shape:
         return ()
     if isinstance(node, E.Iota):
         return (node.count,)
+    if isinstance(node, E.Dropout):
+        if kids != ((),):
+            raise ShapeError(f"{path}: Dropout needs a scalar probability, got shape "
+                             f"{fmt_shape(kids[0])}")
+        return node.shape
     if isinstance(node, E.Where):
         shapes = [k for k in kids if k != ()]
         if any(not same_shape(k, shapes[0]) for k in shapes):

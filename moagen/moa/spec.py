@@ -76,6 +76,8 @@ class KernelSpec:
                 used = {s for d in shape_of(node) for s in d.free_symbols}
                 if isinstance(node, E.Dim):
                     used |= node.value.free_symbols
+                if isinstance(node, E.Dropout):
+                    used |= node.seed.free_symbols
                 if used - sizes:
                     raise SpecError(f"{self.name}.{out}: {E.describe(node)} uses sizes "
                                     f"{sorted(map(str, used - sizes))} that no input determines")

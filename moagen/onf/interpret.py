@@ -20,6 +20,7 @@ import sympy
 from moagen.errors import SpecError
 from moagen.moa import scalar as S
 from moagen.moa.expr import INDEX_NAMESPACE
+from moagen.philox import keep_words
 from moagen.onf.loops import Let, Loop, Store, Update
 
 UNARY = {
@@ -188,6 +189,14 @@ class _Machine:
             left, right, then, other = map(self.expr, (e.left, e.right, e.then, e.other))
             return lambda ints, locs: then(ints, locs) if left(ints, locs) > right(ints, locs) \
                 else other(ints, locs)
+        if isinstance(e, S.Dropout):
+            counter, seed, p = index_fn(e.counter), index_fn(e.seed), self.expr(e.p)
+
+            def factor(ints, locs):
+                drop = p(ints, locs)
+                kept = float(keep_words(counter(ints), seed(ints))) * 2.0 ** -32 >= drop
+                return 1.0 / (1.0 - drop) if kept else 0.0
+            return factor
         if isinstance(e, S.Reduction):
             return self._reduction(e)
         raise TypeError(f"not a scalar expression: {e!r}")

@@ -40,6 +40,7 @@ class Printer:
         self.row_offsets = _row_offsets(onf, self.quotients)
         self.row_scope = []  # the row offsets of the loops being printed, outermost first
         self.loop_vars = {lp.var for n in onf.nests for lp in walk(n.body) if isinstance(lp, Loop)}
+        self.uses_keep = False  # whether a statement calls dropout's moagen_keep
 
     # ---- statements -------------------------------------------------------------------
     def block(self, stmts, depth):
@@ -149,6 +150,11 @@ class Printer:
         if isinstance(e, S.IfGreater):
             return self.select(f"{self.expr(e.left)} > {self.expr(e.right)}", self.expr(e.then),
                                self.expr(e.other))
+        if isinstance(e, S.Dropout):
+            self.uses_keep = True  # the file then defines moagen_keep (templates/c/keep.c.j2)
+            p, one = self.expr(e.p), self.number(1.0)
+            return self.select(self.keep(self.index(e.counter), self.index(e.seed), p),
+                               f"{one} / ({one} - {p})", self.number(0.0))
         raise TypeError(f"{type(self).__name__} cannot print {e!r}: lower reductions and "
                         f"apply the layout first")
 
@@ -191,6 +197,10 @@ class Printer:
         raise NotImplementedError
 
     def select(self, cond, then, other) -> str:
+        raise NotImplementedError
+
+    def keep(self, counter, seed, p) -> str:
+        """Whether dropout keeps an element, a condition (a call of moagen_keep)."""
         raise NotImplementedError
 
     # ---- shared helpers -----------------------------------------------------------------

@@ -8,6 +8,7 @@ Public as `moagen.torch`:
                                                #                 is_causal=True)
     o = mt.attention(q, k, v, causal="lower_right")  # attn_mask=causal_lower_right(n_q, n)
     o = mt.attention(q, k, v, attn_mask)       # SDPA's attn_mask, boolean or float
+    o = mt.attention(q, k, v, dropout_p=0.1)   # SDPA's dropout, moagen's random numbers
     z = mt.rms_norm(x, weight, eps)            # for F.rms_norm(x, (d,), weight, eps)
     f = mt.swiglu_mlp(x, w_gate, w_up, w_down) # (silu(x w_gate) * (x w_up)) w_down
     cache = mt.KVCache(batch, kv_heads, capacity, d); cache.append(k, v); o = cache.attend(q)

@@ -209,7 +209,7 @@ def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tenso
 
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, *,
               causal: Union[bool, str] = False, scale: Optional[float] = None,
-              lang: str = "c") -> Tensor:
+              dropout_p: float = 0.0, lang: str = "c") -> Tensor:
     """softmax(scale q k^T + mask) v per (batch, head), as F.scaled_dot_product_attention(q,
     k, v, attn_mask, is_causal=causal, scale=scale, enable_gqa=True) computes it, q's length
     n_q and k's n equal or not; differentiable in q, k, v (once: differentiating the
@@ -218,14 +218,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
     it hides wholly gives zeros and no gradient, as SDPA; it takes no gradient itself.
     causal: False, True (SDPA's is_causal, top-left: query i sees keys j <= i) or
     "lower_right" (PyTorch's causal_lower_right, a cache's: j <= i + n - n_q), not with
-    attn_mask (SDPA refuses both). lang: the CPU kernels' language, "c" or "fortran" (CUDA
-    tensors run the CUDA kernels)."""
+    attn_mask (SDPA refuses both). dropout_p: SDPA's, in [0, 1), applied whenever it is not
+    0 (pass 0 outside training), with moagen's random numbers (moagen.torch_ops.dropout:
+    reproducible under torch.manual_seed), for as many queries as keys and no attn_mask.
+    lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA
+    kernels)."""
     op = "moagen.torch.attention"
     if not (isinstance(causal, bool) or causal == "lower_right"):
         raise ValueError(f"{op}: causal must be False, True (top-left, SDPA's is_causal) or "
                          f"'lower_right' (a cache's), got {causal!r}")
     _check(op, q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if dropout_p != 0:
+        # imported here: moagen.torch_ops.dropout builds on this module's checks
+        from moagen.torch_ops.dropout import attention_with_dropout
+        return attention_with_dropout(op, q, k, v, attn_mask, causal, scale, dropout_p, lang)
     if attn_mask is not None:
         if causal:
             raise ValueError(f"{op}: attn_mask and causal together; as SDPA, give the causal "

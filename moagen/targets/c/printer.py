@@ -155,6 +155,9 @@ class CPrinter(Printer):
     def select(self, cond, then, other):
         return f"({cond} ? {then} : {other})"
 
+    def keep(self, counter, seed, p):
+        return f"moagen_keep({counter}, {seed}, {p})"
+
 
 def emit_c(onfs_by_dtype, banner, printer=CPrinter):
     printers = [printer(onf, dtype) for dtype, onf in onfs_by_dtype]
@@ -165,6 +168,7 @@ def emit_c(onfs_by_dtype, banner, printer=CPrinter):
     return render("c/kernel.c.j2", banner=banner, dnf=printers[0].comment(dnf),
                   functions=functions, vector_exp=vector_exp,
                   helper_directive=printer.helper_directive,
+                  keep=any(p.uses_keep for p in printers), qualifier="static inline ",
                   max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
                                for real, fn in helpers])
 

@@ -194,13 +194,15 @@ class CudaPrinter(CPrinter):
 
 
 def emit_cuda(onfs_by_dtype, banner):
-    launchers = []
+    launchers, keep = [], False
     for dtype, onf in onfs_by_dtype:
         p = CudaPrinter(onf, dtype)
         launchers.append({"name": p.sig.name, "params": p.params(), "kernels": p.kernels(),
                           "block_reductions": p.block_reductions})
+        keep = keep or p.uses_keep
     dnf = CudaPrinter(onfs_by_dtype[0][1], onfs_by_dtype[0][0]).comment(
         dnf_comment([onf for _, onf in onfs_by_dtype]))
     return render("cuda/kernel.cu.j2", banner=banner, dnf=dnf, launchers=launchers,
                   block_reductions=any(l["block_reductions"] for l in launchers),
+                  keep=keep, qualifier="__device__ static inline ", helper_directive="",
                   tiled=any(k["tiled"] for l in launchers for k in l["kernels"]))

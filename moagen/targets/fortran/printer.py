@@ -67,6 +67,7 @@ class FortranPrinter(Printer):
             "loop_vars": ", ".join(loop_vars),
             "locals": ", ".join(locals_),
             "neg_inf": self.uses_neg_inf,
+            "keep": self.uses_keep,
             "body": body,
         }
 
@@ -150,6 +151,9 @@ class FortranPrinter(Printer):
         # merge() evaluates both branches: psi-reduction keeps every branch's index in range
         return f"merge({then}, {other}, {cond})"
 
+    def keep(self, counter, seed, p):
+        return f"moagen_keep({counter}, {seed}, real({p}, c_double))"
+
 
 def _check_case_insensitive(onf, printer):
     """Fortran ignores case: `K` (an array) and `k` (a loop) would be one name."""
@@ -192,8 +196,9 @@ def wrap_statement(line):
 
 def emit_fortran(onfs_by_dtype, banner, module, printer=FortranPrinter):
     subs = [printer(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
-    kinds = sorted({s["kind"] for s in subs})
+    keep = any(s["keep"] for s in subs)  # the module then holds moagen_keep (its p a double)
+    kinds = sorted({s["kind"] for s in subs} | ({"c_double"} if keep else set()))
     dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
     text = render("fortran/module.f90.j2", banner=banner, dnf=dnf, module=module, subroutines=subs,
-                  kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs))
+                  kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs), keep=keep)
     return "".join(w + "\n" for line in text.splitlines() for w in wrap_statement(line))

@@ -1,0 +1,119 @@
+"""Attention with dropout on its probabilities (#54 item 3), forward and backward, in
+grouped-query attention's layout (moagen.kernels.attention_gqa: queries (batch, kv_heads,
+group, n, d), keys and values (batch, kv_heads, n, d)), the backward derived by
+moagen.moa.grad.
+
+As SDPA's dropout_p: O = (P * Z / (1 - p)) V, P the softmax's probabilities and Z the keep
+mask, the lse the softmax's own. Z is drawn by a counter-based generator (moagen.philox:
+Philox4x32-10 of each element's offset in the (batch, heads, n, n) probabilities under the
+key `seed`, a size given at call time), so the backward computes the forward's Z again from
+the seed instead of reading a stored mask: to grad, Z is a constant, and the derived
+backward is dV = (P Z / (1 - p))^T dO, dP = (dO V^T) Z / (1 - p), dS = P (dP - delta).
+p is the scalar dropout_p, compared in double precision (moagen_keep's p is a double)."""
+from moagen import reference
+from moagen.kernels import attention, attention_cross
+from moagen.kernels.attention import causal_mask, softmax_scale
+from moagen.kernels.attention_bwd import Rows
+from moagen.kernels.cases import Bench, Check, references
+from moagen.moa.expr import Scalar, array, dropout, lift, psi
+from moagen.moa.grad import grad
+from moagen.moa.spec import KernelSpec, Output
+
+Q = array("Q", "batch", "kv_heads", "group", "n", "d")
+K = array("K", "batch", "kv_heads", "n", "d")
+V = array("V", "batch", "kv_heads", "n", "d")
+O = array("O", "batch", "kv_heads", "group", "n", "d")
+DO = array("dO", "batch", "kv_heads", "group", "n", "d")
+LSE = array("lse", "batch", "kv_heads", "group", "n")
+LOOPS = Rows(heads=("b", "g"), group="r")
+QUERY_HEADS, EXTENTS = LOOPS.query[:-1], ("batch", "kv_heads", "group")
+P = Scalar("dropout_p")
+# Z / (1 - p) for every query head's probabilities: query head g * group + r's, as SDPA's
+# heads are numbered, so that its offsets are those of (batch, heads, n, n)
+FACTORS = dropout(EXTENTS + ("n", "n"), "seed", P)
+
+
+def dropped(probs):
+    """The kept probabilities scaled by 1 / (1 - p), the dropped ones 0."""
+    return probs * psi(QUERY_HEADS, FACTORS)
+
+
+def name(causal: bool, backward=False) -> str:
+    return f"attention_dropout_{'bwd' if backward else 'fwd'}{'_causal' if causal else ''}"
+
+
+def spec(causal: bool) -> KernelSpec:
+    o, lse = attention.one_head(psi(QUERY_HEADS, Q), psi(LOOPS.heads, K), psi(LOOPS.heads, V),
+                                causal, causal_mask, dropout=dropped)
+    return KernelSpec(
+        name=name(causal), inputs=(Q, K, V), scalars=("scale", "dropout_p"), given=("seed",),
+        outputs=(Output("O", lift(QUERY_HEADS, EXTENTS, o), LOOPS.query + ("c",)),
+                 Output("lse", lift(QUERY_HEADS, EXTENTS, lse), LOOPS.query)))
+
+
+def backward_spec(causal: bool) -> KernelSpec:
+    """The vector-Jacobian product of the forward: dO given for O, lse kept, the keep mask
+    drawn again from the seed."""
+    return grad(spec(causal), name=name(causal, backward=True),
+                wrt={"Q": LOOPS.query + ("c",), "K": LOOPS.key + ("c",),
+                     "V": LOOPS.key + ("c",)},
+                cotangents=("O",), order=tuple(a.name for a in (Q, K, V, O, DO, LSE)),
+                labels={"probs": "P", "dscores": "dS"})
+
+
+# dnf: row by row, nothing of size n x n, as attention_cross's (the same loops). The
+# forward's flash: attention_gqa's (an online pass over key blocks, both products register
+# tiles), the factors drawn inside the tiles. (The backward's flash runs on a CPU, but its
+# GPU mapping names block scratch that this backward names otherwise.)
+KERNELS = [kernel for causal in (False, True) for kernel in (
+    (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD),
+                    "flash": attention.flash_variant(causal, loops=LOOPS.query)}),
+    (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD)}))]
+ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
+
+
+def dropout_scalars(sizes):
+    """The softmax's scale and p = 5/16, which float32 holds exactly: both dtypes' kernels
+    then compare their words with the references' threshold."""
+    return dict(softmax_scale(sizes), dropout_p=0.3125)
+
+
+# What verification runs these kernels on: one head at n = 1, 7 and 257 (d 3: the CUDA
+# emulation stays quick), groups of 3 over 2 KV heads and a batch of 2, and two heads of 37
+# at 130 rows (the flash variants' full tiles of keys and columns, and their remainders);
+# seeds with both 32-bit words set
+CHECK_SIZES = (dict(batch=1, kv_heads=1, group=1, n=1, d=3, seed=7),
+               dict(batch=1, kv_heads=1, group=1, n=7, d=3, seed=2 ** 40 + 12345),
+               dict(batch=1, kv_heads=1, group=1, n=257, d=3, seed=2 ** 62 + 3),
+               dict(batch=2, kv_heads=2, group=3, n=7, d=5, seed=2 ** 33 + 1),
+               dict(batch=1, kv_heads=1, group=2, n=130, d=37, seed=2 ** 31 + 11))
+BENCH_ON = Bench(lambda n: dict(batch=1, kv_heads=2, group=4, n=n, d=64, seed=1),
+                 quick=(128,), full=(512, 1024))
+
+
+def forward_of(causal):
+    """The backward's O and lse from its Q, K and V by the numpy forward, with the same
+    p and seed."""
+    def consistent(arrays, scalars):
+        O, lse = reference.attention_dropout_fwd_numpy(arrays["Q"], arrays["K"], arrays["V"],
+                                                       causal=causal, **scalars)
+        return dict(arrays, O=O, lse=lse)
+    return consistent
+
+
+CHECKS, BENCH = {}, {}
+for causal in (False, True):
+    CHECKS[name(causal)] = Check(references(reference.attention_dropout_fwd_numpy,
+                                            reference.attention_dropout_fwd_torch,
+                                            causal=causal), CHECK_SIZES, dropout_scalars)
+    CHECKS[name(causal, backward=True)] = Check(
+        references(reference.attention_dropout_bwd_numpy, reference.attention_dropout_bwd_torch,
+                   causal=causal), CHECK_SIZES, dropout_scalars, inputs=forward_of(causal))
+    BENCH[name(causal)] = BENCH_ON.measured_against(
+        "sdpa_gqa_dropout", "O by F.scaled_dot_product_attention(enable_gqa=True, dropout_p="
+                            "p), SDPA's own random numbers; no lse (SDPA returns none)",
+        outputs=(0,), causal=causal)
+    BENCH[name(causal, backward=True)] = BENCH_ON.measured_against(
+        "sdpa_gqa_dropout_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
+                                "enable_gqa=True, dropout_p=p), the forward recomputed (O, lse "
+                                "unused)", causal=causal)

@@ -1,0 +1,202 @@
+"""Dropout's random numbers (moagen.philox, #54 item 3): the numpy Philox4x32-10 against
+Random123's known answers, its keep mask's statistics (keep rate, rows and heads
+independent), the generated files' moagen_keep in C and Fortran against it at counters and
+seeds past 32 bits, the Dropout node through shape, DNF, interpretation and grad. The
+generated kernels themselves are verified against moagen.reference's numpy dropout in every
+language by tests/test_verify.py (C, Fortran) and tests/test_cuda_emulation.py (CUDA)."""
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+
+from moagen.errors import ShapeError, SpecError
+from moagen.kernels import attention_dropout
+from moagen.moa import scalar as S
+from moagen.moa.dnf import psi_reduce
+from moagen.moa.expr import Scalar, array, dropout, psi
+from moagen.moa.rewrites import quadratic_temporaries
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.interpret import evaluate_dnf
+from moagen.philox import keep_mask, keep_words, philox4x32
+from moagen import reference
+from moagen.targets.toolchain import Toolchain
+from moagen.templates import render
+
+# Random123's kat_vectors for philox4x32_10: counter, key, the four output words
+KNOWN_ANSWERS = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter, key, words", KNOWN_ANSWERS)
+def test_philox_gives_random123s_known_answers(counter, key, words):
+    assert tuple(int(w) for w in philox4x32(counter, key)) == words
+
+
+def test_a_counters_words_are_the_first_output_of_its_low_and_high_word():
+    counter, seed = 2 ** 40 + 17, 2 ** 35 + 9
+    word = philox4x32((counter & 0xFFFFFFFF, counter >> 32, 0, 0),
+                      (seed & 0xFFFFFFFF, seed >> 32))[0]
+    assert int(keep_words([counter], seed)[0]) == int(word)
+
+
+P = 0.3
+MASK = keep_mask((2, 3, 64, 64), seed=12345, p=P)  # (batch, heads, n_q, n_k)
+
+
+def test_keep_rate_is_one_minus_p_within_five_standard_deviations():
+    deviation = np.sqrt(P * (1 - P) / MASK.size)
+    assert abs(MASK.mean() - (1 - P)) < 5 * deviation
+
+
+def _agreement_is_chance(a, b):
+    """a and b (boolean arrays) agree as often as independent draws would: p^2 + (1-p)^2
+    of the time, within five standard deviations."""
+    chance = P * P + (1 - P) * (1 - P)
+    deviation = np.sqrt(chance * (1 - chance) / a.size)
+    return abs(np.mean(a == b) - chance) < 5 * deviation
+
+
+def test_rows_and_heads_draw_independent_masks():
+    rows = MASK.reshape(-1, 64)
+    assert len({row.tobytes() for row in rows}) == len(rows)  # no two rows alike
+    assert _agreement_is_chance(MASK[..., 1:, :], MASK[..., :-1, :])  # neighbouring rows
+    assert _agreement_is_chance(MASK[:, 1:], MASK[:, :-1])  # neighbouring heads
+    assert _agreement_is_chance(MASK[1], MASK[0])  # batch entries
+    assert _agreement_is_chance(MASK[..., 1:], MASK[..., :-1])  # neighbouring keys
+
+
+def test_the_seed_decides_the_mask():
+    assert np.array_equal(keep_mask((3, 50), 7, P), keep_mask((3, 50), 7, P))
+    other = keep_mask((3, 50), 8, P)
+    assert _agreement_is_chance(keep_mask((3, 50), 7, P), other)
+    assert keep_mask((4, 9), 7, 0.0).all()
+
+
+def test_a_seed_outside_63_bits_is_refused():
+    for seed in (-1, 2 ** 63):
+        with pytest.raises(ValueError, match="seed"):
+            keep_words([0], seed)
+
+
+# ---- moagen_keep, the generated files' helper ------------------------------------------
+
+# keep_many(counters, p, count, seed, kept): moagen_keep of each counter at its own p
+C_DRIVER = """
+#include <stdint.h>
+{helper}
+void keep_many(const int64_t *counters, const double *p, int64_t count, int64_t seed,
+               int32_t *kept)
+{{
+    for (int64_t k = 0; k < count; ++k) kept[k] = moagen_keep(counters[k], seed, p[k]);
+}}
+"""
+FORTRAN_DRIVER = """
+module keep_driver
+  use, intrinsic :: iso_c_binding, only: c_double, c_int32_t, c_int64_t
+  implicit none
+contains
+{helper}
+  subroutine keep_many(counters, p, count, seed, kept) bind(C, name="keep_many")
+    integer(c_int64_t), value, intent(in) :: count, seed
+    integer(c_int64_t), intent(in) :: counters(count)
+    real(c_double), intent(in) :: p(count)
+    integer(c_int32_t), intent(out) :: kept(count)
+    integer(c_int64_t) :: k
+
+    do k = 1, count
+      kept(k) = merge(1_c_int32_t, 0_c_int32_t, moagen_keep(counters(k), seed, p(k)))
+    end do
+  end subroutine keep_many
+end module keep_driver
+"""
+
+
+def _built(lang, tmp_path):
+    tools = Toolchain()
+    if lang == "c":
+        source = C_DRIVER.format(helper=render("c/keep.c.j2", qualifier="static inline ",
+                                               helper_directive=""))
+        command = [tools.cc, *tools.cflags, *tools.cldflags]
+    else:
+        source = FORTRAN_DRIVER.format(helper=render("fortran/keep.f90.j2"))
+        command = [tools.fc, *tools.fflags, "-shared", "-J", str(tmp_path)]
+    path = tmp_path / f"keep.{'c' if lang == 'c' else 'f90'}"
+    path.write_text(source)
+    library = tmp_path / f"keep_{lang}.so"
+    subprocess.run([*command, str(path), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library)).keep_many
+
+
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+def test_moagen_keep_compares_philoxs_word_at_any_counter_and_seed(lang, tmp_path):
+    """For counters and seeds with both 32-bit words set (up to 2**63 - 1), the helper
+    keeps at p = word / 2**32 and drops at p just above: its word is numpy's, bit for bit
+    (Fortran's 32-bit words held in 64-bit integers included)."""
+    keep_many = _built(lang, tmp_path)
+    rng = np.random.default_rng(2)
+    counters = np.concatenate([np.arange(4), [2 ** 32 - 1, 2 ** 32, 2 ** 63 - 1],
+                               rng.integers(0, 2 ** 63 - 1, 500)]).astype(np.int64)
+    for seed in (0, 2 ** 32 + 5, 2 ** 63 - 1, int(rng.integers(2 ** 62, 2 ** 63 - 1))):
+        words = keep_words(counters.astype(np.uint64), seed).astype(np.float64)
+        for p, kept in ((words * 2.0 ** -32, 1), ((words + 1) * 2.0 ** -32, 0)):
+            got = np.empty(len(counters), dtype=np.int32)
+            keep_many(counters.ctypes.data_as(ctypes.c_void_p),
+                      np.ascontiguousarray(p).ctypes.data_as(ctypes.c_void_p),
+                      ctypes.c_int64(len(counters)), ctypes.c_int64(seed),
+                      got.ctypes.data_as(ctypes.c_void_p))
+            assert (got == kept).all(), (seed, np.flatnonzero(got != kept)[:5])
+
+
+# ---- the Dropout node ---------------------------------------------------------------
+
+A = array("A", "m", "n")
+
+
+def _dropped(p=Scalar("p")):
+    return KernelSpec("dropped", (A,), ("p",), (Output("Z", A * dropout(("m", "n"), "seed", p),
+                                                       ("i", "j")),), given=("seed",))
+
+
+def test_the_dnf_of_a_dropout_is_the_numpy_mask_times_one_over_one_minus_p():
+    data = np.random.default_rng(0).standard_normal((5, 7))
+    got = evaluate_dnf(psi_reduce(_dropped()), {"A": data}, {"p": P, "seed": 99})["Z"]
+    np.testing.assert_allclose(got, data * keep_mask((5, 7), 99, P) / (1 - P), rtol=1e-15)
+
+
+def test_dropout_needs_a_scalar_p_and_a_seed_the_kernel_takes():
+    with pytest.raises(ShapeError, match="Dropout needs a scalar"):
+        KernelSpec("bad", (A,), (), (Output("Z", A * dropout(("m", "n"), "seed", psi((0,), A)),
+                                            ("i", "j")),), given=("seed",)).validate()
+    spec = _dropped()
+    with pytest.raises(SpecError, match="seed"):
+        KernelSpec(spec.name, spec.inputs, spec.scalars, spec.outputs).validate()
+
+
+def test_the_derived_backward_regenerates_the_mask_and_reads_delta_from_o():
+    """No n x n temporary (no stored mask); delta is rowsum(dO * O), O the dropped
+    forward's output, one row of d (the rewrite `delta from output`, through the factor)."""
+    backward = attention_dropout.backward_spec(causal=False)
+    assert [a.name for a in backward.inputs] == ["Q", "K", "V", "O", "dO", "lse"]
+    assert backward.given == ("seed",) and backward.scalars == ("scale", "dropout_p")
+    dnf = psi_reduce(backward, {"delta"})
+    assert not quadratic_temporaries(dnf)
+    delta = next(d for d in dnf.definitions if d.target == "delta")
+    assert {e.array for e in S.subexpressions(delta.body) if isinstance(e, S.Access)} == \
+        {"dO", "O"}
+
+
+def test_the_numpy_references_drop_what_the_mask_says():
+    """At p near 1 nearly everything is dropped: O is then nearly all zeros, and where the
+    mask keeps nothing of a row, that row of O is exactly 0."""
+    rng = np.random.default_rng(1)
+    Q, K, V = (rng.standard_normal(s) for s in ((1, 1, 2, 5, 3), (1, 1, 5, 3), (1, 1, 5, 3)))
+    O, lse = reference.attention_dropout_fwd_numpy(Q, K, V, 0.5, 0.9, 3)
+    empty = ~keep_mask((1, 2, 5, 5), 3, 0.9).reshape(1, 1, 2, 5, 5).any(axis=-1)
+    assert empty.any() and not empty.all()
+    assert not O[empty].any() and O[~empty].all()
+    np.testing.assert_allclose(lse, reference.attention_gqa_fwd_numpy(Q, K, V, 0.5)[1])
