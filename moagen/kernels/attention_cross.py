@@ -21,7 +21,7 @@ full mask for padded batches."""
 import numpy as np
 
 from moagen import reference
-from moagen.kernels import attention
+from moagen.kernels import attention, attention_bwd
 from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.attention_bwd import Rows, forward_of
 from moagen.kernels.cases import Bench, Check, references
@@ -101,9 +101,17 @@ BACKWARD = Layers(
     mapping=cpu(Parallel(LOOPS.query, nest="delta"), Parallel(LOOPS.query, nest="dQ"),
                 Parallel(LOOPS.key, nest="dK"), Parallel(LOOPS.key, nest="dV")))
 
+# flash: attention_gqa's FlashAttention form over these loops, plain and causal (its key
+# blocks bounded by the tile's last row plus offset, CausalBlocks); the mask M has the dnf
+# form only
+FLASH = {"": False, "causal": True}
 KERNELS = [kernel for mask in MASKS for kernel in (
-    (spec(mask), {"dnf": (frozenset(), FORWARD)}),
-    (backward_spec(mask), {"dnf": (frozenset({"delta"}), BACKWARD)}))]
+    (spec(mask), {"dnf": (frozenset(), FORWARD),
+                  **({"flash": attention.flash_variant(FLASH[mask], loops=LOOPS.query)}
+                     if mask in FLASH else {})}),
+    (backward_spec(mask), {"dnf": (frozenset({"delta"}), BACKWARD),
+                           **({"flash": attention_bwd.flash_variant(FLASH[mask], loops=LOOPS)}
+                              if mask in FLASH else {})}))]
 ALIASES = {f"{name(mask)}_vjp": name(mask, backward=True) for mask in MASKS}
 
 
@@ -114,13 +122,14 @@ def _sizes(n_q, n, **rest):
 # What verification runs these kernels on: n_q and n each 1, 7 and 257 in every pairing
 # (one head of 3: the CUDA emulation stays quick), groups of 3 over 2 KV heads and a batch
 # of 2 at one pairing; causal at offset 0 (top-left) and, where n > n_q, n - n_q
-# (bottom-right), and once past it
+# (bottom-right), and past it: within the keys' last block, and past it (the flash variant's
+# unmasked blocks stop at the keys' end)
 PAIRS = [(n_q, n) for n_q in (1, 7, 257) for n in (1, 7, 257)]
 PLAIN_SIZES = (*(_sizes(n_q, n) for n_q, n in PAIRS),
                dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5))
 CAUSAL_SIZES = (*(_sizes(n_q, n, offset=offset) for n_q, n in PAIRS
                   for offset in sorted({0, max(n - n_q, 0)})),
-                _sizes(7, 11, offset=9),
+                _sizes(7, 11, offset=9), _sizes(7, 11, offset=130),
                 dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5, offset=4))
 
 

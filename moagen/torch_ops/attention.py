@@ -13,7 +13,7 @@ causal_lower_right: j <= i + n - n_q).
               the same bits on any thread count).
 
 Queries and keys of different lengths (or the bottom-right mask) take attention_cross's
-`dnf` kernels, forward and backward, the mask's offset given at call time; with more
+`flash` kernels, forward and backward, the mask's offset given at call time; with more
 queries than keys, bottom-right, the first n_q - n rows see no key, and get SDPA's zeros
 (no gradient), the others being top-left attention over n rows. One query against several
 keys where no gradient is taken, not causal or bottom-right, is decoding: the
@@ -66,10 +66,10 @@ def fitted(name: str, lang: str, dtype: str, n: int, d: int, causal: bool) -> tu
     return tuple(sorted({**here, **changed}.items())) if changed else ()
 
 
-def _params(name: str, q: Tensor, causal: bool, lang: str) -> tuple:
+def _params(name: str, q: Tensor, k: Tensor, causal: bool, lang: str) -> tuple:
     if not q.is_cpu:  # fitted to a CPU's registers and caches; a GPU's stand
         return ()
-    return fitted(name, lang, DTYPES[q.dtype], q.shape[2], q.shape[3], causal)
+    return fitted(name, lang, DTYPES[q.dtype], k.shape[2], q.shape[3], causal)
 
 
 def _check(op, q, k, v, lang, mask=None):
@@ -102,16 +102,16 @@ def grouped(t: Tensor, kv_heads: int):
 def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset: int,
             lang: str):
     """(kernel, variant, its schedule parameters, its given sizes) for the forward (kind
-    "fwd") or the backward ("bwd"): attention_gqa's flash where queries and keys are as many
-    and the mask top-left, attention_cross's dnf otherwise (offset: causal's, query i sees
-    keys j <= i + offset; masked: under a float mask, the only kernels that take one)."""
+    "fwd") or the backward ("bwd"): the flash kernels, attention_gqa's where queries and keys
+    are as many and the mask top-left, attention_cross's otherwise (offset: causal's, query
+    i sees keys j <= i + offset); masked: under a float mask, attention_cross's `_masked`
+    dnf kernels, the only ones that take one."""
     if masked:
         return f"attention_cross_{kind}_masked", "dnf", (), {}
-    if q.shape[2] == k.shape[2] and not offset:
-        name = causal_name(f"attention_gqa_{kind}", causal)
-        return name, "flash", _params(name, q, causal, lang), {}
-    name = causal_name(f"attention_cross_{kind}", causal)
-    return name, "dnf", (), {"offset": offset} if causal else {}
+    square = q.shape[2] == k.shape[2] and not offset
+    name = causal_name(f"attention_{'gqa' if square else 'cross'}_{kind}", causal)
+    given = {"offset": offset} if causal and not square else {}
+    return name, "flash", _params(name, q, k, causal, lang), given
 
 
 def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
