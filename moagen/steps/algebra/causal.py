@@ -14,7 +14,9 @@ before any block is left out. The blocks before (min_r + 1) // B, whose keys eve
 the tile sees, need no mask either: the loop is split there, and only the blocks on the
 diagonal select.
 
-The row may be shifted (attention_cross's `i + offset >= j`, a query's position past the
+The row may be free of the query rows (attention_cross's padded `last >= j`: every row sees
+keys 0 to last, a given size): the blocks past last's are not visited, those before it run
+unmasked. The row may be shifted (attention_cross's `i + offset >= j`, a query's position past the
 first offset keys): r is then the query row's position, and the blocks are bounded by the
 tile's last position. The argument above needs every row to see key 0, r >= 0: checked as r
 being a sum of loop variables (from 0) and sizes (never negative: the kernels' ABI refuses
@@ -255,10 +257,10 @@ def block_size(blocks: Loop, inner, who):
 def tile_rows_range(rows, blocks: Loop, within, over: str, who):
     """(the least, the most of the masked rows `rows`) over the loop over `over` (a thread
     block's rows) around the loop `blocks` in `within`, each row increasing with its
-    variable: the bounds a whole tile's blocks share. ScheduleError (naming `who`) if no
-    such loop holds them."""
+    variable or free of it (attention_cross's padded last key): the bounds a whole tile's
+    blocks share. ScheduleError (naming `who`) if no such loop holds them."""
     loop = next((lp for lp in ancestors(within, blocks) if lp.var.name == over), None)
-    if loop is None or any(sympy.diff(r, loop.var).is_positive is not True for r in rows):
+    if loop is None or any(sympy.diff(r, loop.var).is_nonnegative is not True for r in rows):
         raise ScheduleError(f"{who}: the masked rows are not those of a loop over {over} "
                             f"around the loop over {blocks.var}")
     # the last row of a full block: a block past the size's last row is past the loop
