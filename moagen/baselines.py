@@ -87,6 +87,24 @@ def sdpa_gqa_dropout_bwd(Q, K, V, O, dO, lse, scale, dropout_p, seed, causal=Fal
     return dq, dk, dv
 
 
+def _key_padding(K, last):
+    """SDPA's boolean key-padding mask (batch, 1, 1, n): keys 0 to last seen."""
+    return (torch.arange(K.shape[2], device=K.device) <= last).view(1, 1, 1, -1)
+
+
+def sdpa_gqa_padded(Q, K, V, scale, last):
+    """O only, as sdpa_gqa, under the boolean key-padding mask of keys 0 to last."""
+    return sdpa(Q.flatten(1, 2), K, V, scale, enable_gqa=True,
+                mask=_key_padding(K, last)).view(Q.shape)
+
+
+def sdpa_gqa_padded_bwd(Q, K, V, O, dO, lse, scale, last):
+    """dQ, dK, dV as sdpa_gqa_bwd, under the boolean key-padding mask of keys 0 to last."""
+    _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, False,
+                                     True, mask=_key_padding(K, last))
+    return dq.view(Q.shape), dk, dv
+
+
 def sdpa_decode(q, K, V, scale, n):
     """O only, over the cache's first n rows, the KV heads shared by enable_gqa (no copy of
     the cache per query head)."""

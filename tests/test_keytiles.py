@@ -14,7 +14,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, sym
 from moagen.kernels import get_kernel
 from moagen.onf.interpret import run_onf
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, map_stmt_exprs, walk
 from moagen.steps.algebra.causal import CausalBlocks
 from moagen.steps.algebra.causalrows import CausalRows
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
@@ -95,6 +95,55 @@ def test_causal_blocks_split_at_the_diagonal_and_keep_the_value(n):
                                                      0.5, causal=True)
     np.testing.assert_allclose(got["O"], want_o, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(got["lse"], want_lse, rtol=1e-12)
+
+
+# n_q queries against n keys, causal at offset: top-left, bottom-right, positions past the
+# keys' last block (the unmasked blocks stop at the keys' end)
+@pytest.mark.parametrize("n_q, n, offset", [(13, 70, 0), (13, 70, 57), (5, 7, 130),
+                                            (70, 13, 0)])
+def test_causal_blocks_bound_shifted_rows_by_the_tiles_last_position(n_q, n, offset):
+    """attention_cross's mask i + offset >= j: the blocks a tile of 4 rows sees end at its
+    last position's block, (4 i_tile + 3 + offset) // 64 + 1; those it sees whole at
+    (4 i_tile + 1 + offset) // 64, or the loop's end."""
+    jammed = get_kernel("attention_cross_fwd_causal").onf("flash", params={"rows": 4}, upto=6)
+    onf = CausalBlocks("rows.edge")(CausalBlocks("rows")(jammed))
+    below, diagonal = [s for s in walk(onf.nests[0].body)
+                       if isinstance(s, Loop) and s.var.name == "j_blk"]
+    tile, blocks = 4 * sym("i_tile") + sym("offset"), idiv(sym("n") + 63, 64)
+    assert below.stop == diagonal.start == sympy.Min(blocks, idiv(tile + 1, 64))
+    assert diagonal.stop == sympy.Min(blocks, idiv(tile + 3, 64) + 1)
+    rng = np.random.default_rng(5)
+    arrays = {"Q": rng.standard_normal((1, 1, 1, n_q, 4)),
+              **{name: rng.standard_normal((1, 1, n, 4)) for name in "KV"}}
+    got = run_onf(onf, arrays, {"scale": 0.5, "offset": offset})
+    want_o, want_lse = reference.attention_gqa_fwd_numpy(*arrays.values(), 0.5, causal=True,
+                                                         offset=offset)
+    np.testing.assert_allclose(got["O"], want_o, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(got["lse"], want_lse, rtol=1e-12)
+
+
+def test_causal_blocks_refuse_rows_that_may_see_no_key():
+    """Rows shifted back (i - offset >= j) may see no key, not even key 0: a skipped block
+    would then not be a no-op (the running max would stay -inf)."""
+    jammed = get_kernel("attention_cross_fwd_causal").onf("flash", params={"rows": 4}, upto=6)
+    with pytest.raises(ScheduleError, match="not known to be >= 0: a row might see no key"):
+        CausalBlocks("rows")(_offset_negated(jammed))
+
+
+def _offset_negated(onf):
+    """onf with each masked score's condition reading -offset for offset."""
+    offset = sym("offset")
+
+    def negate(e):
+        if isinstance(e, S.Select):
+            return S.Select(e.cond.xreplace({offset: -offset}), negate(e.then), negate(e.other))
+        return S.map_children(e, negate)
+
+    def rewrite(s):
+        if isinstance(s, Loop):
+            return replace(s, body=tuple(rewrite(b) for b in s.body))
+        return map_stmt_exprs(s, negate)
+    return onf.with_nests([replace(n, body=tuple(rewrite(b) for b in n.body)) for n in onf.nests])
 
 
 OWNER = {"rows": 4, "keys": 2, "lanes": 8, "block": 16}  # small tiles: leftovers at small n

@@ -68,6 +68,22 @@ def test_attention_of_other_lengths_passes_gradcheck_in_fortran_too(causal):
         lambda q, k, v: mt.attention(q, k, v, causal=causal, scale=0.3), (q, k, v))
 
 
+@pytest.mark.parametrize("causal, kernel", [(False, "attention_cross"),
+                                            ("lower_right", "attention_cross_causal")])
+def test_other_lengths_take_the_flash_kernels(monkeypatch, causal, kernel):
+    """n_q != n runs attention_cross's flash kernels, forward and backward (key blocks, both
+    products register tiles), not the row-by-row dnf ones; the values are the tests'
+    above."""
+    calls = []
+    call = attention_module.call
+    monkeypatch.setattr(attention_module, "call", lambda name, variant, *args, **kwargs: (
+        calls.append((name, variant)) or call(name, variant, *args, **kwargs)))
+    q, k, v = _randn(1, 4, 7, 5), _randn(1, 2, 70, 5), _randn(1, 2, 70, 5)
+    torch.autograd.grad(mt.attention(q, k, v, causal=causal).sum(), (q, k, v))
+    forward, backward = (kernel.replace("cross", f"cross_{kind}") for kind in ("fwd", "bwd"))
+    assert calls == [(forward, "flash"), (backward, "flash")]
+
+
 def test_a_prefill_chunk_against_a_cache_is_the_full_sequences_last_rows():
     """Bottom-right is what a cache needs: 3 new queries against the 5 cached keys and
     their own 3 give the last 3 rows of causal attention over all 8."""

@@ -15,18 +15,24 @@ caller runs the rows that see a key (moagen.torch_ops.attention).
 Masked (`_masked`, #54 item 1): an input M of shape (batch, kv_heads, group, n_q, n) added to
 the scaled scores, as SDPA's float attn_mask (a boolean mask is 0 where a key is seen, -inf
 where not). A row M masks wholly gives 0 / 0, as the softmax does; SDPA gives such rows
-zeros, which moagen.torch_ops.attention gives them. M takes no gradient. Next step: a
-key-padding form (valid lengths per batch, the key blocks past them skipped) in place of a
-full mask for padded batches."""
+zeros, which moagen.torch_ops.attention gives them. M takes no gradient.
+
+Padded (`_padded`): keys j <= last seen, last a size given at call time (a right-padded
+batch's last valid key; moagen.torch calls the kernels a batch at a time, each with its
+own). A size is never negative, so every row sees key 0: the flash forward's loops stop at
+last's block (CausalBlocks, its row `last`), the padded blocks never visited. A batch with
+no valid key is the caller's (SDPA's zeros). The flash backward's passes mask the padded
+keys rather than skip their blocks (CausalRows and MaskedBlocks take masks of the query
+rows: not built)."""
 import numpy as np
 
 from moagen import reference
-from moagen.kernels import attention
+from moagen.kernels import attention, attention_bwd
 from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.attention_bwd import Rows, forward_of
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
-from moagen.moa.expr import array, drop, iota, lift, outer, psi, sym, where
+from moagen.moa.expr import array, dim, drop, iota, lift, outer, psi, sym, where
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.loop.accumulate import Accumulate
@@ -50,13 +56,21 @@ def shifted_mask(scores):
     return where(outer(">=", positions, iota("n")), scores, float("-inf"))
 
 
+def padded_mask(scores):
+    """Keys past the last valid one, `last`, get -inf (a right-padded batch's keys)."""
+    lasts = lift(("query",), ("n_q",), dim("last"))  # each query row's last key
+    return where(outer(">=", lasts, iota("n")), scores, float("-inf"))
+
+
 def added_mask(scores):
     """M's bias added to the scores: -inf gives a key zero weight."""
     return scores + psi(QUERY_HEADS, M)
 
 
 # the kinds of mask, by the suffix of their kernels' names
-MASKS = {"": None, "causal": shifted_mask, "masked": added_mask}
+MASKS = {"": None, "causal": shifted_mask, "masked": added_mask, "padded": padded_mask}
+# the sizes a mask's kernels are given at call time
+GIVEN = {"causal": ("offset",), "padded": ("last",)}
 
 
 def name(mask: str, backward=False) -> str:
@@ -74,7 +88,7 @@ def spec(mask: str) -> KernelSpec:
         name=name(mask),
         inputs=_inputs(mask),
         scalars=("scale",),
-        given=("offset",) if mask == "causal" else (),
+        given=GIVEN.get(mask, ()),
         outputs=(Output("O", lift(QUERY_HEADS, EXTENTS, o), LOOPS.query + ("c",)),
                  Output("lse", lift(QUERY_HEADS, EXTENTS, lse), LOOPS.query)))
 
@@ -101,9 +115,26 @@ BACKWARD = Layers(
     mapping=cpu(Parallel(LOOPS.query, nest="delta"), Parallel(LOOPS.query, nest="dQ"),
                 Parallel(LOOPS.key, nest="dK"), Parallel(LOOPS.key, nest="dV")))
 
+# flash: attention_gqa's FlashAttention form over these loops, plain, causal and padded (its
+# key blocks bounded by the tile's last row plus offset, or by the last key, CausalBlocks);
+# the padded backward's passes do not skip its padded keys' blocks (CausalRows takes a mask
+# of the rows only), they mask them; the mask M has the dnf form only. (the forward's
+# causal flag, the backward's)
+FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False)}
+
+
+def _variants(mask, backward):
+    dnf = (frozenset({"delta"}), BACKWARD) if backward else (frozenset(), FORWARD)
+    if mask not in FLASH:
+        return {"dnf": dnf}
+    flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS) if backward else \
+        attention.flash_variant(FLASH[mask][0], loops=LOOPS.query)
+    return {"dnf": dnf, "flash": flash}
+
+
 KERNELS = [kernel for mask in MASKS for kernel in (
-    (spec(mask), {"dnf": (frozenset(), FORWARD)}),
-    (backward_spec(mask), {"dnf": (frozenset({"delta"}), BACKWARD)}))]
+    (spec(mask), _variants(mask, backward=False)),
+    (backward_spec(mask), _variants(mask, backward=True)))]
 ALIASES = {f"{name(mask)}_vjp": name(mask, backward=True) for mask in MASKS}
 
 
@@ -114,13 +145,14 @@ def _sizes(n_q, n, **rest):
 # What verification runs these kernels on: n_q and n each 1, 7 and 257 in every pairing
 # (one head of 3: the CUDA emulation stays quick), groups of 3 over 2 KV heads and a batch
 # of 2 at one pairing; causal at offset 0 (top-left) and, where n > n_q, n - n_q
-# (bottom-right), and once past it
+# (bottom-right), and past it: within the keys' last block, and past it (the flash variant's
+# unmasked blocks stop at the keys' end)
 PAIRS = [(n_q, n) for n_q in (1, 7, 257) for n in (1, 7, 257)]
 PLAIN_SIZES = (*(_sizes(n_q, n) for n_q, n in PAIRS),
                dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5))
 CAUSAL_SIZES = (*(_sizes(n_q, n, offset=offset) for n_q, n in PAIRS
                   for offset in sorted({0, max(n - n_q, 0)})),
-                _sizes(7, 11, offset=9),
+                _sizes(7, 11, offset=9), _sizes(7, 11, offset=130),
                 dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5, offset=4))
 
 
@@ -154,6 +186,32 @@ def masked_inputs(backward: bool):
     return consistent
 
 
+def padding_mask(Q, K, last):
+    """A grouped float mask: 0 for the keys j <= last, -inf past it."""
+    seen = np.arange(K.shape[2]) <= last
+    return np.broadcast_to(np.where(seen, 0.0, -np.inf), (*Q.shape[:-1], K.shape[2])).copy()
+
+
+def _with_padding(reference_function):
+    """A grouped reference under the key-padding mask of the kernel's given `last`."""
+    return lambda Q, K, V, *rest, last, **scalars: reference_function(
+        Q, K, V, *rest, mask=padding_mask(Q, K, last), **scalars)
+
+
+def _padded_forward(arrays, scalars):
+    """The backward's O and lse from the numpy forward under the padding mask."""
+    O, lse = _with_padding(reference.attention_gqa_fwd_numpy)(
+        arrays["Q"], arrays["K"], arrays["V"], **scalars)
+    return dict(arrays, O=O, lse=lse)
+
+
+# keys 0 to last seen: one key, a block's first or last key, past the keys' end; the row's
+# keys within one block, across blocks, all
+PADDED_SIZES = (_sizes(1, 1, last=0), _sizes(7, 7, last=0), _sizes(7, 257, last=0),
+                _sizes(7, 257, last=63), _sizes(7, 257, last=64), _sizes(257, 257, last=200),
+                _sizes(257, 7, last=3), _sizes(1, 257, last=256), _sizes(7, 11, last=30),
+                dict(batch=2, kv_heads=2, group=3, n_q=7, n=11, d=5, last=6))
+
 CHECKS, BENCH = {}, {}
 for mask, sizes in (("", PLAIN_SIZES), ("causal", CAUSAL_SIZES)):
     causal = mask == "causal"
@@ -186,3 +244,21 @@ BENCH[name("masked", backward=True)] = _bench(False).measured_against(
     "sdpa_gqa_masked_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
                            "enable_gqa=True, attn_mask=M), the forward recomputed (O, lse "
                            "unused)")
+CHECKS[name("padded")] = Check(
+    {key: _with_padding(f) for key, f in references(reference.attention_gqa_fwd_numpy,
+                                                    reference.attention_gqa_fwd_torch).items()},
+    PADDED_SIZES, softmax_scale)
+CHECKS[name("padded", backward=True)] = Check(
+    {key: _with_padding(f) for key, f in references(reference.attention_gqa_bwd_numpy,
+                                                    reference.attention_gqa_bwd_torch).items()},
+    PADDED_SIZES, softmax_scale, inputs=_padded_forward)
+# the padded bench: as the others, the last half of the keys padded out
+PADDED_BENCH = Bench(lambda n: dict(batch=1, kv_heads=2, group=4, n_q=n // 4, n=n, d=64,
+                                    last=max(n // 2 - 1, 0)), quick=(512,), full=(1024, 4096))
+BENCH[name("padded")] = PADDED_BENCH.measured_against(
+    "sdpa_gqa_padded", "O by F.scaled_dot_product_attention(enable_gqa=True) with a boolean "
+                       "key-padding attn_mask; no lse (SDPA returns none)", outputs=(0,))
+BENCH[name("padded", backward=True)] = PADDED_BENCH.measured_against(
+    "sdpa_gqa_padded_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
+                           "enable_gqa=True) with a boolean key-padding attn_mask, the forward "
+                           "recomputed (O, lse unused)")

@@ -13,7 +13,7 @@ causal_lower_right: j <= i + n - n_q).
               the same bits on any thread count).
 
 Queries and keys of different lengths (or the bottom-right mask) take attention_cross's
-`dnf` kernels, forward and backward, the mask's offset given at call time; with more
+`flash` kernels, forward and backward, the mask's offset given at call time; with more
 queries than keys, bottom-right, the first n_q - n rows see no key, and get SDPA's zeros
 (no gradient), the others being top-left attention over n rows. One query against several
 keys where no gradient is taken, not causal or bottom-right, is decoding: the
@@ -24,9 +24,12 @@ broadcastable to (batch, heads, n_q, n)) takes attention_cross's `_masked` dnf k
 forward and backward, the mask made a float one of q's dtype and expanded to its full shape
 here. A row the mask hides wholly gets SDPA's zeros and no gradient, as the bottom-right
 rows that see no key do. The full shape costs a copy per head and query row of a mask shared
-by them (a key-padding row: batch x n values become batch x heads x n_q x n); the next steps
-are a key-padding form from per-batch valid lengths whose kernels skip the padded key
-blocks, and a mask indexed without its broadcast axes.
+by them; the next step is a mask indexed without its broadcast axes.
+
+Padded keys (key_lengths, or a boolean attn_mask of shape (batch, 1, 1, n) that is True up
+to each batch's length, moagen.torch_ops.padding) take attention_cross's `_padded` flash
+kernels, a call a batch, each given its last valid key: the forward's loops stop at that
+key's block. A batch with no valid key gets SDPA's zeros and no gradient.
 
 The grouped kernels (moagen.kernels.attention_gqa) read each KV head for its whole group:
 k and v are never repeated per query head, nor their gradients summed back in PyTorch. They
@@ -39,7 +42,7 @@ has already computed O and the logsumexp, which the fused owner would compute ag
 pass of its own (docs/PERFORMANCE.md, "The owner and the flash backward")."""
 import math
 from functools import lru_cache
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +54,7 @@ from moagen.torch_ops.decode import attention_decode_op
 from moagen.torch_ops.native import (DTYPES, call, causal_name, check_dims, check_lang,
                                      check_size, check_tensors)
 from moagen.torch_ops.operator import Operator
+from moagen.torch_ops.padding import key_lengths_of, padding_of
 
 SHAPE = "(batch, heads, n, d)"
 
@@ -66,10 +70,10 @@ def fitted(name: str, lang: str, dtype: str, n: int, d: int, causal: bool) -> tu
     return tuple(sorted({**here, **changed}.items())) if changed else ()
 
 
-def _params(name: str, q: Tensor, causal: bool, lang: str) -> tuple:
+def _params(name: str, q: Tensor, k: Tensor, causal: bool, lang: str) -> tuple:
     if not q.is_cpu:  # fitted to a CPU's registers and caches; a GPU's stand
         return ()
-    return fitted(name, lang, DTYPES[q.dtype], q.shape[2], q.shape[3], causal)
+    return fitted(name, lang, DTYPES[q.dtype], k.shape[2], q.shape[3], causal)
 
 
 def _check(op, q, k, v, lang, mask=None):
@@ -100,18 +104,22 @@ def grouped(t: Tensor, kv_heads: int):
 
 
 def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset: int,
-            lang: str):
+            last_key: int, lang: str):
     """(kernel, variant, its schedule parameters, its given sizes) for the forward (kind
-    "fwd") or the backward ("bwd"): attention_gqa's flash where queries and keys are as many
-    and the mask top-left, attention_cross's dnf otherwise (offset: causal's, query i sees
-    keys j <= i + offset; masked: under a float mask, the only kernels that take one)."""
+    "fwd") or the backward ("bwd"): the flash kernels, attention_gqa's where queries and keys
+    are as many and the mask top-left, attention_cross's otherwise (offset: causal's, query
+    i sees keys j <= i + offset); masked: under a float mask, attention_cross's `_masked`
+    dnf kernels, the only ones that take one; last_key >= 0: keys past it padded out,
+    attention_cross's `_padded` flash kernels (-1: none)."""
     if masked:
         return f"attention_cross_{kind}_masked", "dnf", (), {}
-    if q.shape[2] == k.shape[2] and not offset:
-        name = causal_name(f"attention_gqa_{kind}", causal)
-        return name, "flash", _params(name, q, causal, lang), {}
-    name = causal_name(f"attention_cross_{kind}", causal)
-    return name, "dnf", (), {"offset": offset} if causal else {}
+    if last_key >= 0:
+        name = f"attention_cross_{kind}_padded"
+        return name, "flash", _params(name, q, k, False, lang), {"last": last_key}
+    square = q.shape[2] == k.shape[2] and not offset
+    name = causal_name(f"attention_{'gqa' if square else 'cross'}_{kind}", causal)
+    given = {"offset": offset} if causal and not square else {}
+    return name, "flash", _params(name, q, k, causal, lang), given
 
 
 def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
@@ -120,40 +128,44 @@ def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
-               offset: int, scale: float, lang: str) -> tuple[Tensor, Tensor]:
+               offset: int, last_key: int, scale: float,
+               lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward); mask: a float mask of q's dtype of
-    shape (batch, heads, n_q, n), or None."""
-    name, variant, params, given = _kernel("fwd", q, k, mask is not None, causal, offset, lang)
+    shape (batch, heads, n_q, n), or None; last_key: the last key seen (-1: every key)."""
+    name, variant, params, given = _kernel("fwd", q, k, mask is not None, causal, offset,
+                                           last_key, lang)
     return call(name, variant, lang, grouped(q, k.shape[1]), k, v, *_masks(mask, k.shape[1]),
                 scale=scale, params=params, out_shapes=(q.shape, q.shape[:-1]), **given)
 
 
-def _attention_fake(q, k, v, mask, causal, offset, scale, lang):
+def _attention_fake(q, k, v, mask, causal, offset, last_key, scale, lang):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], out: Tensor,
-                        lse: Tensor, grad_out: Tensor, causal: bool, offset: int, scale: float,
-                        lang: str) -> tuple[Tensor, Tensor, Tensor]:
+                        lse: Tensor, grad_out: Tensor, causal: bool, offset: int, last_key: int,
+                        scale: float, lang: str) -> tuple[Tensor, Tensor, Tensor]:
     kv_heads = k.shape[1]
-    name, variant, params, given = _kernel("bwd", q, k, mask is not None, causal, offset, lang)
+    name, variant, params, given = _kernel("bwd", q, k, mask is not None, causal, offset,
+                                           last_key, lang)
     return call(name, variant, lang, grouped(q, kv_heads), k, v, *_masks(mask, kv_heads),
                 *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
                 params=params, out_shapes=(q.shape,), **given)
 
 
-def _attention_backward_fake(q, k, v, mask, out, lse, grad_out, causal, offset, scale, lang):
+def _attention_backward_fake(q, k, v, mask, out, lse, grad_out, causal, offset, last_key,
+                             scale, lang):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 attention_backward_op = Operator(
     "moagen::attention_backward", _attention_backward, _attention_backward_fake,
-    check=lambda q, k, v, mask, out, lse, grad_out, causal, offset, scale, lang: _check(
+    check=lambda q, k, v, mask, out, lse, grad_out, causal, offset, last_key, scale, lang: _check(
         "moagen::attention_backward", q, k, v, lang, mask))
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, mask, ctx.causal, ctx.offset, ctx.scale, ctx.lang = inputs
+    q, k, v, mask, ctx.causal, ctx.offset, ctx.last_key, ctx.scale, ctx.lang = inputs
     ctx.save_for_backward(q, k, v, mask, *output)
     ctx.mark_non_differentiable(output[1])
     # a gradient not given stays None (the logsumexp's: never read), not zeros
@@ -162,15 +174,15 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out, _grad_lse):
     if grad_out is None:
-        return (None,) * 8
+        return (None,) * 9
     dq, dk, dv = attention_backward_op(*ctx.saved_tensors, grad_out, ctx.causal, ctx.offset,
-                                       ctx.scale, ctx.lang)
+                                       ctx.last_key, ctx.scale, ctx.lang)
     # the mask takes no gradient (the public function refuses one that requires it)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 attention_op = Operator("moagen::attention", _attention, _attention_fake,
-                        check=lambda q, k, v, mask, causal, offset, scale, lang: _check(
+                        check=lambda q, k, v, mask, causal, offset, last_key, scale, lang: _check(
                             "moagen::attention", q, k, v, lang, mask),
                         backward=_backward, setup_context=_setup,
                         instead="F.scaled_dot_product_attention")
@@ -207,9 +219,27 @@ def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tenso
     return mask.masked_fill(~seen, 0).expand(full).contiguous(), seen
 
 
+def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: list, scale: float,
+            lang: str) -> Tensor:
+    """Attention over each batch's first lengths[b] keys: the `_padded` kernels, a call a
+    batch (each its own last key); a batch with every key padded out gets SDPA's zeros and
+    no gradient, a batch with none the unpadded kernels."""
+    n = k.shape[2]
+    outs = []
+    for b, length in enumerate(lengths):
+        one = tuple(t[b:b + 1].contiguous() for t in (q, k, v))
+        # no key: the attention over key 0 alone (one block) times 0, SDPA's zeros, in the
+        # graph as SDPA's are (zero gradients, even where every batch has no key)
+        last = length - 1 if 0 < length < n else 0 if length == 0 else -1
+        out = attention_op(*one, None, False, 0, last, scale, lang)[0]
+        outs.append(out * 0 if length == 0 else out)
+    return torch.cat(outs)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, *,
               causal: Union[bool, str] = False, scale: Optional[float] = None,
-              dropout_p: float = 0.0, lang: str = "c") -> Tensor:
+              dropout_p: float = 0.0, key_lengths: Union[Tensor, Sequence[int], None] = None,
+              lang: str = "c") -> Tensor:
     """softmax(scale q k^T + mask) v per (batch, head), as F.scaled_dot_product_attention(q,
     k, v, attn_mask, is_causal=causal, scale=scale, enable_gqa=True) computes it, q's length
     n_q and k's n equal or not; differentiable in q, k, v (once: differentiating the
@@ -221,8 +251,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
     attn_mask (SDPA refuses both). dropout_p: SDPA's, in [0, 1), applied whenever it is not
     0 (pass 0 outside training), with moagen's random numbers (moagen.torch_ops.dropout:
     reproducible under torch.manual_seed), for as many queries as keys and no attn_mask.
-    lang: the CPU kernels' language, "c" or "fortran" (CUDA tensors run the CUDA
-    kernels)."""
+    key_lengths: one int a batch (a sequence or 1-D integer tensor), key j of batch b seen
+    iff j < key_lengths[b] (a right-padded batch; SDPA's boolean attn_mask of shape (batch,
+    1, 1, n) True before each length), the padded keys' blocks skipped by the kernels'
+    loops, not computed; a boolean attn_mask of that form is taken so too; a batch with no
+    key gets SDPA's zeros; not with causal or another attn_mask. lang: the CPU kernels'
+    language, "c" or "fortran" (CUDA tensors run the CUDA kernels)."""
     op = "moagen.torch.attention"
     if not (isinstance(causal, bool) or causal == "lower_right"):
         raise ValueError(f"{op}: causal must be False, True (top-left, SDPA's is_causal) or "
@@ -230,20 +264,32 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
     _check(op, q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if dropout_p != 0:
+        if key_lengths is not None:
+            raise ValueError(f"{op}: dropout_p with key_lengths; the dropout kernels take no "
+                             "padding")
         # imported here: moagen.torch_ops.dropout builds on this module's checks
         from moagen.torch_ops.dropout import attention_with_dropout
         return attention_with_dropout(op, q, k, v, attn_mask, causal, scale, dropout_p, lang)
+    batch, n = q.shape[0], k.shape[2]
+    if key_lengths is not None:
+        if causal or attn_mask is not None:
+            raise ValueError(f"{op}: key_lengths with causal or attn_mask; the padded kernels "
+                             "take neither")
+        return _padded(q, k, v, key_lengths_of(op, key_lengths, batch, n), scale, lang)
+    lengths = None if attn_mask is None or causal else padding_of(attn_mask, batch, n)
+    if lengths is not None:
+        return _padded(q, k, v, lengths, scale, lang)
     if attn_mask is not None:
         if causal:
             raise ValueError(f"{op}: attn_mask and causal together; as SDPA, give the causal "
                              "mask inside attn_mask")
         mask, seen = _float_mask(op, attn_mask, q, k)
         out = attention_op(q.contiguous(), k.contiguous(), v.contiguous(), mask, False, 0,
-                           scale, lang)[0]
+                           -1, scale, lang)[0]
         # SDPA's zeros where the mask hides every key; masked_fill's backward zeroes those
         # rows' dO, so they add nothing to any gradient
         return out.masked_fill(~seen, 0)
-    n_q, n = q.shape[2], k.shape[2]
+    n_q = q.shape[2]
     offset = n - n_q if causal == "lower_right" else 0
     if offset < 0:
         # the first -offset query rows see no key: SDPA's zeros, no gradient; the others
@@ -257,4 +303,4 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
     # made contiguous here, not inside the operator: the operator saves its arguments for
     # the backward, which would otherwise copy a transposed q a second time
     return attention_op(q.contiguous(), k.contiguous(), v.contiguous(), None, bool(causal),
-                        offset, scale, lang)[0]
+                        offset, -1, scale, lang)[0]

@@ -14,6 +14,15 @@ before any block is left out. The blocks before (min_r + 1) // B, whose keys eve
 the tile sees, need no mask either: the loop is split there, and only the blocks on the
 diagonal select.
 
+The row may be free of the query rows (attention_cross's padded `last >= j`: every row sees
+keys 0 to last, a given size): the blocks past last's are not visited, those before it run
+unmasked. The row may be shifted (attention_cross's `i + offset >= j`, a query's position past the
+first offset keys): r is then the query row's position, and the blocks are bounded by the
+tile's last position. The argument above needs every row to see key 0, r >= 0: checked as r
+being a sum of loop variables (from 0) and sizes (never negative: the kernels' ABI refuses
+a negative size) with non-negative coefficients. Positions may pass the last key (offset >
+n - n_q): the unmasked blocks of a shifted row stop at the loop's own end too.
+
 The diagonal blocks select where the block's scores are read, not where they are stored:
 
     P[r, j - B j_blk] = r >= j ? s : -inf          ->  P[r, j - B j_blk] = s
@@ -35,7 +44,7 @@ barrier inside; the diagonal blocks select by value as above.
 
 Checked: the loop over blocks holds the online softmax's block max (a max accumulated over
 the block's scores), and every score it stores is masked as `r >= j` with r free of the
-keys; the blocks are B keys from B * j_blk; in a diagonal block every read of a masked
+keys and r >= 0 (above); the blocks are B keys from B * j_blk; in a diagonal block every read of a masked
 score's element before the element is stored again is at the index the score was stored at.
 """
 from dataclasses import dataclass, replace
@@ -93,8 +102,13 @@ class CausalBlocks(Step):
             raise ScheduleError(f"{self}: no score in the loop over {self.blocks} is masked: "
                                 "nothing to skip")
         low, high = self._range(rows, blocks, within)
-        # rows are query rows, below n: (min_r + 1) // B <= the block count and <= max_r // B + 1
-        return quotient(low + 1, size), sympy.Min(blocks.stop, quotient(high, size) + 1)
+        first, last = quotient(low + 1, size), sympy.Min(blocks.stop, quotient(high, size) + 1)
+        # an unshifted row is a query row, below n: (min_r + 1) // B <= the block count; a
+        # shifted one (a size in it) may pass the last key
+        loops = {lp.var for lp in ancestors(within, blocks)}
+        if any(r.free_symbols - loops for r in rows):
+            first = sympy.Min(blocks.stop, first)
+        return first, last
 
     def _range(self, rows, blocks, within):
         """(the least, the most row): of the rows themselves, or (rows=) of the range of the
@@ -106,10 +120,28 @@ class CausalBlocks(Step):
     def _row(self, select, key):
         """r of a score masked as `r >= key ? s : -inf`."""
         pair = mask_sides(select.cond) if select.other == MASKED else None
-        if pair and pair[1] == key and key not in pair[0].free_symbols:
-            return pair[0]
-        raise ScheduleError(f"{self}: a score is masked by {select.cond}, not as a row >= the "
-                            "key: blocks past the rows cannot be told apart")
+        if not (pair and pair[1] == key and key not in pair[0].free_symbols):
+            raise ScheduleError(f"{self}: a score is masked by {select.cond}, not as a row >= "
+                                "the key: blocks past the rows cannot be told apart")
+        if not nonnegative(pair[0]):
+            raise ScheduleError(f"{self}: a score is masked as {pair[0]} >= {key}, and "
+                                f"{pair[0]} is not known to be >= 0: a row might see no key, "
+                                "and a skipped block would then not be a no-op")
+        return pair[0]
+
+
+def nonnegative(e) -> bool:
+    """e (of loop variables and sizes) is >= 0: a sum of terms with non-negative
+    coefficients (loop variables count from 0, sizes are never negative), or the least or
+    most of such sums."""
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return all(nonnegative(a) for a in e.args)
+    for term in sympy.Add.make_args(sympy.expand(e)):
+        coefficient, symbols = term.as_coeff_Mul()
+        if coefficient < 0 or not all(isinstance(s, sympy.Symbol) or s == 1
+                                      for s in sympy.Mul.make_args(symbols)):
+            return False
+    return True
 
 
 MASKED = S.Num(float("-inf"))  # a masked score's value
@@ -121,6 +153,25 @@ def quotient(a, b):
     terms = sympy.Add.make_args(sympy.expand(a))
     whole = [t for t in terms if t.free_symbols and divides(b, t)]
     return sympy.Add(*whole) / b + idiv(sympy.Add(*(t for t in terms if t not in whole)), b)
+
+
+def least_row(cond, var):
+    """k - t, the least var that a mask's condition var + t >= k lets through (t and k free
+    of var; k - t may be negative where shifted); None for any other condition."""
+    pair = mask_sides(cond)
+    if pair is None:
+        return None
+    row, key = pair
+    shift = sympy.expand(row - var)
+    if var in shift.free_symbols or var in key.free_symbols:
+        return None
+    return key - shift
+
+
+def at_least_zero(e):
+    """max(0, e), as e itself where e is known non-negative (a bound on a loop from 0;
+    idiv takes no negative operand)."""
+    return e if nonnegative(e) else sympy.Max(0, e)
 
 
 def mask_sides(cond):
@@ -205,10 +256,10 @@ def block_size(blocks: Loop, inner, who):
 def tile_rows_range(rows, blocks: Loop, within, over: str, who):
     """(the least, the most of the masked rows `rows`) over the loop over `over` (a thread
     block's rows) around the loop `blocks` in `within`, each row increasing with its
-    variable: the bounds a whole tile's blocks share. ScheduleError (naming `who`) if no
-    such loop holds them."""
+    variable or free of it (attention_cross's padded last key): the bounds a whole tile's
+    blocks share. ScheduleError (naming `who`) if no such loop holds them."""
     loop = next((lp for lp in ancestors(within, blocks) if lp.var.name == over), None)
-    if loop is None or any(sympy.diff(r, loop.var).is_positive is not True for r in rows):
+    if loop is None or any(sympy.diff(r, loop.var).is_nonnegative is not True for r in rows):
         raise ScheduleError(f"{who}: the masked rows are not those of a loop over {over} "
                             f"around the loop over {blocks.var}")
     # the last row of a full block: a block past the size's last row is past the loop

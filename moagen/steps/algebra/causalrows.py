@@ -14,8 +14,11 @@ with L rounded down to A rows, so that the tiles later steps make of the rows (K
 lanes; UnrollSum's rows, made before) still line up. A causal backward then walks about half
 of the scores; blocks wholly before the tile run no iteration.
 
-Checked: every score the tile's loop masks is masked as `i >= key` with -inf, i the rows'
-loop variable and the key free of it (its smallest key is k0), and A is a whole number of
+A shifted mask `i + t >= key` (attention_cross's i + offset >= j, t free of i) lets rows from
+key - t on see the key: k0 is then the least max(0, key - t).
+
+Checked: every score the tile's loop masks is masked as `i + t >= key` with -inf, i the
+rows' loop variable, t (0 unless shifted) and the key free of it, and A is a whole number of
 each rows loop's rows. That every term a row adds is a product with its masked probability is
 the form of attention's gradients (attention_bwd.gradients), not checked here: the interpreter
 and the references check the results.
@@ -26,10 +29,10 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import divides, idiv
+from moagen.moa.expr import divides, idiv, sym
 from moagen.onf.loops import Loop, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
-from moagen.steps.algebra.causal import MASKED, mask_sides
+from moagen.steps.algebra.causal import MASKED, at_least_zero, least_row
 from moagen.steps.step import NotApplicable, Step
 
 
@@ -50,7 +53,8 @@ class CausalRows(Step):
         return body
 
     def _keys(self, tile: Loop):
-        """The keys of the tile's masked scores, `row >= key ? s : -inf`."""
+        """The least rows that see the keys of the tile's masked scores, `row >= key ? s :
+        -inf` (the keys themselves unless the rows are shifted; then maybe negative)."""
         keys = []
         for s in walk(tile.body):
             for e in (x for ex in stmt_exprs(s) for x in S.subexpressions(ex)):
@@ -59,14 +63,17 @@ class CausalRows(Step):
         return keys
 
     def _key(self, cond):
-        row, key = mask_sides(cond) or (None, None)
-        if isinstance(row, sympy.Symbol) and row.name == self.rows and row not in key.free_symbols:
-            return key
-        raise ScheduleError(f"{self}: a score is masked by {cond}, not as {self.rows} >= a key: "
-                            "the rows before the keys cannot be told apart")
+        """The least row the mask lets see the key: the key, less a shift of the rows' (as
+        attention_cross's i + offset >= j)."""
+        bound = least_row(cond, sym(self.rows))
+        if bound is None:
+            raise ScheduleError(f"{self}: a score is masked by {cond}, not as {self.rows} (plus "
+                                "a shift free of it) >= a key: the rows before the keys cannot "
+                                "be told apart")
+        return bound
 
     def _cut(self, tile: Loop):
-        first = sympy.Min(*self._keys(tile))
+        first = at_least_zero(sympy.Min(*self._keys(tile)))
         kept = idiv(first, self.align) if self.align > 1 else first  # L / A
         tiled = loop_role(self.rows, "tile")
         one_row = [s for s in walk(tile.body) if isinstance(s, Loop) and s.var.name == self.rows]

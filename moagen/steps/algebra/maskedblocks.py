@@ -14,6 +14,9 @@ the key rows' pass walks query blocks, and those before the tile's first key are
 
     for i_blk in [0, blocks): ..   ->   for i_blk in [min_j // B, blocks): ..
 
+A shifted mask `i + t >= j` (attention_cross's i + offset >= j) bounds the key blocks by the
+tile's last row plus t, and starts the query blocks at max(0, min_j - t) // B.
+
 The diagonal blocks keep their selects. On a GPU the tile is a thread block's rows (the
 loop over `rows` around the blocks, BlockTiles'), so every thread of the block walks the
 same blocks and reaches each barrier inside.
@@ -31,8 +34,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, rewrite_loops, walk
-from moagen.steps.algebra.causal import (MASKED, block_size, mask_sides, quotient,
-                                         tile_rows_range)
+from moagen.steps.algebra.causal import (MASKED, at_least_zero, block_size, least_row,
+                                         mask_sides, quotient, tile_rows_range)
 from moagen.steps.step import NotApplicable, Step, hidden
 
 
@@ -74,7 +77,8 @@ class MaskedBlocks(Step):
             return replace(blocks, stop=sympy.Min(blocks.stop, quotient(high, size) + 1))
         if blocks.start != 0:
             raise ScheduleError(f"{self}: the loop over {self.blocks} does not start at 0")
-        return replace(blocks, start=quotient(low, size))  # the queries before the first key
+        # the queries before the first key (before 0 where shifted past it)
+        return replace(blocks, start=quotient(at_least_zero(low), size))
 
     def _sides(self, select, inner):
         """(whether the inner variable is the key, the tile's row) of a masked score."""
@@ -83,8 +87,9 @@ class MaskedBlocks(Step):
             query, key = pair
             if key == inner and inner not in query.free_symbols:
                 return True, query
-            if query == inner and inner not in key.free_symbols:
-                return False, key
+            first = least_row(select.cond, inner)  # the first query row that sees the key
+            if first is not None:
+                return False, first
         raise ScheduleError(f"{self}: a score is masked by {select.cond}, not as a query >= "
                             f"a key with {self._inner} on one side")
 
