@@ -140,17 +140,21 @@ def _ops_and_args():
     weights = [_randn(*s) for s in [(7,), (7, 2, 3), (7, 2, 3), (7, 2, 3), (2, 3, 7), (7,),
                                     (7, 11), (7, 11), (11, 7)]]
     ops = torch.ops.moagen
-    return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, None, True, 0, 0.4,
-                                     "c")),
+    return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, None, True, 0, -1,
+                                     0.4, "c")),
             # grouped: dK and dV of the KV heads' shape, not q's
             (ops.attention.default, (q, _randn(2, 1, 7, 5), _randn(2, 1, 7, 5), None, False, 0,
-                                     0.4, "c")),
+                                     -1, 0.4, "c")),
             # 7 queries against 9 keys, causal bottom-right (offset 2): the cross kernels
             (ops.attention.default, (q, _randn(2, 1, 9, 5), _randn(2, 1, 9, 5), None, True, 2,
-                                     0.4, "c")),
+                                     -1, 0.4, "c")),
+            # against 9 keys of which the first 6 are seen (last key 5): the padded kernels
+            (ops.attention.default, (q, _randn(2, 1, 9, 5), _randn(2, 1, 9, 5), None, False, 0,
+                                     5, 0.4, "c")),
             # against 9 keys under a float mask (its full shape, as moagen.torch makes it)
             (ops.attention.default, (q, _randn(2, 1, 9, 5), _randn(2, 1, 9, 5),
-                                     torch.randn(2, 3, 7, 9, dtype=F64), False, 0, 0.4, "c")),
+                                     torch.randn(2, 3, 7, 9, dtype=F64), False, 0, -1, 0.4,
+                                     "c")),
             (ops.rms_norm.default, (x, w, 1e-5, "c")),
             (ops.swiglu_mlp.default, (x, _randn(5, 9), _randn(5, 9), _randn(9, 5), "c")),
             (ops.block.default, (_randn(2, 5, 7), weights, 1e-5, 0.5, True, "c")),
@@ -334,7 +338,7 @@ def test_cuda_tensors_pass_the_checks_and_mixed_devices_do_not():
     kernels on a GPU)."""
     with FakeTensorMode():
         q = torch.empty(1, 2, 3, 4, device="cuda")
-        out, lse = torch.ops.moagen.attention(q, q, q, None, False, 0, 0.5, "c")
+        out, lse = torch.ops.moagen.attention(q, q, q, None, False, 0, -1, 0.5, "c")
         assert out.device == q.device and out.shape == q.shape and lse.shape == q.shape[:-1]
         assert "must be on one device" in _errors_of(
             lambda: mt.attention(q, q, torch.empty(1, 2, 3, 4)))

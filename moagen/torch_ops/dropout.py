@@ -52,7 +52,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropou
     """O and the row logsumexp (the softmax's, which dropout leaves as it is)."""
     name = causal_name("attention_dropout_fwd", causal)
     return call(name, "flash", lang, grouped(q, k.shape[1]), k, v, scale=scale,
-                dropout_p=dropout_p, seed=seed, params=_params(name, q, causal, lang),
+                dropout_p=dropout_p, seed=seed, params=_params(name, q, k, causal, lang),
                 out_shapes=(q.shape, q.shape[:-1]))
 
 
