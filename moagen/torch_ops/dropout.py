@@ -9,8 +9,9 @@ mask again from it, and stores none.
     forward   O and the row logsumexp by attention_dropout_fwd's `flash` kernel (one pass
               over key blocks, both products register tiles, O(n d) memory; its schedule
               fitted to n and d as attention_gqa_fwd's)
-    backward  dQ, dK, dV by attention_dropout_bwd's `dnf` kernel (derived from the forward by
-              moagen.moa.grad: delta = rowsum(dO * O), O the dropped forward's output)
+    backward  dQ, dK, dV by attention_dropout_bwd's `flash` kernel (derived from the forward
+              by moagen.moa.grad: delta = rowsum(dO * O), O the dropped forward's output;
+              FlashAttention-2's backward, the key rows owning dK and dV)
 
 Queries and keys as many, no attn_mask, causal top-left or not: the kernels' cases; the
 public function refuses the others with dropout."""
@@ -63,10 +64,11 @@ def _forward_fake(q, k, v, causal, scale, dropout_p, seed, lang):
 def _backward_kernel(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      grad_out: Tensor, causal: bool, scale: float, dropout_p: float, seed: int,
                      lang: str) -> tuple[Tensor, Tensor, Tensor]:
-    kv_heads = k.shape[1]
-    return call(causal_name("attention_dropout_bwd", causal), "dnf", lang,
-                grouped(q, kv_heads), k, v, *(grouped(t, kv_heads) for t in (out, grad_out, lse)),
-                scale=scale, dropout_p=dropout_p, seed=seed, out_shapes=(q.shape,))
+    kv_heads, name = k.shape[1], causal_name("attention_dropout_bwd", causal)
+    return call(name, "flash", lang, grouped(q, kv_heads), k, v,
+                *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
+                dropout_p=dropout_p, seed=seed, params=_params(name, q, causal, lang),
+                out_shapes=(q.shape,))
 
 
 def _backward_fake(q, k, v, out, lse, grad_out, causal, scale, dropout_p, seed, lang):
