@@ -113,11 +113,25 @@ def test_attention_forward_as_sdpas(n_q, n, mask):
     _close(ours, ref, "output")
 
 
-def test_dropout_refused():
-    ref, ours = _models(transformers.LlamaConfig(**SIZES, attention_dropout=0.1))
+def test_training_dropout_is_moagens_and_reproducible():
+    """In training the config's attention_dropout reaches moagen.torch.attention's dropout_p:
+    torch.manual_seed reproduces a step's logits and gradients, which differ from eval's;
+    a padded batch's mask with dropout is refused, naming both."""
+    _, ours = _models(transformers.LlamaConfig(**SIZES, attention_dropout=0.1))
+    ids = _batch(False)[0]
     ours.train()
-    with pytest.raises(NotImplementedError, match="dropout"):
-        ours(input_ids=_batch(False)[0])
+    steps = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        logits = ours(input_ids=ids).logits
+        grad, = torch.autograd.grad(logits.sum(), ours.model.layers[0].self_attn.q_proj.weight)
+        steps.append((logits.detach(), grad))
+    assert all(torch.equal(a, b) for a, b in zip(*steps))
+    with torch.no_grad():
+        assert not torch.allclose(steps[0][0], ours.eval()(input_ids=ids).logits)
+    ours.train()
+    with pytest.raises(NotImplementedError, match="dropout_p with an attn_mask"):
+        ours(input_ids=ids, attention_mask=_batch(True)[1])
 
 
 def test_moagen_torch_does_not_import_transformers():
