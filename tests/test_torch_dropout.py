@@ -117,3 +117,11 @@ def test_bad_dropout_p_and_unsupported_cases_are_refused():
         mt.attention(q, k[:, :, :5], v[:, :, :5], dropout_p=P)
     with pytest.raises(NotImplementedError, match="dropout_p with an attn_mask"):
         mt.attention(q, k, v, torch.ones(9, 9, dtype=torch.bool), dropout_p=P)
+
+
+def test_under_torch_compile_each_call_draws_anew_and_manual_seed_reproduces():
+    q, k, v = _inputs(batch=1, heads=2, kv_heads=1, n=8, d=4)
+    compiled = torch.compile(lambda q, k, v: mt.attention(q, k, v, dropout_p=P), fullgraph=True)
+    first, _ = _seeded(1, lambda: compiled(q, k, v))
+    again, _ = _seeded(1, lambda: compiled(q, k, v))
+    assert torch.equal(first, again) and not torch.equal(first, compiled(q, k, v))
