@@ -107,6 +107,14 @@ def test_dropout_p_zero_is_attention_without_dropout():
     assert torch.equal(mt.attention(q, k, v, dropout_p=0.0), mt.attention(q, k, v))
 
 
+def test_lower_right_with_as_many_queries_as_keys_is_top_left():
+    q, k, v = _inputs()
+    top_left, _ = _seeded(2, lambda: mt.attention(q, k, v, causal=True, dropout_p=P))
+    lower_right, _ = _seeded(2, lambda: mt.attention(q, k, v, causal="lower_right",
+                                                     dropout_p=P))
+    assert torch.equal(top_left, lower_right)
+
+
 def test_bad_dropout_p_and_unsupported_cases_are_refused():
     q, k, v = _inputs()
     for p in (-0.1, 1.0, 1.5, float("nan")):
@@ -114,7 +122,7 @@ def test_bad_dropout_p_and_unsupported_cases_are_refused():
             mt.attention(q, k, v, dropout_p=p)
     with pytest.raises(TypeError, match="dropout_p must be a float"):
         mt.attention(q, k, v, dropout_p="0.1")
-    with pytest.raises(NotImplementedError, match="dropout_p with an attn_mask"):
+    with pytest.raises(NotImplementedError, match="different lengths"):
         mt.attention(q, k[:, :, :5], v[:, :, :5], dropout_p=P)
     with pytest.raises(NotImplementedError, match="dropout_p with an attn_mask"):
         mt.attention(q, k, v, torch.ones(9, 9, dtype=torch.bool), dropout_p=P)

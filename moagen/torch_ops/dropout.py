@@ -13,8 +13,8 @@ mask again from it, and stores none.
               by moagen.moa.grad: delta = rowsum(dO * O), O the dropped forward's output;
               FlashAttention-2's backward, the key rows owning dK and dV)
 
-Queries and keys as many, no attn_mask, causal top-left or not: the kernels' cases; the
-public function refuses the others with dropout."""
+Queries and keys as many (so that both causal alignments are one), no attn_mask: the
+kernels' cases; the public function refuses the others with dropout."""
 import torch
 from torch import Tensor
 
@@ -108,10 +108,11 @@ def attention_with_dropout(op: str, q: Tensor, k: Tensor, v: Tensor, attn_mask, 
                            scale: float, dropout_p, lang: str) -> Tensor:
     """moagen.torch.attention's dropout_p != 0 (its q, k, v and lang checked, scale set)."""
     dropout_p = check_dropout_p(op, dropout_p)
-    if attn_mask is not None or causal == "lower_right" or q.shape[2] != k.shape[2]:
+    if attn_mask is not None or q.shape[2] != k.shape[2]:
         raise NotImplementedError(
-            f"{op}: dropout_p with an attn_mask, causal='lower_right' or queries and keys of "
-            f"different lengths ({q.shape[2]} and {k.shape[2]}) is not implemented; the "
-            "dropout kernels take as many queries as keys, causal top-left or not")
+            f"{op}: dropout_p with an attn_mask, or with queries and keys of different "
+            f"lengths ({q.shape[2]} and {k.shape[2]}), is not implemented; the dropout "
+            "kernels take as many queries as keys, causal or not")
+    # as many queries as keys: causal "lower_right" is top-left
     return attention_dropout_op(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal),
                                 scale, dropout_p, draw_seed(), lang)[0]
