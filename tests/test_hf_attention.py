@@ -153,23 +153,25 @@ def test_attention_forward_as_sdpas(n_q, n, mask):
 
 def test_attention_dropout_in_training():
     """The config's attention_dropout reaches moagen's dropout kernels in training: a seed
-    gives one result, another seed another, neither the eval model's; eval drops nothing
-    (sdpa's logits). A padded batch's mask with dropout is refused by name."""
+    gives one step's logits and gradients again, another seed others, neither the eval
+    model's; eval drops nothing (sdpa's logits). A padded batch's mask with dropout is
+    refused by name."""
     ref, ours = _models(transformers.LlamaConfig(**SIZES, attention_dropout=0.3))
     ids, mask = _batch(False)
     with torch.no_grad():
         _close(ours(input_ids=ids).logits, ref(input_ids=ids).logits, "eval logits")
         evaluated = ours(input_ids=ids).logits
-        ours.train()
-        runs = []
-        for seed in (5, 5, 6):
-            torch.manual_seed(seed)
-            runs.append(ours(input_ids=ids).logits)
-    assert torch.equal(runs[0], runs[1])
-    assert not torch.allclose(runs[0], runs[2]) and not torch.allclose(runs[0], evaluated)
-    torch.manual_seed(5)
-    ours(input_ids=ids).logits.sum().backward()  # the dropout kernels' backward
-    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+    ours.train()
+    runs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        logits = ours(input_ids=ids).logits
+        grad, = torch.autograd.grad(logits.sum(), ours.model.layers[0].self_attn.q_proj.weight)
+        runs.append((logits.detach(), grad))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert not torch.allclose(runs[0][0], runs[2][0])
+    assert not torch.allclose(runs[0][0], evaluated)
+    assert torch.isfinite(runs[0][1]).all()
     with pytest.raises(NotImplementedError, match="dropout_p with an attn_mask"):
         ours(input_ids=ids, attention_mask=_batch(True)[1])
 

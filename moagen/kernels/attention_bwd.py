@@ -106,7 +106,7 @@ class Rows:
         return self.heads + ("j",)
 
 
-def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
+def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None):
     """The backward by key rows that own their dK and dV rows (no atomics), the passes by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
     in each pass `rows` query (or key) rows walk the other side together; the query rows'
@@ -131,7 +131,10 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
     (BlockInterchange).
 
     loops: the row loops (Rows); with a group, the key rows' sums over the group's query
-    heads come first (dK and dV accumulate over them, then over each head's rows)."""
+    heads come first (dK and dV accumulate over them, then over each head's rows).
+
+    scratch: on a GPU, the names of the backward's block scratch (gpu_flash_bwd's; None:
+    BWD_SCRATCH, this kernel's)."""
     forward = block is not None
     query_rows, key_rows, heads = loops.query, loops.key, loops.heads
     scatter_dq = Scatter("dQ", over="j", outer=heads)
@@ -212,7 +215,8 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
         # schedule and mapping as they are (OpenACC's too)
         return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
-                       "cuda": gpu_flash_bwd(causal=causal, loops=loops)})
+                       "cuda": gpu_flash_bwd(scratch=scratch or BWD_SCRATCH, causal=causal,
+                                             loops=loops)})
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
 
@@ -402,9 +406,10 @@ def dq_atomic(causal: bool) -> Layers:
                                         dq=True))})
 
 
-def flash_variant(causal: bool, loops=Rows()) -> Tunable:
-    """The flash variant (the owner alone) over the row loops `loops`."""
-    return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops),
+def flash_variant(causal: bool, loops=Rows(), scratch=None) -> Tunable:
+    """The flash variant (the owner alone) over the row loops `loops`; scratch: owner's."""
+    return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops,
+                                                 scratch=scratch),
                    defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA,
                    dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)
 

@@ -11,7 +11,7 @@ the seed instead of reading a stored mask: to grad, Z is a constant, and the der
 backward is dV = (P Z / (1 - p))^T dO, dP = (dO V^T) Z / (1 - p), dS = P (dP - delta).
 p is the scalar dropout_p, compared in double precision (moagen_keep's p is a double)."""
 from moagen import reference
-from moagen.kernels import attention, attention_cross
+from moagen.kernels import attention, attention_bwd, attention_cross
 from moagen.kernels.attention import causal_mask, softmax_scale
 from moagen.kernels.attention_bwd import Rows
 from moagen.kernels.cases import Bench, Check, references
@@ -61,14 +61,17 @@ def backward_spec(causal: bool) -> KernelSpec:
                 labels={"probs": "P", "dscores": "dS"})
 
 
-# dnf: row by row, nothing of size n x n, as attention_cross's (the same loops). The
-# forward's flash: attention_gqa's (an online pass over key blocks, both products register
-# tiles), the factors drawn inside the tiles. (The backward's flash runs on a CPU, but its
-# GPU mapping names block scratch that this backward names otherwise.)
+# dnf: row by row, nothing of size n x n, as attention_cross's (the same loops). flash:
+# attention_gqa's (FlashAttention's register tiles; the backward's key rows own dK and dV),
+# the factors drawn inside the tiles. On a GPU the backward's keys pass names its blocks of
+# P and dS t4 and t5 (the factors' values take t2 and t3)
+BACKWARD_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t4_block", dS2="t5_block")
 KERNELS = [kernel for causal in (False, True) for kernel in (
     (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD),
                     "flash": attention.flash_variant(causal, loops=LOOPS.query)}),
-    (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD)}))]
+    (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD),
+                             "flash": attention_bwd.flash_variant(causal, loops=LOOPS,
+                                                                  scratch=BACKWARD_SCRATCH)}))]
 ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
 
 

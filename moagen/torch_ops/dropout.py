@@ -9,11 +9,12 @@ mask again from it, and stores none.
     forward   O and the row logsumexp by attention_dropout_fwd's `flash` kernel (one pass
               over key blocks, both products register tiles, O(n d) memory; its schedule
               fitted to n and d as attention_gqa_fwd's)
-    backward  dQ, dK, dV by attention_dropout_bwd's `dnf` kernel (derived from the forward by
-              moagen.moa.grad: delta = rowsum(dO * O), O the dropped forward's output)
+    backward  dQ, dK, dV by attention_dropout_bwd's `flash` kernel (derived from the forward
+              by moagen.moa.grad: delta = rowsum(dO * O), O the dropped forward's output;
+              FlashAttention-2's backward, the key rows owning dK and dV)
 
-Queries and keys as many, no attn_mask, causal top-left or not: the kernels' cases; the
-public function refuses the others with dropout."""
+Queries and keys as many (so that both causal alignments are one), no attn_mask: the
+kernels' cases; the public function refuses the others with dropout."""
 import torch
 from torch import Tensor
 
@@ -43,7 +44,8 @@ def _check_dropout(op, q, k, v, lang, dropout_p, seed):
     _check(op, q, k, v, lang)
     check_size(op, "k's length (dropout needs as many queries as keys)", k.shape[2], q.shape[2])
     check_dropout_p(op, dropout_p)
-    if not 0 <= seed < 2 ** 63:
+    # a seed drawn under torch.compile is symbolic there: nothing to check until it runs
+    if isinstance(seed, int) and not 0 <= seed < 2 ** 63:
         raise ValueError(f"{op}: the seed must be in [0, 2**63), got {seed}")
 
 
@@ -63,10 +65,11 @@ def _forward_fake(q, k, v, causal, scale, dropout_p, seed, lang):
 def _backward_kernel(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      grad_out: Tensor, causal: bool, scale: float, dropout_p: float, seed: int,
                      lang: str) -> tuple[Tensor, Tensor, Tensor]:
-    kv_heads = k.shape[1]
-    return call(causal_name("attention_dropout_bwd", causal), "dnf", lang,
-                grouped(q, kv_heads), k, v, *(grouped(t, kv_heads) for t in (out, grad_out, lse)),
-                scale=scale, dropout_p=dropout_p, seed=seed, out_shapes=(q.shape,))
+    kv_heads, name = k.shape[1], causal_name("attention_dropout_bwd", causal)
+    return call(name, "flash", lang, grouped(q, kv_heads), k, v,
+                *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
+                dropout_p=dropout_p, seed=seed, params=_params(name, q, causal, lang),
+                out_shapes=(q.shape,))
 
 
 def _backward_fake(q, k, v, out, lse, grad_out, causal, scale, dropout_p, seed, lang):
@@ -105,10 +108,11 @@ def attention_with_dropout(op: str, q: Tensor, k: Tensor, v: Tensor, attn_mask, 
                            scale: float, dropout_p, lang: str) -> Tensor:
     """moagen.torch.attention's dropout_p != 0 (its q, k, v and lang checked, scale set)."""
     dropout_p = check_dropout_p(op, dropout_p)
-    if attn_mask is not None or causal == "lower_right" or q.shape[2] != k.shape[2]:
+    if attn_mask is not None or q.shape[2] != k.shape[2]:
         raise NotImplementedError(
-            f"{op}: dropout_p with an attn_mask, causal='lower_right' or queries and keys of "
-            f"different lengths ({q.shape[2]} and {k.shape[2]}) is not implemented; the "
-            "dropout kernels take as many queries as keys, causal top-left or not")
+            f"{op}: dropout_p with an attn_mask, or with queries and keys of different "
+            f"lengths ({q.shape[2]} and {k.shape[2]}), is not implemented; the dropout "
+            "kernels take as many queries as keys, causal or not")
+    # as many queries as keys: causal "lower_right" is top-left
     return attention_dropout_op(q.contiguous(), k.contiguous(), v.contiguous(), bool(causal),
                                 scale, dropout_p, draw_seed(), lang)[0]

@@ -23,7 +23,9 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     """transformers' attention signature: query (batch, heads, n_q, d), key and value
     (batch, kv_heads, n, d) (fewer KV heads: moagen's GQA, never repeated), attention_mask
     the 4-d boolean mask of sdpa's mask function (registered with this one) or None; returns
-    the output as (batch, n_q, heads, d) and no attention weights."""
+    the output as (batch, n_q, heads, d) and no attention weights. dropout (transformers
+    passes the config's attention_dropout in training, 0 in eval) is moagen's (dropout_p:
+    not with a padded batch's mask)."""
     for name in ("softcap", "position_bias"):
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"attn_implementation={NAME!r}: {name} is not "
@@ -37,9 +39,6 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if causal and key.shape[2] > n_q:
         # as sdpa: top-left, no query sees a key past n_q; n_q = n runs the flash kernels
         key, value = key[:, :, :n_q], value[:, :, :n_q]
-    # dropout: the config's attention_dropout in training, 0 in eval (transformers' choice);
-    # moagen's kernels draw their own mask (moagen.torch_ops.dropout) and refuse it with a
-    # mask (a padded batch) or fewer queries than keys
     out = attention(query, key, value, attention_mask, causal=bool(causal), scale=scaling,
                     dropout_p=dropout)
     return out.transpose(1, 2).contiguous(), None
