@@ -68,7 +68,7 @@ def _backward_kernel(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kv_heads, name = k.shape[1], causal_name("attention_dropout_bwd", causal)
     return call(name, "flash", lang, grouped(q, kv_heads), k, v,
                 *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
-                dropout_p=dropout_p, seed=seed, params=_params(name, q, causal, lang),
+                dropout_p=dropout_p, seed=seed, params=_params(name, q, k, causal, lang),
                 out_shapes=(q.shape,))
 
 
