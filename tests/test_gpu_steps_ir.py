@@ -14,7 +14,7 @@ from moagen.onf.dump import format_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update
 from moagen.onf.realize import CLOSING
 from moagen.onf.signature import signature
-from moagen.steps.gpu.block_form import check_block_form
+from moagen.steps.gpu.closing import close_tiled
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import Stage
 from moagen.targets.cuda import emulated
@@ -100,7 +100,7 @@ def test_the_mapped_nest_runs_as_numpy_on_the_emulation():
     onf = Stage("b", at="k_blk", nest="y")(onf)
     for step in CLOSING:  # as realize ends every schedule
         onf = step(onf)
-    check_block_form(onf)
+    onf = close_tiled(onf)
     source = emit_cuda([("float64", onf)], ["a hand-built GEMM (tests/test_gpu_steps_ir.py)"])
     fn = emulated.bind(build_cuda_emulated(source, "gemm_steps", racecheck=True),
                        signature(onf, "float64"))

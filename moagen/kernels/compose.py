@@ -22,7 +22,8 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import ONF, Buffer, Grid, Let, Loop, Nest, Store, Update, bound_symbol
+from moagen.onf.loops import (ONF, Buffer, Grid, Let, Loop, Nest, SharedArray, Store, Update,
+                              bound_symbol)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,9 @@ def compose(composite: Composite, stage_onf) -> ONF:
         nests += [Nest(names.get(n.target, n.target),
                        tuple(rename.stmt(s) for s in n.body),
                        f"stage {st.label}: {st.kernel} {st.variant}\n{n.origin}",
-                       f"{st.label}.{n.label}") for n in onf.nests]
+                       f"{st.label}.{n.label}",
+                       shared_layouts=tuple(map(rename.layout, n.shared_layouts)))
+                  for n in onf.nests]
         schedule.append(f"{st.label} = {st.kernel} {st.variant}")
     returned = composite.outputs + composite.kept()
     missing = [a for a in returned if a not in shapes]
@@ -183,6 +186,14 @@ class _Renamer:
         if isinstance(s, (Let, Update)):
             return replace(s, value=self.expr(s.value))
         raise SpecError(f"cannot rename statement {s!r}")
+
+    def layout(self, layout):
+        """A tiled stage's shared layout in the composite's array and bound names."""
+        return replace(layout, total=self.index(layout.total),
+                       arrays=tuple(SharedArray(self.arrays[a.name], self.index(a.offset),
+                                                self.index(a.count)) for a in layout.arrays),
+                       meets=tuple((self.arrays[a], tuple(self.arrays[b] for b in on))
+                                   for a, on in layout.meets))
 
     def expr(self, e):
         if isinstance(e, S.Access):

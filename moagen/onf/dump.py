@@ -21,6 +21,8 @@ def format_onf(onf: ONF) -> str:
              f"  atomics:  {_format_atomics(onf)}"]
     for nest in onf.nests:
         lines += ["", f"nest {nest.label}: from {nest.origin}"]
+        for layout in nest.shared_layouts:
+            lines += _format_shared_layout(layout)
         lines += _format_block(nest.body, 1)
     return "\n".join(lines) + "\n"
 
@@ -31,6 +33,18 @@ def _format_atomics(onf):
         return "none"
     total = sympy.factor(sum(counts.values()))
     return f"{total} ({', '.join(f'{a}: {c}' for a, c in counts.items())})"
+
+
+def _format_shared_layout(layout):
+    """A tiled nest's shared memory at one element size: each array's place, and the arrays
+    its bytes meet."""
+    meets = dict(layout.meets)
+    lines = [f"  shared memory, {layout.element_bytes}-byte elements: {layout.total} bytes"]
+    for a in layout.arrays:
+        on = [b for b in meets[a.name] if b != a.name]
+        lines.append(f"    {a.name}: {a.count} elements at byte {a.offset}"
+                     + (f", meets {', '.join(on)}" if on else ""))
+    return lines
 
 
 def _format_block(stmts, depth):

@@ -59,6 +59,28 @@ class BlockCopy:
 GpuMark = Union[Grid, Threads, BlockCopy]
 
 
+@dataclass(frozen=True)
+class SharedArray:
+    """Where one shared array lies in a block's dynamic shared memory: its first byte and
+    how many elements it holds (in the MAX_ symbols of the compiled bounds)."""
+    name: str
+    offset: sympy.Expr
+    count: sympy.Expr
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    """A tiled nest's shared arrays in its block's dynamic shared memory at elements of
+    `element_bytes` (moagen.steps.gpu.shared_layout places them; the CUDA printer declares
+    them so): each array's place, in the order of ONF.shared; the bytes in all; `meets`,
+    per array, the arrays whose bytes meet its at some compiled bound (itself included), as
+    one array to a barrier (a key block's V tile on its K tile)."""
+    element_bytes: int
+    arrays: Tuple[SharedArray, ...]
+    total: sympy.Expr
+    meets: Tuple[Tuple[str, Tuple[str, ...]], ...]
+
+
 def bound_symbol(size: str) -> sympy.Symbol:
     """MAX_<size>: the compile-time bound a tiled CUDA kernel is specialized at for a size
     (GpuMark.bounds), in the index expressions of what is laid out to it."""
@@ -126,6 +148,8 @@ class Nest:
     # the parent (its parallel loops) applies to its tails through these
     parent: str = ""
     renames: Tuple[Tuple[str, str], ...] = ()
+    # a tiled CUDA nest's shared memory, one layout per element size (4, 8 bytes)
+    shared_layouts: Tuple[SharedLayout, ...] = ()
 
     @property
     def label(self):
@@ -167,6 +191,21 @@ def is_thread_loop(s: Stmt) -> bool:
 
 def is_block_copy(s: Stmt) -> bool:
     return isinstance(s, Loop) and isinstance(s.gpu, BlockCopy)
+
+
+def grid_chain(nest: "Nest"):
+    """The nest's grid loops, outermost first, and the statements inside them."""
+    chain, body = [], nest.body
+    while len(body) == 1 and is_grid(body[0]):
+        chain.append(body[0])
+        body = body[0].body
+    return chain, body
+
+
+def loop_key(loop: Loop):
+    """A thread loop as an owner of elements and registers names it: its mapping, variable
+    and range (one thread runs every loop with the same key alike)."""
+    return (loop.gpu, loop.var, loop.start, loop.stop)
 
 
 def max_extent(loop: Loop):

@@ -1,7 +1,8 @@
 """DNF -> ONF: one loop nest per definition, then the variant's steps for a target (its
 algorithm, loop schedule and mapping), then the closing steps every ONF ends with:
 reductions become accumulator loops, gamma flattens indices, and innermost loops the
-compiler may vectorize are marked simd."""
+compiler may vectorize are marked simd; a tiled CUDA nest's shared memory is laid out
+last, once its statements are final."""
 from typing import Sequence
 
 import sympy
@@ -9,7 +10,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa.dnf import DNF, format_scalar
 from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, walk
-from moagen.steps.gpu.block_form import check_block_form
+from moagen.steps.gpu.closing import close_tiled
 from moagen.steps.loop.layout import ApplyLayout
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.simd import MarkSimd
@@ -47,7 +48,7 @@ def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=N
         onf = step(onf)
     if upto is None:
         _check_tails_mapped(onf)
-        check_block_form(onf)
+        onf = close_tiled(onf)
     return onf
 
 

@@ -1,7 +1,8 @@
 """The CUDA mapping steps of a tiled kernel: a thread block per output tile (BlockTiles),
 the block's threads over its rows and columns, each a register tile (ThreadTiles), operand
 tiles staged through shared memory (Stage), a block's scratch in shared memory
-(SharedScratch) and an output tile in registers (RegisterTile). The printer
+(SharedScratch) and an output tile in registers (RegisterTile); as realize closes the ONF,
+the block form is checked and the shared memory laid out (closing). The printer
 (moagen.targets.cuda.tiled) derives the barriers and the warp reductions from what they
 leave; the CUDA emulation's race check verifies them.
 

@@ -19,21 +19,12 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Store, Update, bound_symbol, is_block_copy, is_grid,
-                              is_thread_loop, max_extent, most_iterations, walk)
-from moagen.targets.cuda.shared_memory import allocate, loop_key, shared_accesses
+from moagen.onf.loops import (Let, Loop, Update, bound_symbol, grid_chain, is_block_copy,
+                              is_thread_loop, loop_key, max_extent, most_iterations, walk)
+from moagen.onf.shared import shared_accesses
 from moagen.targets.printer import arrays_in, names_used
 
 AXES = "xyz"
-
-
-def grid_chain(nest):
-    """The nest's grid loops, outermost first, and the statements inside them."""
-    chain, body = [], nest.body
-    while len(body) == 1 and is_grid(body[0]):
-        chain.append(body[0])
-        body = body[0].body
-    return chain, body
 
 
 def is_tiled(nest) -> bool:
@@ -56,11 +47,15 @@ class TiledKernel:
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
         self.pending = []  # shared accesses since the last barrier: (array, write, owner)
-        self.shared = [b for b in printer.onf.shared if b.name in arrays_in(self.body)]
-        # each shared array's place, the bytes in all, and the arrays whose bytes meet each
-        self.layout, self.shared_bytes, self.meets = allocate(
-            self.shared, self.body, 8 if printer.dtype == "float64" else 4,
-            self.bound_values())
+        # its shared arrays' places at the dtype's element size (moagen.steps.gpu.shared_layout)
+        element_bytes = 8 if printer.dtype == "float64" else 4
+        self.layout = next((layout for layout in nest.shared_layouts
+                            if layout.element_bytes == element_bytes), None)
+        if self.layout is None:
+            raise ValueError(f"nest {nest.label} has no shared layout for {element_bytes}-byte "
+                             "elements: print a tiled nest as realize leaves it")
+        self.shared = {a.name for a in self.layout.arrays}
+        self.meets = dict(self.layout.meets)
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -69,7 +64,7 @@ class TiledKernel:
     def instances(self):
         """(the sizes' condition for it, the template arguments, its shared bytes) of each
         compiled bound, as sympy expressions."""
-        _, shared = self.shared_layout()
+        shared = self.layout.total
         if not self.bounds:
             return [(sympy.true, "", shared)]
         (name, values), = self.bounds.items()
@@ -87,16 +82,6 @@ class TiledKernel:
         dims = [lp.stop - lp.start for lp in reversed(self.grid)]
         return tuple(dims) + (sympy.Integer(1),) * (3 - len(dims))
 
-    def shared_layout(self):
-        """(name, byte offset, element count) of each shared array, and the bytes in all
-        (moagen.targets.cuda.shared_memory)."""
-        return self.layout, self.shared_bytes
-
-    def bound_values(self):
-        """Each compiled bound as a substitution of its MAX_ symbol."""
-        return [{bound_symbol(name): v}
-                for name, values in self.bounds.items() for v in values] or [{}]
-
     def prologue(self):
         pad = self.p.indent
         lines = []
@@ -104,10 +89,9 @@ class TiledKernel:
             start = "" if lp.start == 0 else f"{self.p.index(lp.start)} + "
             lines.append(f"{pad}const int {lp.var} = {start}blockIdx.{axis};")
         lines.append(f"{pad}const int tx = threadIdx.x, ty = threadIdx.y;")
-        layout, _ = self.shared_layout()
-        for name, offset, count in layout:
-            lines.append(f"{pad}MOAGEN_SHARED_AT({self.p.real}, {name}, {self.p.index(offset)}, "
-                         f"{self.p.index(count)});")
+        for a in self.layout.arrays:
+            lines.append(f"{pad}MOAGEN_SHARED_AT({self.p.real}, {a.name}, "
+                         f"{self.p.index(a.offset)}, {self.p.index(a.count)});")
         for name, dims in self.locals.items():
             lines.append(f"{pad}{self.p.real} {name}{''.join(f'[{self.slots(lp)}]' for lp in dims)};")
         return lines
@@ -225,7 +209,7 @@ class TiledKernel:
         the ranges is never used)."""
         own = isinstance(s, (Let, Update)) and \
             set(map(loop_key, self.locals.get(s.name, ()))) >= set(map(loop_key, self.ctx)) and \
-            not (set(arrays_in((s,))) - {b.name for b in self.shared})
+            not (set(arrays_in((s,))) - self.shared)
         if own:  # the shared tiles hold every slot (Stage lays them out to the bounds)
             return []
         return [lp for lp in self.ctx if not self.exact(lp)]
@@ -285,8 +269,7 @@ class TiledKernel:
         """(shared array, whether written, owner) of every shared access inside s; owner: the
         thread loops around it and its index (two accesses with one owner are one thread's
         element), None for a block's copy."""
-        yield from shared_accesses(s, {b.name for b in self.shared},
-                                   tuple(loop_key(lp) for lp in self.ctx))
+        yield from shared_accesses(s, self.shared, tuple(loop_key(lp) for lp in self.ctx))
 
     def conflicts(self, access):
         """Whether an access since the last barrier, by another thread, touched bytes of

@@ -1,12 +1,15 @@
-"""Where a tiled kernel's shared arrays lie (moagen.targets.cuda.shared_memory), on bodies
+"""Where a tiled nest's shared arrays lie (moagen.steps.gpu.shared_layout), on bodies
 written by hand: live ranges by the statements' order, one from each copy of a tile, a
 loop's whole range for what is live into it or read there before it is written, the
-lowest offset that meets no live array at any compiled bound."""
+lowest offset that meets no live array at any compiled bound; and the layouts realize
+records on a tiled nest, which the printer declares and the dump shows."""
 import sympy
 
 from moagen.moa import scalar as S
+from moagen.onf.dump import format_onf
 from moagen.onf.loops import BlockCopy, Buffer, Loop, Store, bound_symbol
-from moagen.targets.cuda.shared_memory import allocate, live_ranges
+from moagen.pipeline import onf_of
+from moagen.steps.gpu.shared_layout import live_ranges, place
 
 e, k, kb = sympy.symbols("e k kb", integer=True)
 MAX_D = bound_symbol("d")
@@ -45,8 +48,8 @@ def test_each_copy_of_a_tile_starts_a_live_range_of_its_own():
     assert live_ranges(body, {"Q", "K", "V"}) == {"Q": ((0, 8),), "K": ((1, 2), (5, 6)),
                                                   "V": ((3, 4), (7, 8))}
     shared = [Buffer("Q", (4 * MAX_D,)), Buffer("K", (8 * MAX_D,)), Buffer("V", (8 * MAX_D,))]
-    layout, _, _ = allocate(shared, body, 8, [{MAX_D: 64}])
-    assert {name: at for name, at, _ in layout} == {"Q": 0, "K": 32 * MAX_D, "V": 32 * MAX_D}
+    layout = place(shared, body, 8, [{MAX_D: 64}])
+    assert _offsets(layout) == {"Q": 0, "K": 32 * MAX_D, "V": 32 * MAX_D}
 
 
 def test_a_tile_read_in_a_loop_before_it_is_written_there_is_live_over_all_of_it():
@@ -61,11 +64,10 @@ def test_tiles_never_live_together_share_bytes_at_every_bound():
     shared = [Buffer("Q", (4 * MAX_D,)), Buffer("K", (8 * MAX_D,)),
               Buffer("V", (6 * MAX_D + 2,))]
     bounds = [{MAX_D: 64}, {MAX_D: 128}]
-    layout, total, meets = allocate(shared, BODY, 8, bounds)
-    offsets = {name: offset for name, offset, _ in layout}
-    assert offsets == {"Q": 0, "K": 32 * MAX_D, "V": 32 * MAX_D}
-    assert [total.xreplace(v) for v in bounds] == [96 * 64, 96 * 128]
-    assert meets == {"Q": {"Q"}, "K": {"K", "V"}, "V": {"K", "V"}}
+    layout = place(shared, BODY, 8, bounds)
+    assert _offsets(layout) == {"Q": 0, "K": 32 * MAX_D, "V": 32 * MAX_D}
+    assert [layout.total.xreplace(v) for v in bounds] == [96 * 64, 96 * 128]
+    assert layout.meets == (("Q", ("Q",)), ("K", ("K", "V")), ("V", ("K", "V")))
 
 
 def test_an_offset_must_fit_at_every_bound():
@@ -76,5 +78,24 @@ def test_an_offset_must_fit_at_every_bound():
     bounds = [{MAX_D: 64}, {MAX_D: 128}]
     for c, offset in ((200, 0), (300, 32 * MAX_D + 2048)):
         shared = [Buffer("A", (4 * MAX_D,)), Buffer("B", (256,)), Buffer("C", (c,))]
-        layout, _, _ = allocate(shared, body, 8, bounds)
-        assert {name: at for name, at, _ in layout} == {"A": 0, "B": 32 * MAX_D, "C": offset}
+        assert _offsets(place(shared, body, 8, bounds)) == {"A": 0, "B": 32 * MAX_D, "C": offset}
+
+
+def _offsets(layout):
+    return {a.name: a.offset for a in layout.arrays}
+
+
+def test_realize_records_the_flash_forward_s_layouts_per_element_size():
+    """Q, K and the scores apart, V on K's bytes (copied once the scores are taken), at
+    4-byte and 8-byte elements; the dump shows them."""
+    onf = onf_of("attention_fwd", "flash", target="cuda", dtype="float64")
+    (rows,) = [n for n in onf.nests if n.label == "rows"]
+    assert [layout.element_bytes for layout in rows.shared_layouts] == [4, 8]
+    for layout in rows.shared_layouts:
+        size = layout.element_bytes
+        assert _offsets(layout) == {"rows_Q_tile": 0, "rows_K_tile": 68 * size * MAX_D,
+                                    "rows_V_tile": 68 * size * MAX_D,
+                                    "probs": 136 * size * MAX_D}
+        assert dict(layout.meets)["rows_V_tile"] == ("rows_K_tile", "rows_V_tile")
+    assert "    rows_V_tile: 64*MAX_d + 256 elements at byte 544*MAX_d, meets rows_K_tile\n" \
+        in format_onf(onf)

@@ -1,4 +1,6 @@
-"""Where a tiled kernel's shared arrays lie in its block's shared memory.
+"""Where a tiled nest's shared arrays lie in its block's shared memory: a SharedLayout
+per element size, recorded on the nest (as realize closes an ONF) for the CUDA printer to
+declare.
 
 Each array is live from its first access to its last, in the order the block runs its
 statements (a tile from each copy to its last read before the next copy), and over the
@@ -7,40 +9,38 @@ reads it before writing it (what an iteration leaves the next).
 Arrays are placed in the order they become live, each at the lowest 16-byte offset where
 it overlaps no array live at the same time: a key block's V tile, copied once its scores
 are taken, lands on the K tile it follows without a step saying so. Sizes are symbolic in
-the compile-time bounds (MAX_d), so an offset must fit at every bound. TiledKernel's
-barriers then keep one array's last reads before the next one's first writes wherever
-their bytes meet."""
+the compile-time bounds (MAX_d), so an offset must fit at every bound. The barriers then
+keep one array's last reads before the next one's first writes wherever their bytes
+meet."""
+from dataclasses import replace
+
 import sympy
 
-from moagen.moa import scalar as S
-from moagen.onf.loops import Loop, Store, is_block_copy, is_thread_loop, walk
+from moagen.onf.loops import (ONF, Loop, SharedArray, SharedLayout, bound_symbol, grid_chain,
+                              is_block_copy)
+from moagen.onf.shared import shared_accesses
+
+# the element sizes a CUDA kernel is printed for: float32, float64
+ELEMENT_BYTES = (4, 8)
 
 
-def shared_accesses(s, shared, around=()):
-    """(the shared array an access is to, whether written, owner) of each access inside s to
-    one of `shared`; owner: the thread loops `around` it and inside s (their keys) and its
-    index (two accesses with one owner are one thread's element), None for a block's copy
-    (a write of the whole tile)."""
-    if isinstance(s, Loop):
-        if is_block_copy(s):
-            for b in walk(s.body):
-                if isinstance(b, Store) and b.array in shared:
-                    yield b.array, True, None
-            return
-        inner = around + ((loop_key(s),) if is_thread_loop(s) else ())
-        for b in s.body:
-            yield from shared_accesses(b, shared, inner)
-        return
-    for x in S.subexpressions(s.value):
-        if isinstance(x, S.Load) and x.array in shared:
-            yield x.array, False, (frozenset(around), x.array, sympy.expand(x.offset))
-    if isinstance(s, Store) and s.array in shared:
-        yield s.array, True, (frozenset(around), s.array, sympy.expand(s.index[0]))
-
-
-def loop_key(loop):
-    """A thread loop as an owner names it: its mapping, variable and range."""
-    return (loop.gpu, loop.var, loop.start, loop.stop)
+def lay_out_shared(onf: ONF) -> ONF:
+    """onf with each tiled nest's SharedLayout at every element size: its shared arrays
+    (those of onf.shared it touches) placed where they meet no array live at the same
+    time, at every bound its grid is compiled for."""
+    names = {b.name for b in onf.shared}
+    nests = []
+    for nest in onf.nests:
+        grid, body = grid_chain(nest)
+        if grid:
+            touched = {a for s in body for a, _, _ in shared_accesses(s, names)}
+            shared = [b for b in onf.shared if b.name in touched]
+            bounds = [{bound_symbol(name): v}
+                      for name, values in grid[-1].gpu.bounds for v in values] or [{}]
+            nest = replace(nest, shared_layouts=tuple(place(shared, body, size, bounds)
+                                                      for size in ELEMENT_BYTES))
+        nests.append(nest)
+    return replace(onf, nests=tuple(nests))
 
 
 def live_ranges(body, names):
@@ -95,10 +95,10 @@ def live_ranges(body, names):
     return {name: tuple(spans) for name, spans in ranges.items()}
 
 
-def allocate(shared, body, element_bytes, bound_values):
-    """([(name, byte offset, element count)] of the arrays `shared`, in their order; the
-    bytes in all; name -> the names whose bytes meet its at some bound, its own included).
-    bound_values: one substitution of the MAX_ symbols per compiled bound."""
+def place(shared, body, element_bytes, bound_values) -> SharedLayout:
+    """The arrays `shared` (Buffers, in their order) of the statements `body` placed at
+    elements of `element_bytes`. bound_values: one substitution of the MAX_ symbols per
+    compiled bound."""
     names = {b.name for b in shared}
     ranges = live_ranges(body, names)
     placed = {}  # name -> (offset, bytes)
@@ -121,7 +121,8 @@ def allocate(shared, body, element_bytes, bound_values):
         offset = next((c for c in candidates if not any(meet((c, size), o) for o in live)),
                       sympy.Max(*(o + n for o, n in live)))
         placed[b.name] = (sympy.expand(offset), size)
-    layout = [(b.name, placed[b.name][0], sympy.Mul(*b.shape)) for b in shared]
+    arrays = tuple(SharedArray(b.name, placed[b.name][0], sympy.Mul(*b.shape)) for b in shared)
     total = sympy.Max(*(o + n for o, n in placed.values())) if placed else sympy.Integer(0)
-    meets = {a: frozenset(b for b in placed if meet(placed[a], placed[b])) for a in placed}
-    return layout, total, meets
+    meets = tuple((a.name, tuple(b.name for b in arrays if meet(placed[a.name], placed[b.name])))
+                  for a in arrays)
+    return SharedLayout(element_bytes, arrays, total, meets)
