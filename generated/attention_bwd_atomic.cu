@@ -193,9 +193,8 @@ __global__ void attention_bwd_atomic_f64_rows(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, t_block written and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 rows_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
@@ -206,7 +205,7 @@ __global__ void attention_bwd_atomic_f64_rows(
                 rows_Q_tile[e3*(MAX_d + 4) + e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_Q_tile read after rows_Q_tile copied; rows_K_tile_by_j read after rows_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -232,7 +231,7 @@ __global__ void attention_bwd_atomic_f64_rows(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile copied after rows_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 rows_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0);
@@ -243,7 +242,7 @@ __global__ void attention_bwd_atomic_f64_rows(
                 rows_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile read after rows_dO_tile copied; rows_V_tile read after rows_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -279,7 +278,7 @@ __global__ void attention_bwd_atomic_f64_rows(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             rows_delta_tile_at[s_i] = rows_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t_block written after rows_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -315,7 +314,7 @@ __global__ void attention_bwd_atomic_f64_rows(
                 rows_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t_block read after t_block written; rows_K_tile_by_c read after rows_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -396,9 +395,8 @@ __global__ void attention_bwd_atomic_f64_dV(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // dV_dO_tile copied after dV_dO_tile copied and read
         for (int e18 = ty; e18 < 64; e18 += 8) {
             for (int e19 = tx; e19 < d; e19 += 16) {
                 dV_dO_tile[e18*(MAX_d + 4) + e19] = (e18 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e18 + 64*i_blk + n*(b*heads + h)) + e19] : 0.0);
@@ -412,7 +410,7 @@ __global__ void attention_bwd_atomic_f64_dV(
                 dV_Q_tile[e15 + 68*e16] = (e15 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e15 + 64*i_blk + n*(b*heads + h)) + e16] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dV_Q_tile read after dV_Q_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -438,7 +436,7 @@ __global__ void attention_bwd_atomic_f64_dV(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after dV_Q_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -463,7 +461,7 @@ __global__ void attention_bwd_atomic_f64_dV(
                 if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) t2_block[36*i - 2304*i_blk + j - 32*j_blk] = t2[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -679,9 +677,8 @@ __global__ void attention_bwd_atomic_f32_rows(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, t_block written and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 rows_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
@@ -692,7 +689,7 @@ __global__ void attention_bwd_atomic_f32_rows(
                 rows_Q_tile[e3*(MAX_d + 4) + e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_Q_tile read after rows_Q_tile copied; rows_K_tile_by_j read after rows_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -718,7 +715,7 @@ __global__ void attention_bwd_atomic_f32_rows(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile copied after rows_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 rows_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0f);
@@ -729,7 +726,7 @@ __global__ void attention_bwd_atomic_f32_rows(
                 rows_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile read after rows_dO_tile copied; rows_V_tile read after rows_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -765,7 +762,7 @@ __global__ void attention_bwd_atomic_f32_rows(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             rows_delta_tile_at[s_i] = rows_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t_block written after rows_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -801,7 +798,7 @@ __global__ void attention_bwd_atomic_f32_rows(
                 rows_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t_block read after t_block written; rows_K_tile_by_c read after rows_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -882,9 +879,8 @@ __global__ void attention_bwd_atomic_f32_dV(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // dV_dO_tile copied after dV_dO_tile copied and read
         for (int e18 = ty; e18 < 64; e18 += 8) {
             for (int e19 = tx; e19 < d; e19 += 16) {
                 dV_dO_tile[e18*(MAX_d + 4) + e19] = (e18 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e18 + 64*i_blk + n*(b*heads + h)) + e19] : 0.0f);
@@ -898,7 +894,7 @@ __global__ void attention_bwd_atomic_f32_dV(
                 dV_Q_tile[e15 + 68*e16] = (e15 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e15 + 64*i_blk + n*(b*heads + h)) + e16] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dV_Q_tile read after dV_Q_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -924,7 +920,7 @@ __global__ void attention_bwd_atomic_f32_dV(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after dV_Q_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -949,7 +945,7 @@ __global__ void attention_bwd_atomic_f32_dV(
                 if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) t2_block[36*i - 2304*i_blk + j - 32*j_blk] = t2[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {

@@ -200,7 +200,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
         }
     }
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read, keys_Q_tile_by_c copied and read
         for (int e10 = ty * 16 + tx; e10 < 64; e10 += 128) {
             keys_delta_tile[e10] = (e10 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e10 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
@@ -217,7 +217,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 keys_K_tile[e*(MAX_d + 4) + e2] = (e + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e + 32*j_blk + n*(b*heads + h)) + e2] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -243,7 +243,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 qk_block_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e5 = ty; e5 < 32; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 keys_V_tile[e5 + 36*e6] = (e5 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e5 + 32*j_blk + n*(b*heads + h)) + e6] : 0.0);
@@ -254,7 +254,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 keys_dO_tile_by_i[e7 + 68*e8] = (e7 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e7 + 64*i_blk + n*(b*heads + h)) + e8] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -280,7 +280,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 dov_block_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after keys_V_tile read; t_block written after keys_dO_tile_by_i read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -334,7 +334,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 keys_dO_tile_by_c[e13*(MAX_d + 4) + e14] = (e13 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e13 + 64*i_blk + n*(b*heads + h)) + e14] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -350,13 +350,13 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after t2_block read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
                 keys_Q_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e11 + 64*i_blk + n*(b*heads + h)) + e12] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -577,7 +577,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
         }
     }
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read, keys_Q_tile_by_c copied and read
         for (int e10 = ty * 16 + tx; e10 < 64; e10 += 128) {
             keys_delta_tile[e10] = (e10 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e10 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
@@ -594,7 +594,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 keys_K_tile[e*(MAX_d + 4) + e2] = (e + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e + 32*j_blk + n*(b*heads + h)) + e2] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -620,7 +620,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 qk_block_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e5 = ty; e5 < 32; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 keys_V_tile[e5 + 36*e6] = (e5 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e5 + 32*j_blk + n*(b*heads + h)) + e6] : 0.0f);
@@ -631,7 +631,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 keys_dO_tile_by_i[e7 + 68*e8] = (e7 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e7 + 64*i_blk + n*(b*heads + h)) + e8] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -657,7 +657,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 dov_block_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after keys_V_tile read; t_block written after keys_dO_tile_by_i read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -711,7 +711,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 keys_dO_tile_by_c[e13*(MAX_d + 4) + e14] = (e13 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e13 + 64*i_blk + n*(b*heads + h)) + e14] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -727,13 +727,13 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after t2_block read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
                 keys_Q_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e11 + 64*i_blk + n*(b*heads + h)) + e12] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {

@@ -169,9 +169,8 @@ __global__ void attention_bwd_flash_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
@@ -182,7 +181,7 @@ __global__ void attention_bwd_flash_f64_dQ(
                 dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -208,7 +207,7 @@ __global__ void attention_bwd_flash_f64_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0);
@@ -219,7 +218,7 @@ __global__ void attention_bwd_flash_f64_dQ(
                 dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -255,7 +254,7 @@ __global__ void attention_bwd_flash_f64_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t_block written after dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -291,7 +290,7 @@ __global__ void attention_bwd_flash_f64_dQ(
                 dQ_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t_block read after t_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -380,7 +379,7 @@ __global__ void attention_bwd_flash_f64_keys(
         }
     }
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
@@ -397,7 +396,7 @@ __global__ void attention_bwd_flash_f64_keys(
                 keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -423,7 +422,7 @@ __global__ void attention_bwd_flash_f64_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 keys_V_tile[e17 + 36*e18] = (e17 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e17 + 32*j_blk + n*(b*heads + h)) + e18] : 0.0);
@@ -434,7 +433,7 @@ __global__ void attention_bwd_flash_f64_keys(
                 keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -460,7 +459,7 @@ __global__ void attention_bwd_flash_f64_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after keys_V_tile read; t3_block written after keys_dO_tile_by_i read, keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -514,7 +513,7 @@ __global__ void attention_bwd_flash_f64_keys(
                 keys_dO_tile_by_c[e25*(MAX_d + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -530,13 +529,13 @@ __global__ void attention_bwd_flash_f64_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after keys_dO_tile_by_c read
         for (int e23 = ty; e23 < 64; e23 += 8) {
             for (int e24 = tx; e24 < d; e24 += 16) {
                 keys_Q_tile_by_c[e23*(MAX_d + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -729,9 +728,8 @@ __global__ void attention_bwd_flash_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
@@ -742,7 +740,7 @@ __global__ void attention_bwd_flash_f32_dQ(
                 dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -768,7 +766,7 @@ __global__ void attention_bwd_flash_f32_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0f);
@@ -779,7 +777,7 @@ __global__ void attention_bwd_flash_f32_dQ(
                 dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -815,7 +813,7 @@ __global__ void attention_bwd_flash_f32_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t_block written after dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -851,7 +849,7 @@ __global__ void attention_bwd_flash_f32_dQ(
                 dQ_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t_block read after t_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -940,7 +938,7 @@ __global__ void attention_bwd_flash_f32_keys(
         }
     }
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
@@ -957,7 +955,7 @@ __global__ void attention_bwd_flash_f32_keys(
                 keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -983,7 +981,7 @@ __global__ void attention_bwd_flash_f32_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 keys_V_tile[e17 + 36*e18] = (e17 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e17 + 32*j_blk + n*(b*heads + h)) + e18] : 0.0f);
@@ -994,7 +992,7 @@ __global__ void attention_bwd_flash_f32_keys(
                 keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1020,7 +1018,7 @@ __global__ void attention_bwd_flash_f32_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after keys_V_tile read; t3_block written after keys_dO_tile_by_i read, keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1074,7 +1072,7 @@ __global__ void attention_bwd_flash_f32_keys(
                 keys_dO_tile_by_c[e25*(MAX_d + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -1090,13 +1088,13 @@ __global__ void attention_bwd_flash_f32_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after keys_dO_tile_by_c read
         for (int e23 = ty; e23 < 64; e23 += 8) {
             for (int e24 = tx; e24 < d; e24 += 16) {
                 keys_Q_tile_by_c[e23*(MAX_d + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {

@@ -179,15 +179,14 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile read after rows_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -281,13 +280,13 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 rows_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_V_tile read after rows_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -433,15 +432,14 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile read after rows_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -535,13 +533,13 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 rows_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_V_tile read after rows_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {

@@ -184,15 +184,14 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -286,13 +285,13 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -463,9 +462,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, rows_K_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
                 rows_K_tile_by_j[e11 + 68*e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
@@ -476,7 +474,7 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
                 rows_Q_tile[e10 + e9*(MAX_d + 4)] = (e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e9 + 32*i_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_Q_tile read after rows_Q_tile copied; rows_K_tile_by_j read after rows_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -502,7 +500,7 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile copied after rows_K_tile_by_j read
         for (int e13 = ty; e13 < 32; e13 += 8) {
             for (int e14 = tx; e14 < d; e14 += 16) {
                 rows_dO_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0);
@@ -513,7 +511,7 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
                 rows_V_tile[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile read after rows_dO_tile copied; rows_V_tile read after rows_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -549,7 +547,7 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             rows_delta_tile_at[s_i] = rows_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after rows_V_tile read; t2_block written after rows_V_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -616,13 +614,13 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c copied after rows_dO_tile read
         for (int e17 = ty; e17 < 64; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 rows_K_tile_by_c[e17*(MAX_d + 4) + e18] = (e17 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e17 + 64*j_blk + n*(b*heads + h)) + e18] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c read after rows_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -801,15 +799,14 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -903,13 +900,13 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1080,9 +1077,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, rows_K_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
                 rows_K_tile_by_j[e11 + 68*e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
@@ -1093,7 +1089,7 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
                 rows_Q_tile[e10 + e9*(MAX_d + 4)] = (e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e9 + 32*i_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_Q_tile read after rows_Q_tile copied; rows_K_tile_by_j read after rows_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1119,7 +1115,7 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile copied after rows_K_tile_by_j read
         for (int e13 = ty; e13 < 32; e13 += 8) {
             for (int e14 = tx; e14 < d; e14 += 16) {
                 rows_dO_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0f);
@@ -1130,7 +1126,7 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
                 rows_V_tile[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile read after rows_dO_tile copied; rows_V_tile read after rows_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1166,7 +1162,7 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             rows_delta_tile_at[s_i] = rows_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after rows_V_tile read; t2_block written after rows_V_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1233,13 +1229,13 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c copied after rows_dO_tile read
         for (int e17 = ty; e17 < 64; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 rows_K_tile_by_c[e17*(MAX_d + 4) + e18] = (e17 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e17 + 64*j_blk + n*(b*heads + h)) + e18] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c read after rows_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {

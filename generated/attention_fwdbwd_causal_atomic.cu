@@ -178,15 +178,14 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < i_blk; ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -280,13 +279,13 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e7 = ty; e7 < 64; e7 += 16) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 forward_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -307,15 +306,14 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    __syncthreads();
     for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -409,13 +407,13 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e9 = ty; e9 < 64; e9 += 16) {
             for (int e10 = tx; e10 < d; e10 += 16) {
                 forward_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -586,9 +584,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, rows_K_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
                 rows_K_tile_by_j[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0);
@@ -599,7 +596,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
                 rows_Q_tile[e13*(MAX_d + 4) + e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_Q_tile read after rows_Q_tile copied; rows_K_tile_by_j read after rows_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -625,7 +622,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile copied after rows_K_tile_by_j read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 rows_dO_tile[e17 + 36*e18] = (e17 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e17 + 32*i_blk + n*(b*heads + h)) + e18] : 0.0);
@@ -636,7 +633,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
                 rows_V_tile[e19 + 68*e20] = (e19 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e19 + 64*j_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile read after rows_dO_tile copied; rows_V_tile read after rows_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -672,7 +669,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             rows_delta_tile_at[s_i] = rows_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after rows_V_tile read; t2_block written after rows_V_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -741,13 +738,13 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c copied after rows_dO_tile read
         for (int e21 = ty; e21 < 64; e21 += 8) {
             for (int e22 = tx; e22 < d; e22 += 16) {
                 rows_K_tile_by_c[e21*(MAX_d + 4) + e22] = (e21 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e21 + 64*j_blk + n*(b*heads + h)) + e22] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c read after rows_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -926,15 +923,14 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < i_blk; ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1028,13 +1024,13 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e7 = ty; e7 < 64; e7 += 16) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 forward_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1055,15 +1051,14 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    __syncthreads();
     for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1157,13 +1152,13 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e9 = ty; e9 < 64; e9 += 16) {
             for (int e10 = tx; e10 < d; e10 += 16) {
                 forward_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1334,9 +1329,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, rows_K_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
                 rows_K_tile_by_j[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0f);
@@ -1347,7 +1341,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
                 rows_Q_tile[e13*(MAX_d + 4) + e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_Q_tile read after rows_Q_tile copied; rows_K_tile_by_j read after rows_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1373,7 +1367,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile copied after rows_K_tile_by_j read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 rows_dO_tile[e17 + 36*e18] = (e17 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e17 + 32*i_blk + n*(b*heads + h)) + e18] : 0.0f);
@@ -1384,7 +1378,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
                 rows_V_tile[e19 + 68*e20] = (e19 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e19 + 64*j_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_dO_tile read after rows_dO_tile copied; rows_V_tile read after rows_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1420,7 +1414,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             rows_delta_tile_at[s_i] = rows_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after rows_V_tile read; t2_block written after rows_V_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1489,13 +1483,13 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c copied after rows_dO_tile read
         for (int e21 = ty; e21 < 64; e21 += 8) {
             for (int e22 = tx; e22 < d; e22 += 16) {
                 rows_K_tile_by_c[e21*(MAX_d + 4) + e22] = (e21 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e21 + 64*j_blk + n*(b*heads + h)) + e22] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // rows_K_tile_by_c read after rows_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {

@@ -176,15 +176,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < i_blk; ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -278,13 +277,13 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e7 = ty; e7 < 64; e7 += 16) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 forward_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -305,15 +304,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    __syncthreads();
     for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -407,13 +405,13 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e9 = ty; e9 < 64; e9 += 16) {
             for (int e10 = tx; e10 < d; e10 += 16) {
                 forward_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -535,9 +533,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
                 dQ_K_tile_by_j[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0);
@@ -548,7 +545,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
                 dQ_Q_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -574,7 +571,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 dQ_dO_tile[e17 + 36*e18] = (e17 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e17 + 32*i_blk + n*(b*heads + h)) + e18] : 0.0);
@@ -585,7 +582,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
                 dQ_V_tile[e19 + 68*e20] = (e19 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e19 + 64*j_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -621,7 +618,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -659,7 +656,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
                 dQ_K_tile_by_c[e21*(MAX_d + 4) + e22] = (e21 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e21 + 64*j_blk + n*(b*heads + h)) + e22] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -748,7 +745,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
         }
     }
     for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e32 = ty * 16 + tx; e32 < 64; e32 += 128) {
             keys_delta_tile[e32] = (e32 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e32 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
@@ -765,7 +762,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 keys_K_tile[e23 + 36*e24] = (e23 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e23 + 32*j_blk + n*(b*heads + h)) + e24] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -791,7 +788,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e27 = ty; e27 < 32; e27 += 8) {
             for (int e28 = tx; e28 < d; e28 += 16) {
                 keys_V_tile[e27 + 36*e28] = (e27 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e27 + 32*j_blk + n*(b*heads + h)) + e28] : 0.0);
@@ -802,7 +799,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 keys_dO_tile_by_i[e29 + 68*e30] = (e29 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e29 + 64*i_blk + n*(b*heads + h)) + e30] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -828,7 +825,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after keys_V_tile read; t4_block written after keys_dO_tile_by_i read, keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -883,7 +880,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 keys_dO_tile_by_c[e35*(MAX_d + 4) + e36] = (e35 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e35 + 64*i_blk + n*(b*heads + h)) + e36] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block read after t3_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -899,13 +896,13 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after keys_dO_tile_by_c read
         for (int e33 = ty; e33 < 64; e33 += 8) {
             for (int e34 = tx; e34 < d; e34 += 16) {
                 keys_Q_tile_by_c[e33*(MAX_d + 4) + e34] = (e33 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e33 + 64*i_blk + n*(b*heads + h)) + e34] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -1086,15 +1083,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < i_blk; ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1188,13 +1184,13 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e7 = ty; e7 < 64; e7 += 16) {
             for (int e8 = tx; e8 < d; e8 += 16) {
                 forward_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*heads + h)) + e8] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1215,15 +1211,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    __syncthreads();
     for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1317,13 +1312,13 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e9 = ty; e9 < 64; e9 += 16) {
             for (int e10 = tx; e10 < d; e10 += 16) {
                 forward_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1445,9 +1440,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
                 dQ_K_tile_by_j[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0f);
@@ -1458,7 +1452,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
                 dQ_Q_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1484,7 +1478,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < d; e18 += 16) {
                 dQ_dO_tile[e17 + 36*e18] = (e17 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e17 + 32*i_blk + n*(b*heads + h)) + e18] : 0.0f);
@@ -1495,7 +1489,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
                 dQ_V_tile[e19 + 68*e20] = (e19 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e19 + 64*j_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1531,7 +1525,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1569,7 +1563,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
                 dQ_K_tile_by_c[e21*(MAX_d + 4) + e22] = (e21 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e21 + 64*j_blk + n*(b*heads + h)) + e22] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1658,7 +1652,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
         }
     }
     for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e32 = ty * 16 + tx; e32 < 64; e32 += 128) {
             keys_delta_tile[e32] = (e32 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e32 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
@@ -1675,7 +1669,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 keys_K_tile[e23 + 36*e24] = (e23 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e23 + 32*j_blk + n*(b*heads + h)) + e24] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1701,7 +1695,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e27 = ty; e27 < 32; e27 += 8) {
             for (int e28 = tx; e28 < d; e28 += 16) {
                 keys_V_tile[e27 + 36*e28] = (e27 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e27 + 32*j_blk + n*(b*heads + h)) + e28] : 0.0f);
@@ -1712,7 +1706,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 keys_dO_tile_by_i[e29 + 68*e30] = (e29 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e29 + 64*i_blk + n*(b*heads + h)) + e30] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1738,7 +1732,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after keys_V_tile read; t4_block written after keys_dO_tile_by_i read, keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1793,7 +1787,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 keys_dO_tile_by_c[e35*(MAX_d + 4) + e36] = (e35 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e35 + 64*i_blk + n*(b*heads + h)) + e36] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block read after t3_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -1809,13 +1803,13 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after keys_dO_tile_by_c read
         for (int e33 = ty; e33 < 64; e33 += 8) {
             for (int e34 = tx; e34 < d; e34 += 16) {
                 keys_Q_tile_by_c[e33*(MAX_d + 4) + e34] = (e33 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e33 + 64*i_blk + n*(b*heads + h)) + e34] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {

@@ -182,15 +182,14 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -284,13 +283,13 @@ __global__ void attention_fwdbwd_owner_f64_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -412,9 +411,8 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
                 dQ_K_tile_by_j[e11 + 68*e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
@@ -425,7 +423,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
                 dQ_Q_tile[36*e10 + e9] = (e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e9 + 32*i_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -451,7 +449,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e13 = ty; e13 < 32; e13 += 8) {
             for (int e14 = tx; e14 < d; e14 += 16) {
                 dQ_dO_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0);
@@ -462,7 +460,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
                 dQ_V_tile[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -498,7 +496,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -534,7 +532,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
                 dQ_K_tile_by_c[e17*(MAX_d + 4) + e18] = (e17 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e17 + 64*j_blk + n*(b*heads + h)) + e18] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -623,7 +621,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
         }
     }
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e28 = ty * 16 + tx; e28 < 64; e28 += 128) {
             keys_delta_tile[e28] = (e28 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e28 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
@@ -640,7 +638,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
                 keys_K_tile[e19 + 36*e20] = (e19 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e19 + 32*j_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -666,7 +664,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e23 = ty; e23 < 32; e23 += 8) {
             for (int e24 = tx; e24 < d; e24 += 16) {
                 keys_V_tile[e23 + 36*e24] = (e23 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e23 + 32*j_blk + n*(b*heads + h)) + e24] : 0.0);
@@ -677,7 +675,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
                 keys_dO_tile_by_i[e25 + 68*e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -703,7 +701,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after keys_V_tile read; t4_block written after keys_dO_tile_by_i read, keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -757,7 +755,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
                 keys_dO_tile_by_c[e31*(MAX_d + 4) + e32] = (e31 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e31 + 64*i_blk + n*(b*heads + h)) + e32] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block read after t3_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -773,13 +771,13 @@ __global__ void attention_fwdbwd_owner_f64_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after keys_dO_tile_by_c read
         for (int e29 = ty; e29 < 64; e29 += 8) {
             for (int e30 = tx; e30 < d; e30 += 16) {
                 keys_Q_tile_by_c[e29*(MAX_d + 4) + e30] = (e29 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e29 + 64*i_blk + n*(b*heads + h)) + e30] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -960,15 +958,14 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
                 forward_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_K_tile read after forward_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1062,13 +1059,13 @@ __global__ void attention_fwdbwd_owner_f32_forward(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile copied after forward_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
                 forward_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // forward_V_tile read after forward_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1190,9 +1187,8 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
                 dQ_K_tile_by_j[e11 + 68*e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
@@ -1203,7 +1199,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
                 dQ_Q_tile[36*e10 + e9] = (e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e9 + 32*i_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1229,7 +1225,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e13 = ty; e13 < 32; e13 += 8) {
             for (int e14 = tx; e14 < d; e14 += 16) {
                 dQ_dO_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e13 + 32*i_blk + n*(b*heads + h)) + e14] : 0.0f);
@@ -1240,7 +1236,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
                 dQ_V_tile[e15 + 68*e16] = (e15 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e15 + 64*j_blk + n*(b*heads + h)) + e16] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1276,7 +1272,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // t2_block written after dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1312,7 +1308,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
                 dQ_K_tile_by_c[e17*(MAX_d + 4) + e18] = (e17 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e17 + 64*j_blk + n*(b*heads + h)) + e18] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t2_block read after t2_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1401,7 +1397,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
         }
     }
     for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e28 = ty * 16 + tx; e28 < 64; e28 += 128) {
             keys_delta_tile[e28] = (e28 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e28 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
@@ -1418,7 +1414,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
                 keys_K_tile[e19 + 36*e20] = (e19 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[d*(e19 + 32*j_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_i read after keys_Q_tile_by_i copied; keys_K_tile read after keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1444,7 +1440,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_V_tile copied after keys_Q_tile_by_i read
         for (int e23 = ty; e23 < 32; e23 += 8) {
             for (int e24 = tx; e24 < d; e24 += 16) {
                 keys_V_tile[e23 + 36*e24] = (e23 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[d*(e23 + 32*j_blk + n*(b*heads + h)) + e24] : 0.0f);
@@ -1455,7 +1451,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
                 keys_dO_tile_by_i[e25 + 68*e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_dO_tile_by_i read after keys_dO_tile_by_i copied; keys_V_tile read after keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1481,7 +1477,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block written after keys_V_tile read; t4_block written after keys_dO_tile_by_i read, keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1535,7 +1531,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
                 keys_dO_tile_by_c[e31*(MAX_d + 4) + e32] = (e31 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dO[d*(e31 + 64*i_blk + n*(b*heads + h)) + e32] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // t3_block read after t3_block written; keys_dO_tile_by_c read after keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -1551,13 +1547,13 @@ __global__ void attention_fwdbwd_owner_f32_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c copied after keys_dO_tile_by_c read
         for (int e29 = ty; e29 < 64; e29 += 8) {
             for (int e30 = tx; e30 < d; e30 += 16) {
                 keys_Q_tile_by_c[e29*(MAX_d + 4) + e30] = (e29 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e29 + 64*i_blk + n*(b*heads + h)) + e30] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // keys_Q_tile_by_c read after keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {

@@ -1214,9 +1214,8 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // attn_dQ_K_tile_by_j copied after attn_dQ_K_tile_by_j copied and read, attn_dQ_dO_tile copied and read, attn_dQ_V_tile copied and read, attn_t_block written and read, attn_dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
                 attn_dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
@@ -1227,7 +1226,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
                 attn_dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_dQ_Q_tile read after attn_dQ_Q_tile copied; attn_dQ_K_tile_by_j read after attn_dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1253,7 +1252,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_dQ_dO_tile copied after attn_dQ_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < dh; e8 += 16) {
                 attn_dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0);
@@ -1264,7 +1263,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
                 attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_dQ_dO_tile read after attn_dQ_dO_tile copied; attn_dQ_V_tile read after attn_dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1300,7 +1299,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = attn_dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // attn_t_block written after attn_dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1338,7 +1337,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
                 attn_dQ_K_tile_by_c[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_t_block read after attn_t_block written; attn_dQ_K_tile_by_c read after attn_dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1427,7 +1426,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
         }
     }
     for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // attn_keys_delta_tile copied after attn_keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
         }
@@ -1444,7 +1443,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 attn_keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_Q_tile_by_i read after attn_keys_Q_tile_by_i copied; attn_keys_K_tile read after attn_keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1470,7 +1469,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_V_tile copied after attn_keys_Q_tile_by_i read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < dh; e18 += 16) {
                 attn_keys_V_tile[e17 + 36*e18] = (e17 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e17 + 32*j_blk + n*(b*heads + h)) + e18] : 0.0);
@@ -1481,7 +1480,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_dO_tile_by_i read after attn_keys_dO_tile_by_i copied; attn_keys_V_tile read after attn_keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1507,7 +1506,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_t2_block written after attn_keys_V_tile read; attn_t3_block written after attn_keys_dO_tile_by_i read, attn_keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -1562,7 +1561,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_t2_block read after attn_t2_block written; attn_keys_dO_tile_by_c read after attn_keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -1578,13 +1577,13 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_Q_tile_by_c copied after attn_keys_dO_tile_by_c read
         for (int e23 = ty; e23 < 64; e23 += 8) {
             for (int e24 = tx; e24 < dh; e24 += 16) {
                 attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_Q_tile_by_c read after attn_keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -4042,9 +4041,8 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // attn_dQ_K_tile_by_j copied after attn_dQ_K_tile_by_j copied and read, attn_dQ_dO_tile copied and read, attn_dQ_V_tile copied and read, attn_t_block written and read, attn_dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
                 attn_dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
@@ -4055,7 +4053,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
                 attn_dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[dh*(e3 + 32*i_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_dQ_Q_tile read after attn_dQ_Q_tile copied; attn_dQ_K_tile_by_j read after attn_dQ_K_tile_by_j copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -4081,7 +4079,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
                 qk_block_reg[s_i][s_j] = qk[s_i][s_j];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_dQ_dO_tile copied after attn_dQ_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < dh; e8 += 16) {
                 attn_dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dattn[dh*(e7 + 32*i_blk + n*(b*heads + h)) + e8] : 0.0f);
@@ -4092,7 +4090,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
                 attn_dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e9 + 64*j_blk + n*(b*heads + h)) + e10] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_dQ_dO_tile read after attn_dQ_dO_tile copied; attn_dQ_V_tile read after attn_dQ_V_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -4128,7 +4126,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
             const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
             dQ_delta_tile_at[s_i] = attn_dQ_delta_tile[i - 32*i_blk];
         }
-        __syncthreads();
+        __syncthreads();  // attn_t_block written after attn_dQ_dO_tile read
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -4166,7 +4164,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
                 attn_dQ_K_tile_by_c[e11*(MAX_dh + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e11 + 64*j_blk + n*(b*heads + h)) + e12] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_t_block read after attn_t_block written; attn_dQ_K_tile_by_c read after attn_dQ_K_tile_by_c copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -4255,7 +4253,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
         }
     }
     for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
-        __syncthreads();
+        __syncthreads();  // attn_keys_delta_tile copied after attn_keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);
         }
@@ -4272,7 +4270,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 attn_keys_K_tile[e13 + 36*e14] = (e13 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? K[dh*(e13 + 32*j_blk + n*(b*heads + h)) + e14] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_Q_tile_by_i read after attn_keys_Q_tile_by_i copied; attn_keys_K_tile read after attn_keys_K_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -4298,7 +4296,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 qk_block2_reg[s_j][s_i] = qk[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_V_tile copied after attn_keys_Q_tile_by_i read
         for (int e17 = ty; e17 < 32; e17 += 8) {
             for (int e18 = tx; e18 < dh; e18 += 16) {
                 attn_keys_V_tile[e17 + 36*e18] = (e17 + 32*j_blk < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) ? V[dh*(e17 + 32*j_blk + n*(b*heads + h)) + e18] : 0.0f);
@@ -4309,7 +4307,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 attn_keys_dO_tile_by_i[e19 + 68*e20] = (e19 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e19 + 64*i_blk + n*(b*heads + h)) + e20] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_dO_tile_by_i read after attn_keys_dO_tile_by_i copied; attn_keys_V_tile read after attn_keys_V_tile copied
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -4335,7 +4333,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 dov_block2_reg[s_j][s_i] = dov[s_j][s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_t2_block written after attn_keys_V_tile read; attn_t3_block written after attn_keys_dO_tile_by_i read, attn_keys_V_tile read
         #pragma unroll
         for (int s_j = 0; s_j < 4; ++s_j) {
             #pragma unroll
@@ -4390,7 +4388,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 attn_keys_dO_tile_by_c[e25*(MAX_dh + 4) + e26] = (e25 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? dattn[dh*(e25 + 64*i_blk + n*(b*heads + h)) + e26] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_t2_block read after attn_t2_block written; attn_keys_dO_tile_by_c read after attn_keys_dO_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
@@ -4406,13 +4404,13 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_Q_tile_by_c copied after attn_keys_dO_tile_by_c read
         for (int e23 = ty; e23 < 64; e23 += 8) {
             for (int e24 = tx; e24 < dh; e24 += 16) {
                 attn_keys_Q_tile_by_c[e23*(MAX_dh + 4) + e24] = (e23 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[dh*(e23 + 64*i_blk + n*(b*heads + h)) + e24] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_keys_Q_tile_by_c read after attn_keys_Q_tile_by_c copied
         for (int i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {

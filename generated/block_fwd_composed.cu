@@ -537,15 +537,14 @@ __global__ void block_fwd_composed_f64_attn_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // attn_rows_K_tile copied after attn_rows_K_tile copied and read, attn_rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < dh; e4 += 16) {
                 attn_rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_rows_K_tile read after attn_rows_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -639,13 +638,13 @@ __global__ void block_fwd_composed_f64_attn_rows(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_rows_V_tile copied after attn_rows_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
                 attn_rows_V_tile[e5*(MAX_dh + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_rows_V_tile read after attn_rows_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -1883,15 +1882,14 @@ __global__ void block_fwd_composed_f32_attn_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    __syncthreads();
     for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-        __syncthreads();
+        __syncthreads();  // attn_rows_K_tile copied after attn_rows_K_tile copied and read, attn_rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < dh; e4 += 16) {
                 attn_rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[dh*(e3 + 64*j_blk + n*(b*heads + h)) + e4] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_rows_K_tile read after attn_rows_K_tile copied
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
@@ -1985,13 +1983,13 @@ __global__ void block_fwd_composed_f32_attn_rows(
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_rows_V_tile copied after attn_rows_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
                 attn_rows_V_tile[e5*(MAX_dh + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[dh*(e5 + 64*j_blk + n*(b*heads + h)) + e6] : 0.0f);
             }
         }
-        __syncthreads();
+        __syncthreads();  // attn_rows_V_tile read after attn_rows_V_tile copied
         for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {

@@ -1,6 +1,6 @@
 """The CUDA mapping steps of tiled kernels (moagen.steps.gpu) and their printer
 (moagen.targets.cuda.tiled), on attention_fwd's flash variant in FlashAttention-2's form:
-what the steps make of the ONF, what they refuse, the barriers the printer derives (each
+what the steps make of the ONF, what they refuse, the barriers the closing pass puts (each
 one needed: the race check fails the kernel without it) and the bound on the head dim;
 the causal twin's key blocks past a block's rows skipped, grouped-query attention's
 query heads folded into one grid axis, the atomic kernels' passes on block tiles, the
@@ -15,8 +15,8 @@ from moagen import reference, runtime, verify
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Loop, Threads, is_grid, is_thread_loop, perfect_chain, stmt_exprs,
-                              walk)
+from moagen.onf.loops import (Barrier, Loop, Threads, is_grid, is_thread_loop, perfect_chain,
+                              stmt_exprs, walk)
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.algebra.causal import mask_sides
@@ -212,17 +212,33 @@ def test_the_tiled_kernel_passes_the_race_check():
     _run(emit(KERNEL, VARIANT, "cuda-emulated"), "tiles_race")
 
 
-# after the key block's K copy (its reads of K); before V's copy over K's memory (the scores'
-# reads of K); after it (the weighted sum's reads of V and of the other threads' scores)
-@pytest.mark.parametrize("which, array", [(3, "rows_K_tile"), (4, "rows_(K|V)_tile"),
-                                          (5, "(rows_V_tile|probs)")])
-def test_each_derived_barrier_is_needed(which, array):
+def test_the_barriers_are_ir_statements_printed_with_what_they_order():
+    """The pass's Barrier statements, in order: a key block's top (the last block's reads
+    of K and V before the copy over them; Q's copy before its first read too, so none after
+    that copy), after K's copy, before V's copy over K's bytes, after it; each printed once
+    an instance, with its reason."""
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
+    whys = [s.why for s in walk(_rows(onf).body) if isinstance(s, Barrier)]
+    assert whys == ["rows_K_tile copied after rows_K_tile copied and read, "
+                    "rows_V_tile copied and read",
+                    "rows_K_tile read after rows_K_tile copied",
+                    "rows_V_tile copied after rows_K_tile read",
+                    "rows_V_tile read after rows_V_tile copied"]
+    source = emit(KERNEL, VARIANT, "cuda-emulated")
+    start, end = _float64_kernel(source)
+    assert [line.strip() for line in source[start:end].splitlines() if "__syncthreads" in line] == \
+        [f"__syncthreads();  // {why}" for why in whys]
+
+
+# which barrier, and the shared array the race check finds without it
+@pytest.mark.parametrize("which, array", [(1, "rows_(K|V)_tile"), (2, "rows_K_tile"),
+                                          (3, "rows_(K|V)_tile"), (4, "(rows_V_tile|probs)")])
+def test_each_barrier_is_needed(which, array):
     source = emit(KERNEL, VARIANT, "cuda-emulated")
     start, end = _float64_kernel(source)
     kernel = source[start:end]
     barriers = [k for k in range(len(kernel)) if kernel.startswith("__syncthreads();", k)]
-    # after Q's copy; a key block's top; after K's copy; before and after V's over it
-    assert len(barriers) == 5
+    assert len(barriers) == 4  # every one of them is deleted by a case here
     cut = start + barriers[which - 1]
     broken = source[:cut] + source[cut + len("__syncthreads();"):]
     with pytest.raises(EmulationCheckError, match=rf"race on shared `{array}`"):

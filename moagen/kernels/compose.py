@@ -22,7 +22,7 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import (ONF, Buffer, Grid, Let, Loop, Nest, SharedArray, Store, Update,
+from moagen.onf.loops import (ONF, Barrier, Buffer, Grid, Let, Loop, Nest, SharedArray, Store, Update,
                               bound_symbol)
 
 
@@ -185,6 +185,10 @@ class _Renamer:
                            index=tuple(self.index(i) for i in s.index), value=self.expr(s.value))
         if isinstance(s, (Let, Update)):
             return replace(s, value=self.expr(s.value))
+        if isinstance(s, Barrier):
+            return replace(s, hazards=tuple(replace(h, array=self.arrays[h.array],
+                                                    then_array=self.arrays[h.then_array])
+                                            for h in s.hazards))
         raise SpecError(f"cannot rename statement {s!r}")
 
     def layout(self, layout):

@@ -5,7 +5,7 @@ import sympy
 from moagen.moa.dnf import format_scalar
 from moagen.moa.shape import fmt_shape
 from moagen.onf.count import atomic_updates
-from moagen.onf.loops import Let, Loop, ONF, Store, Update
+from moagen.onf.loops import Barrier, Let, Loop, ONF, Store, Update
 
 
 def format_onf(onf: ONF) -> str:
@@ -61,6 +61,8 @@ def _format_block(stmts, depth):
                 (f"{s.gpu} " if s.gpu else "")
             out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
             out += _format_block(s.body, depth + 1)
+        elif isinstance(s, Barrier):
+            out.append(f"{pad}barrier: {s.why}")
         elif isinstance(s, Let):
             out.append(f"{pad}let {s.name} = {format_scalar(s.value, indent=len(pad))}")
         elif isinstance(s, Update):

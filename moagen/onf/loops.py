@@ -132,6 +132,36 @@ class Store(Stmt):
 
 
 @dataclass(frozen=True)
+class Hazard:
+    """Two accesses to a block's shared bytes by different threads, one a write, that a
+    barrier orders: `array` `access`ed ("copied" by the block, "written" or "read"), then
+    `then_array` as `then`."""
+    array: str
+    access: str
+    then_array: str
+    then: str
+
+
+@dataclass(frozen=True)
+class Barrier(Stmt):
+    """__syncthreads() in a tiled CUDA nest: every thread of the block waits here for the
+    others (moagen.steps.gpu.barriers puts it); `hazards`: what it orders, the accesses
+    that wait for it and those they wait for."""
+    hazards: Tuple[Hazard, ...] = ()
+
+    @property
+    def why(self) -> str:
+        """`rows_K_tile copied after rows_K_tile copied and read, rows_V_tile read`: each
+        access that waits, after what."""
+        waits = {}  # (then_array, then) -> {array: its accesses waited for}
+        for h in self.hazards:
+            waits.setdefault((h.then_array, h.then), {}).setdefault(h.array, []).append(h.access)
+        return "; ".join(f"{array} {access} after " + ", ".join(
+            f"{a} {' and '.join(accesses)}" for a, accesses in before.items())
+            for (array, access), before in waits.items())
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     shape: Tuple[sympy.Expr, ...]

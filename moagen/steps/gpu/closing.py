@@ -1,11 +1,13 @@
 """What realize ends an ONF with once its statements are final, for its tiled CUDA nests:
-the block form checked (check_block_form), then each nest's shared memory laid out
-(lay_out_shared), which the printer declares as it is."""
+the block form checked (check_block_form), each nest's shared memory laid out
+(lay_out_shared), then its barriers put in (insert_barriers): the printer prints them as
+they are."""
 from moagen.onf.loops import ONF
+from moagen.steps.gpu.barriers import insert_barriers
 from moagen.steps.gpu.block_form import check_block_form
 from moagen.steps.gpu.shared_layout import lay_out_shared
 
 
 def close_tiled(onf: ONF) -> ONF:
     check_block_form(onf)
-    return lay_out_shared(onf)
+    return insert_barriers(lay_out_shared(onf))

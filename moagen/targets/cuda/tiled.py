@@ -7,11 +7,10 @@ loops over a compile-time count of slots, so that a thread's locals are register
 loop of a thread's own inside (the sum over d of a score) is printed around those unrolled
 statements, so a register tile's products are jammed: each shared value loaded once for
 the tile. So every statement list is uniform (all threads of the block reach it, the same
-number of times) and may hold a barrier: the printer puts one where a statement touches a
-shared array that an earlier one since the last barrier wrote (or writes one it read)
-through other threads' elements, at a loop's top for what the previous iteration left. A
-local a thread loop accumulates and a statement outside it reads (a row's max over the keys
-its lanes took) is combined across the lanes by `__shfl_xor_sync`. Statements that could
+number of times) and may hold a barrier: the printer prints the Barrier statements
+moagen.steps.gpu.barriers put, each with what it orders. A local a thread loop accumulates
+and a statement outside it reads (a row's max over the keys its lanes took) is combined
+across the lanes by `__shfl_xor_sync`. Statements that could
 touch elements past the loops' ranges are guarded, never the whole list (a guard around a
 barrier or a shuffle would leave threads out of it)."""
 from dataclasses import replace
@@ -19,9 +18,9 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Update, bound_symbol, grid_chain, is_block_copy,
-                              is_thread_loop, loop_key, max_extent, most_iterations, walk)
-from moagen.onf.shared import shared_accesses
+from moagen.onf.loops import (Barrier, Let, Loop, Update, bound_symbol, grid_chain,
+                              is_block_copy, is_thread_loop, loop_key, max_extent,
+                              most_iterations, walk)
 from moagen.targets.printer import arrays_in, names_used
 
 AXES = "xyz"
@@ -46,7 +45,6 @@ class TiledKernel:
         self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
-        self.pending = []  # shared accesses since the last barrier: (array, write, owner)
         # its shared arrays' places at the dtype's element size (moagen.steps.gpu.shared_layout)
         element_bytes = 8 if printer.dtype == "float64" else 4
         self.layout = next((layout for layout in nest.shared_layouts
@@ -55,7 +53,6 @@ class TiledKernel:
             raise ValueError(f"nest {nest.label} has no shared layout for {element_bytes}-byte "
                              "elements: print a tiled nest as realize leaves it")
         self.shared = {a.name for a in self.layout.arrays}
-        self.meets = dict(self.layout.meets)
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -123,11 +120,9 @@ class TiledKernel:
     def block(self, stmts, depth):
         lines = []
         for s in stmts:
-            accesses = list(self.accesses(s))
-            if any(self.conflicts(a) for a in accesses):
-                lines.append(self.p.indent * depth + "__syncthreads();")
-                self.pending = []
-            if is_thread_loop(s):
+            if isinstance(s, Barrier):
+                lines.append(f"{self.p.indent * depth}__syncthreads();  // {s.why}")
+            elif is_thread_loop(s):
                 self.ctx.append(s)
                 lines += self.block(s.body, depth)
                 self.ctx.pop()
@@ -138,16 +133,12 @@ class TiledKernel:
                 lines += self.loop(s, depth)
             else:
                 lines += self.leaf(s, depth)
-            self.pending += accesses
         return lines
 
     def loop(self, loop, depth):
         # uniform across the block's threads (check_block_form)
         pad, v = self.p.indent * depth, loop.var
-        # the previous iteration's accesses, for the barrier at the top of this one
-        self.pending = self.pending + list(self.accesses(loop))
         body = self.block(loop.body, depth + 1)
-        self.pending = self.pending + list(self.accesses(loop))
         # a tile's loops count within a head: int, as the offsets into shared memory
         return [f"{pad}for (int {v} = {self.p.index(loop.start)}; {v} < "
                 f"{self.p.index(loop.stop)}; ++{v}) {{", *body, pad + "}"]
@@ -264,20 +255,6 @@ class TiledKernel:
         self.ctx = saved
         return lines
 
-    # ---- barriers ---------------------------------------------------------------------
-    def accesses(self, s):
-        """(shared array, whether written, owner) of every shared access inside s; owner: the
-        thread loops around it and its index (two accesses with one owner are one thread's
-        element), None for a block's copy."""
-        yield from shared_accesses(s, self.shared, tuple(loop_key(lp) for lp in self.ctx))
-
-    def conflicts(self, access):
-        """Whether an access since the last barrier, by another thread, touched bytes of
-        this one's array (its own or another's placed on them), one of the two a write."""
-        array, write, owner = access
-        return any(a in self.meets[array] and (w or write) and (o is None or o != owner)
-                   for a, w, o in self.pending)
-
 
 def _distinct_locals(stmts):
     """stmts with a local defined inside different thread loops (dQ's `t`: one per query
@@ -296,6 +273,9 @@ def _distinct_locals(stmts):
     def block(stmts, around):
         out = []
         for s in stmts:
+            if isinstance(s, Barrier):
+                out.append(s)
+                continue
             if isinstance(s, Loop):
                 thread = is_thread_loop(s)
                 inner = around + ((loop_key(s),) if thread else ())
