@@ -15,8 +15,8 @@ from moagen import reference, runtime, verify
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Barrier, Loop, Threads, is_grid, is_thread_loop, perfect_chain,
-                              stmt_exprs, walk)
+from moagen.onf.loops import (Barrier, LaneReduce, Loop, Threads, is_grid, is_thread_loop,
+                              perfect_chain, stmt_exprs, walk)
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.algebra.causal import mask_sides
@@ -228,6 +228,22 @@ def test_the_barriers_are_ir_statements_printed_with_what_they_order():
     start, end = _float64_kernel(source)
     assert [line.strip() for line in source[start:end].splitlines() if "__syncthreads" in line] == \
         [f"__syncthreads();  // {why}" for why in whys]
+
+
+def test_the_warp_reductions_are_ir_statements_after_their_lanes_loops():
+    """A block's row max and row sum, each accumulated by the 16 lanes along x that took a
+    key block's columns: a LaneReduce right after the loop, printed as its shuffles."""
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
+    stmts = list(walk(_rows(onf).body))
+    reductions = [(k, s) for k, s in enumerate(stmts) if isinstance(s, LaneReduce)]
+    assert [(s.name, s.op, s.lanes) for _, s in reductions] == [("block_max", "max", 16),
+                                                                ("block_sum", "+", 16)]
+    for k, s in reductions:  # after the lanes' loop and what it holds
+        loop = next(x for x in reversed(stmts[:k]) if is_thread_loop(x))
+        assert loop.gpu == Threads("x", 16, 4) and stmts[k - 1] in loop.body
+    source = emit(KERNEL, VARIANT, "cuda-emulated")
+    start, end = _float64_kernel(source)
+    assert source[start:end].count("for (int o = 8; o > 0; o /= 2) {") == 2
 
 
 # which barrier, and the shared array the race check finds without it

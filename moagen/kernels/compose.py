@@ -22,8 +22,8 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import (ONF, Barrier, Buffer, Grid, Let, Loop, Nest, SharedArray, Store, Update,
-                              bound_symbol)
+from moagen.onf.loops import (ONF, Barrier, Buffer, Grid, LaneReduce, Let, Loop, Nest, SharedArray,
+                              Store, Update, bound_symbol)
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,8 @@ class _Renamer:
                            index=tuple(self.index(i) for i in s.index), value=self.expr(s.value))
         if isinstance(s, (Let, Update)):
             return replace(s, value=self.expr(s.value))
+        if isinstance(s, LaneReduce):
+            return s
         if isinstance(s, Barrier):
             return replace(s, hazards=tuple(replace(h, array=self.arrays[h.array],
                                                     then_array=self.arrays[h.then_array])

@@ -5,7 +5,7 @@ import sympy
 from moagen.moa.dnf import format_scalar
 from moagen.moa.shape import fmt_shape
 from moagen.onf.count import atomic_updates
-from moagen.onf.loops import Barrier, Let, Loop, ONF, Store, Update
+from moagen.onf.loops import Barrier, LaneReduce, Let, Loop, ONF, Store, Update
 
 
 def format_onf(onf: ONF) -> str:
@@ -63,6 +63,9 @@ def _format_block(stmts, depth):
             out += _format_block(s.body, depth + 1)
         elif isinstance(s, Barrier):
             out.append(f"{pad}barrier: {s.why}")
+        elif isinstance(s, LaneReduce):
+            total = {"+": "sum"}.get(s.op, s.op)
+            out.append(f"{pad}{s.name} = {total} of {s.name} over {s.lanes} lanes (shuffles)")
         elif isinstance(s, Let):
             out.append(f"{pad}let {s.name} = {format_scalar(s.value, indent=len(pad))}")
         elif isinstance(s, Update):

@@ -21,7 +21,7 @@ from moagen.errors import SpecError
 from moagen.moa import scalar as S
 from moagen.moa.expr import INDEX_NAMESPACE
 from moagen.philox import keep_words
-from moagen.onf.loops import Barrier, Let, Loop, Store, Update
+from moagen.onf.loops import Barrier, LaneReduce, Let, Loop, Store, Update
 
 UNARY = {
     "exp": math.exp,
@@ -229,7 +229,8 @@ class _Machine:
                 for _ in _iterate(ints, var, range(start(ints), stop(ints))):
                     body(ints, locs)
             return loop
-        if isinstance(s, Barrier):  # one thread runs the block here: nothing to wait for
+        # one thread runs the block here: nothing to wait for, no other lane's partial
+        if isinstance(s, (Barrier, LaneReduce)):
             return lambda ints, locs: None
         value = self.expr(s.value)
         if isinstance(s, Let):

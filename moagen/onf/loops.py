@@ -162,6 +162,17 @@ class Barrier(Stmt):
 
 
 @dataclass(frozen=True)
+class LaneReduce(Stmt):
+    """A thread's local `name`, accumulated by `op` ("+" or "max") in a thread loop along x
+    whose iterations `lanes` consecutive lanes of a warp took, combined across those lanes
+    by butterfly shuffles (__shfl_xor_sync), so that each ends with the total
+    (moagen.steps.gpu.lane_reductions puts it after the loop)."""
+    name: str
+    op: str
+    lanes: int
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     shape: Tuple[sympy.Expr, ...]

@@ -3,7 +3,8 @@ live) and the barriers (which accesses another thread's) are derived from."""
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import Loop, Store, is_block_copy, is_thread_loop, loop_key, walk
+from moagen.onf.loops import (Loop, Store, is_block_copy, is_thread_loop, loop_key, stmt_exprs,
+                              walk)
 
 
 def shared_accesses(s, shared, around=()):
@@ -21,7 +22,7 @@ def shared_accesses(s, shared, around=()):
         for b in s.body:
             yield from shared_accesses(b, shared, inner)
         return
-    for x in S.subexpressions(s.value):
+    for x in (x for e in stmt_exprs(s) for x in S.subexpressions(e)):
         if isinstance(x, S.Load) and x.array in shared:
             yield x.array, False, (frozenset(around), x.array, sympy.expand(x.offset))
     if isinstance(s, Store) and s.array in shared:

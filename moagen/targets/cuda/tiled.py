@@ -7,18 +7,18 @@ loops over a compile-time count of slots, so that a thread's locals are register
 loop of a thread's own inside (the sum over d of a score) is printed around those unrolled
 statements, so a register tile's products are jammed: each shared value loaded once for
 the tile. So every statement list is uniform (all threads of the block reach it, the same
-number of times) and may hold a barrier: the printer prints the Barrier statements
-moagen.steps.gpu.barriers put, each with what it orders. A local a thread loop accumulates
-and a statement outside it reads (a row's max over the keys its lanes took) is combined
-across the lanes by `__shfl_xor_sync`. Statements that could
-touch elements past the loops' ranges are guarded, never the whole list (a guard around a
-barrier or a shuffle would leave threads out of it)."""
+number of times) and may hold a barrier or a shuffle: the printer prints each Barrier
+(moagen.steps.gpu.barriers) with what it orders, and each LaneReduce
+(moagen.steps.gpu.lane_reductions: a row's max over the keys its lanes took) as its
+`__shfl_xor_sync` loop. Statements that could touch elements past the loops' ranges are
+guarded, never the whole list (a guard around a barrier or a shuffle would leave threads
+out of it)."""
 from dataclasses import replace
 
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Barrier, Let, Loop, Update, bound_symbol, grid_chain,
+from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Update, bound_symbol, grid_chain,
                               is_block_copy, is_thread_loop, loop_key, max_extent,
                               most_iterations, walk)
 from moagen.targets.printer import arrays_in, names_used
@@ -122,11 +122,12 @@ class TiledKernel:
         for s in stmts:
             if isinstance(s, Barrier):
                 lines.append(f"{self.p.indent * depth}__syncthreads();  // {s.why}")
+            elif isinstance(s, LaneReduce):
+                lines += self.lane_reduction(s, depth)
             elif is_thread_loop(s):
                 self.ctx.append(s)
                 lines += self.block(s.body, depth)
                 self.ctx.pop()
-                lines += self.lane_reductions(s, depth)
             elif is_block_copy(s):
                 lines += self.copy(s, depth)
             elif isinstance(s, Loop):
@@ -227,21 +228,13 @@ class TiledKernel:
         assert all(loop_key(lp) in keys for lp in dims), f"{name} read outside its loops"
         return name + "".join(f"[s_{lp.var}]" for lp in dims)
 
-    def lane_reductions(self, loop, depth):
-        """After a thread loop along x: the locals it accumulated that are defined outside it,
-        combined across the threads that took its iterations (consecutive lanes of a warp)."""
-        if loop.gpu.axis != "x":
-            return []
-        updates = {s.name: s.op for s in walk(loop.body) if isinstance(s, Update)
-                   and s.name in self.locals
-                   and loop_key(loop) not in set(map(loop_key, self.locals[s.name]))}
-        lines = []
-        for name, op in updates.items():
-            shuffle = Update(name, op, S.Local(f"__shfl_xor_sync(0xffffffffu, {self.local(name)}, o)"))
-            body = self.leaf_lines(shuffle, depth + 1)
-            lines += [f"{self.p.indent * depth}for (int o = {loop.gpu.threads // 2}; o > 0; o /= 2) {{",
-                      *body, self.p.indent * depth + "}"]
-        return lines
+    def lane_reduction(self, s, depth):
+        """A LaneReduce as its butterfly shuffles, over the slots of the thread loops its
+        local is defined in (all threads run them)."""
+        shuffle = Update(s.name, s.op,
+                         S.Local(f"__shfl_xor_sync(0xffffffffu, {self.local(s.name)}, o)"))
+        return [f"{self.p.indent * depth}for (int o = {s.lanes // 2}; o > 0; o /= 2) {{",
+                *self.leaf_lines(shuffle, depth + 1), self.p.indent * depth + "}"]
 
     def leaf_lines(self, s, depth):
         """s unrolled over the thread loops its local is defined in (all threads run it)."""
@@ -275,6 +268,9 @@ def _distinct_locals(stmts):
         for s in stmts:
             if isinstance(s, Barrier):
                 out.append(s)
+                continue
+            if isinstance(s, LaneReduce):
+                out.append(replace(s, name=env.get(s.name, s.name)))
                 continue
             if isinstance(s, Loop):
                 thread = is_thread_loop(s)
