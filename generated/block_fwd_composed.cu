@@ -553,7 +553,8 @@ __global__ void block_fwd_composed_f64_attn_rows(
                 qk[s_i][s_j] = 0.0;
             }
         }
-        for (int c = 0; c < dh; ++c) {
+        #pragma unroll 4
+        for (int c = 0, c_stop = (int)(dh); c < c_stop; ++c) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -646,7 +647,8 @@ __global__ void block_fwd_composed_f64_attn_rows(
             }
         }
         __syncthreads();
-        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+        #pragma unroll 4
+        for (int j = 64*j_blk, j_stop = (int)((n < 64*j_blk + 64 ? n : 64*j_blk + 64)); j < j_stop; ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -1899,7 +1901,8 @@ __global__ void block_fwd_composed_f32_attn_rows(
                 qk[s_i][s_j] = 0.0f;
             }
         }
-        for (int c = 0; c < dh; ++c) {
+        #pragma unroll 4
+        for (int c = 0, c_stop = (int)(dh); c < c_stop; ++c) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -1992,7 +1995,8 @@ __global__ void block_fwd_composed_f32_attn_rows(
             }
         }
         __syncthreads();
-        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+        #pragma unroll 4
+        for (int j = 64*j_blk, j_stop = (int)((n < 64*j_blk + 64 ? n : 64*j_blk + 64)); j < j_stop; ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;

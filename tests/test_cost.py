@@ -443,6 +443,20 @@ def test_sass_atomics_sit_where_the_onf_puts_them():
     assert scatter_free and sum(r.sass_atomics for r in scatter_free) == 0
 
 
+@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump not installed")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_flash_forwards_products_unroll_as_a_hand_written_kernels(dtype):
+    """attention_fwd flash at d <= 64 (#66): the innermost loop with the most FMA does a
+    thread's 4 x 4 tile four times a back-edge (UnrollInner), FMA at least 70% of its
+    instructions, its operands from shared memory by 128-bit loads."""
+    (rows,) = [r for r in sass.inspect("attention_fwd", "flash", dtype, archs=("sm_90",))
+               if r.name.endswith("<64>")]
+    hottest = max(rows.loops, key=lambda loop: loop.fma)
+    assert hottest.fma >= 64 and hottest.fma >= 0.7 * hottest.instructions
+    assert hottest.counts["LDS"] == hottest.lds_128
+    assert rows.spill_stores == rows.spill_loads == 0
+
+
 @pytest.mark.parametrize("params", [{"parts": 1, "rows": 4, "keys": 2, "lanes": 0},
                                     {"parts": 2, "rows": 2, "keys": 2, "lanes": 0}])
 def test_model_counts_a_tuned_schedule_as_it_runs(params):

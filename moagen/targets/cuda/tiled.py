@@ -19,8 +19,8 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Store, Update, bound_symbol, is_block_copy, is_grid,
-                              is_thread_loop, max_extent, most_iterations, walk)
+from moagen.onf.loops import (Let, Loop, Store, Unrolled, Update, bound_symbol, is_block_copy,
+                              is_grid, is_thread_loop, max_extent, most_iterations, walk)
 from moagen.targets.cuda.shared_memory import allocate, loop_key, shared_accesses
 from moagen.targets.printer import arrays_in, names_used
 
@@ -165,8 +165,14 @@ class TiledKernel:
         body = self.block(loop.body, depth + 1)
         self.pending = self.pending + list(self.accesses(loop))
         # a tile's loops count within a head: int, as the offsets into shared memory
-        return [f"{pad}for (int {v} = {self.p.index(loop.start)}; {v} < "
-                f"{self.p.index(loop.stop)}; ++{v}) {{", *body, pad + "}"]
+        start, stop = self.p.index(loop.start), self.p.index(loop.stop)
+        if isinstance(loop.gpu, Unrolled):
+            # the stop an int once: compared with an int64 size each time, nvcc unrolls
+            # with an exit test after every copy instead of a remainder loop
+            return [f"{pad}#pragma unroll {loop.gpu.factor}",
+                    f"{pad}for (int {v} = {start}, {v}_stop = (int)({stop}); {v} < {v}_stop; "
+                    f"++{v}) {{", *body, pad + "}"]
+        return [f"{pad}for (int {v} = {start}; {v} < {stop}; ++{v}) {{", *body, pad + "}"]
 
     def copy(self, loop, depth):
         """A block's copy: its last loop over the x threads (consecutive threads on
