@@ -548,7 +548,8 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk[s_i][s_j] = 0.0;
             }
         }
-        for (int c = 0; c < dh; ++c) {
+        #pragma unroll 4
+        for (int c = 0, c_stop = (int)(dh); c < c_stop; ++c) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -641,7 +642,8 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             }
         }
         __syncthreads();  // attn_rows_V_tile read after attn_rows_V_tile copied
-        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+        #pragma unroll 4
+        for (int j = 64*j_blk, j_stop = (int)((n < 64*j_blk + 64 ? n : 64*j_blk + 64)); j < j_stop; ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -676,7 +678,8 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk[s_i][s_j] = 0.0;
             }
         }
-        for (int c = 0; c < dh; ++c) {
+        #pragma unroll 4
+        for (int c = 0, c_stop = (int)(dh); c < c_stop; ++c) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -769,7 +772,8 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             }
         }
         __syncthreads();  // attn_rows_V_tile read after attn_rows_V_tile copied
-        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+        #pragma unroll 4
+        for (int j = 64*j_blk, j_stop = (int)((n < 64*j_blk + 64 ? n : 64*j_blk + 64)); j < j_stop; ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -2021,7 +2025,8 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk[s_i][s_j] = 0.0f;
             }
         }
-        for (int c = 0; c < dh; ++c) {
+        #pragma unroll 4
+        for (int c = 0, c_stop = (int)(dh); c < c_stop; ++c) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -2114,7 +2119,8 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             }
         }
         __syncthreads();  // attn_rows_V_tile read after attn_rows_V_tile copied
-        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+        #pragma unroll 4
+        for (int j = 64*j_blk, j_stop = (int)((n < 64*j_blk + 64 ? n : 64*j_blk + 64)); j < j_stop; ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -2149,7 +2155,8 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk[s_i][s_j] = 0.0f;
             }
         }
-        for (int c = 0; c < dh; ++c) {
+        #pragma unroll 4
+        for (int c = 0, c_stop = (int)(dh); c < c_stop; ++c) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
@@ -2242,7 +2249,8 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             }
         }
         __syncthreads();  // attn_rows_V_tile read after attn_rows_V_tile copied
-        for (int j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+        #pragma unroll 4
+        for (int j = 64*j_blk, j_stop = (int)((n < 64*j_blk + 64 ? n : 64*j_blk + 64)); j < j_stop; ++j) {
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;

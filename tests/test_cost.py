@@ -32,11 +32,12 @@ TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=
         **{k: dict(batch=1, kv_heads=1, group=2, n=16, d=3)
            for k in ("attention_gqa_fwd", "attention_gqa_fwd_causal", "attention_gqa_bwd",
                      "attention_gqa_bwd_causal")},
-        # fewer queries than keys, causal bottom-right (offset n - n_q), or masked
+        # fewer queries than keys, causal bottom-right (offset n - n_q), masked, or padded
         **{k + c: dict(batch=1, kv_heads=1, group=2, n_q=5, n=16, d=3,
-                       **({"offset": 11} if c == "_causal" else {}))
+                       **({"offset": 11} if c == "_causal" else {}),
+                       **({"last": 9} if c == "_padded" else {}))
            for k in ("attention_cross_fwd", "attention_cross_bwd")
-           for c in ("", "_causal", "_masked")},
+           for c in ("", "_causal", "_masked", "_padded")},
         **{f"attention_dropout_{k}": dict(batch=1, kv_heads=1, group=2, n=16, d=3, seed=5)
            for k in ("fwd", "bwd", "fwd_causal", "bwd_causal")},
         "kv_append": dict(batch=2, kv_heads=2, cap=5, d=3, n=3),
@@ -441,6 +442,20 @@ def test_sass_atomics_sit_where_the_onf_puts_them():
     assert any(r.onf_atomics for r in atomic)
     scatter_free = sass.inspect("attention_bwd", "dnf", archs=("sm_90",))
     assert scatter_free and sum(r.sass_atomics for r in scatter_free) == 0
+
+
+@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump not installed")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_flash_forwards_products_unroll_as_a_hand_written_kernels(dtype):
+    """attention_fwd flash at d <= 64 (#66): the innermost loop with the most FMA does a
+    thread's 4 x 4 tile four times a back-edge (UnrollInner), FMA at least 70% of its
+    instructions, its operands from shared memory by 128-bit loads."""
+    (rows,) = [r for r in sass.inspect("attention_fwd", "flash", dtype, archs=("sm_90",))
+               if r.name.endswith("<64>")]
+    hottest = max(rows.loops, key=lambda loop: loop.fma)
+    assert hottest.fma >= 64 and hottest.fma >= 0.7 * hottest.instructions
+    assert hottest.counts["LDS"] == hottest.lds_128
+    assert rows.spill_stores == rows.spill_loads == 0
 
 
 @pytest.mark.parametrize("params", [{"parts": 1, "rows": 4, "keys": 2, "lanes": 0},

@@ -21,7 +21,7 @@ from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.algebra.causal import mask_sides
 from moagen.steps.algebra.maskedblocks import MaskedBlocks
-from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.targets.cuda import emulated
 from moagen.targets.cuda.build import RACECHECK_ENV, build_cuda_emulated
@@ -78,6 +78,8 @@ def _flash(dtype):
     (Stage("O", at="j_blk", nest="rows"), "O is not an input of attention_fwd or an array"),
     (SharedScratch("Q", fastest="i", nest="rows"), "not a scratch array"),
     (RegisterTile("Q", nest="rows"), "not an output"),
+    (UnrollInner("c", 1, nest="rows"), "a factor of at least 2"),
+    (UnrollInner("c", 4, nest="rows"), "no loop over c a thread runs itself"),  # no threads yet
 ])
 def test_a_step_refuses_what_it_cannot_do_and_says_why(step, message):
     with pytest.raises(ScheduleError, match=message):

@@ -92,10 +92,25 @@ def _bytes(per_array, itemsize):
 def value(expr, env: Dict[sympy.Symbol, int]):
     """expr at the given sizes: an int when whole. SizeError where it is no number there (a
     count the model left in terms of a loop variable: a causal tile's key blocks)."""
-    number = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in env.items()}).doit()
+    number = _summed(sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in env.items()}))
+    number = number.doit()
     if not (number.is_number and number.is_real):
         raise SizeError(f"the cost model has no number for {expr} at {env}")
     return int(number) if number.is_Integer else float(number)
+
+
+def _summed(e):
+    """e with each sum of a Min or Max over numbers taken term by term: sympy's closed form
+    of a sum of Min(n, 64 j_blk + 64) recursed past its limit, for minutes
+    (attention_cross_fwd_padded's key blocks, bounded by Min(n / 64, last / 64 + 1)); the
+    bounds rounded inwards, as the model's counts assume whole blocks."""
+    if isinstance(e, sympy.Sum) and len(e.limits) == 1 and e.function.has(sympy.Min, sympy.Max):
+        var, low, high = e.limits[0]
+        if low.is_number and high.is_number:
+            return sympy.Add(*(_summed(e.function.xreplace({var: sympy.Integer(k)}))
+                               for k in range(int(sympy.ceiling(low)),
+                                              int(sympy.floor(high)) + 1)))
+    return e.func(*(_summed(a) for a in e.args)) if e.args else e
 
 
 def predict(kernel: str, variant: str = None, dtype: str = "float64", params=None) -> Cost:

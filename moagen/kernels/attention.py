@@ -16,7 +16,7 @@ from moagen.steps.algebra.causal import CausalBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.onf.names import loop_role
-from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.fusion import FuseNests
@@ -183,7 +183,10 @@ def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS):
             RegisterTile("O", nest=nest),
             Stage("Q", at="i", nest=nest), Stage("K", at=key_blocks, nest=nest),
             Stage("V", at=key_blocks, late=True, nest=nest),
-            SharedScratch("probs", fastest="i", nest=nest))
+            SharedScratch("probs", fastest="i", nest=nest),
+            # the products' own loops, over d in the scores and a key block in O: 64 FMA of
+            # a thread's 4 x 4 tile a back-edge
+            UnrollInner("c", 4, nest=nest), UnrollInner("j", 4, nest=nest))
 
 
 def variants(causal: bool):

@@ -55,8 +55,18 @@ class BlockCopy:
         return f"block-copy.{self.axis}"
 
 
+@dataclass(frozen=True)
+class Unrolled:
+    """A loop each of a block's threads runs itself (a register tile's products: the sum
+    over d of a score), unrolled `factor` times in the printed kernel (UnrollInner)."""
+    factor: int
+
+    def __str__(self):
+        return f"unroll({self.factor})"
+
+
 # where a loop runs in a CUDA thread block
-GpuMark = Union[Grid, Threads, BlockCopy]
+GpuMark = Union[Grid, Threads, BlockCopy, Unrolled]
 
 
 @dataclass(frozen=True)

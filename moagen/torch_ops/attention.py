@@ -223,7 +223,7 @@ def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: list, scale: float,
             lang: str) -> Tensor:
     """Attention over each batch's first lengths[b] keys: the `_padded` kernels, a call a
     batch (each its own last key); a batch with every key padded out gets SDPA's zeros and
-    no gradient, a batch with none the unpadded kernels."""
+    zero gradients, a batch with none padded the unpadded kernels."""
     n = k.shape[2]
     outs = []
     for b, length in enumerate(lengths):

@@ -7,7 +7,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Grid, Let, Loop, Store, Threads, Update, is_grid, is_thread_loop,
+from moagen.onf.loops import (Grid, Let, Loop, Store, Threads, Unrolled, Update, is_grid,
+                              is_thread_loop,
                               max_extent, most_iterations, names_read, perfect_chain,
                               subs_stmts, walk)
 from moagen.onf.names import claim_loop, folded_loop, loop_role
@@ -184,3 +185,41 @@ class ThreadTiles(Step):
                     return False
                 accumulated.add(s.name)
         return not (accumulated & names_read(loop.body))
+
+
+@dataclass(frozen=True)
+class UnrollInner(Step):
+    """The loops over `loop` that a block's threads each run themselves inside their thread
+    loops (a register tile's products: the sum over d of a score, over a key block's keys
+    of an output) unrolled `factor` times in the printed kernel: `factor` times the
+    multiply-adds a back-edge, the loop's counter, compare and branch shared by them. The
+    compiler's unrolling; the values are the same. Refused: a factor under 2, and a nest
+    with no such loop."""
+    loop: str
+    factor: int = shown("by {factor}")
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def rewrite_nest(self, nest, names):
+        if self.factor < 2:
+            raise ScheduleError(f"{self}: a factor of at least 2")
+        body, count = self._mark(nest.body, inside=False)
+        if not count:
+            raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.loop} a "
+                                "thread runs itself inside its thread loops")
+        return body
+
+    def _mark(self, stmts, inside):
+        out, count = [], 0
+        for s in stmts:
+            if not isinstance(s, Loop):
+                out.append(s)
+                continue
+            if inside and s.gpu is None and s.var.name == self.loop:
+                out.append(replace(s, gpu=Unrolled(self.factor)))
+                count += 1
+                continue
+            body, n = self._mark(s.body, inside or is_thread_loop(s))
+            out.append(replace(s, body=body))
+            count += n
+        return tuple(out), count

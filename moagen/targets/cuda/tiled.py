@@ -18,8 +18,8 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Update, bound_symbol, grid_chain,
-                              is_block_copy, is_thread_loop, loop_key, max_extent,
+from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Unrolled, Update, bound_symbol,
+                              grid_chain, is_block_copy, is_thread_loop, loop_key, max_extent,
                               most_iterations, walk)
 from moagen.targets.printer import arrays_in, names_used
 
@@ -141,8 +141,14 @@ class TiledKernel:
         pad, v = self.p.indent * depth, loop.var
         body = self.block(loop.body, depth + 1)
         # a tile's loops count within a head: int, as the offsets into shared memory
-        return [f"{pad}for (int {v} = {self.p.index(loop.start)}; {v} < "
-                f"{self.p.index(loop.stop)}; ++{v}) {{", *body, pad + "}"]
+        start, stop = self.p.index(loop.start), self.p.index(loop.stop)
+        if isinstance(loop.gpu, Unrolled):
+            # the stop an int once: compared with an int64 size each time, nvcc unrolls
+            # with an exit test after every copy instead of a remainder loop
+            return [f"{pad}#pragma unroll {loop.gpu.factor}",
+                    f"{pad}for (int {v} = {start}, {v}_stop = (int)({stop}); {v} < {v}_stop; "
+                    f"++{v}) {{", *body, pad + "}"]
+        return [f"{pad}for (int {v} = {start}; {v} < {stop}; ++{v}) {{", *body, pad + "}"]
 
     def copy(self, loop, depth):
         """A block's copy: its last loop over the x threads (consecutive threads on
