@@ -294,7 +294,9 @@ def map_stmt_exprs(s: Stmt, fn) -> Stmt:
     """A copy of s (recursively) with fn applied to every expression it holds."""
     if isinstance(s, Loop):
         return replace(s, body=tuple(map_stmt_exprs(b, fn) for b in s.body))
-    return replace(s, value=fn(s.value))
+    if isinstance(s, (Let, Update, Store)):
+        return replace(s, value=fn(s.value))
+    return s  # a barrier or a lane reduction holds no expression
 
 
 def subs_stmts(stmts, at: dict):
