@@ -20,7 +20,7 @@ from moagen.kernels.mlp import TILE_AVX512
 from moagen.kernels.tunable import Tunable
 from moagen.onf.signature import DTYPES
 from moagen.request import resolve
-from moagen.torch_ops.attention import fitted
+from moagen.torch_ops.attention_args import fitted
 
 TILED = get_kernel("mlp_fwd").variant("tiled")
 

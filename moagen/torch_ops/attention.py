@@ -41,67 +41,18 @@ The backward alone rather than a fused forward + backward (attention_fwdbwd): th
 has already computed O and the logsumexp, which the fused owner would compute again in a
 pass of its own (docs/PERFORMANCE.md, "The owner and the flash backward")."""
 import math
-from functools import lru_cache
 from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from moagen.kernels.attention import flash_params
-from moagen.request import resolve
+from moagen.torch_ops.attention_args import check_attention, fitted_params, grouped
 from moagen.torch_ops.decode import attention_decode_op
-from moagen.torch_ops.native import (DTYPES, call, causal_name, check_dims, check_lang,
-                                     check_size, check_tensors)
+from moagen.torch_ops.dropout import attention_with_dropout
+from moagen.torch_ops.native import call, causal_name
 from moagen.torch_ops.operator import Operator
 from moagen.torch_ops.padding import key_lengths_of, padding_of
-
-SHAPE = "(batch, heads, n, d)"
-
-
-@lru_cache(maxsize=None)
-def fitted(name: str, lang: str, dtype: str, n: int, d: int, causal: bool) -> tuple:
-    """The schedule parameters of a flash kernel fitted to the sequence length and head size,
-    as pairs: every parameter where flash_params changes one of this machine's defaults
-    (a backward has no key blocks of its own), () where they stand."""
-    here = dict(resolve(name, "flash", lang, dtype).params)
-    changed = {key: value for key, value in flash_params(n, d, causal, here["lanes"]).items()
-               if key in here and here[key] != value}
-    return tuple(sorted({**here, **changed}.items())) if changed else ()
-
-
-def _params(name: str, q: Tensor, k: Tensor, causal: bool, lang: str) -> tuple:
-    if not q.is_cpu:  # fitted to a CPU's registers and caches; a GPU's stand
-        return ()
-    return fitted(name, lang, DTYPES[q.dtype], k.shape[2], q.shape[3], causal)
-
-
-def _check(op, q, k, v, lang, mask=None):
-    check_lang(op, lang)
-    check_tensors(op, q=q, k=k, v=v, **({} if mask is None else {"mask": mask}))
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_dims(op, name, t, 4, SHAPE)
-    if mask is not None:
-        check_size(op, "the mask's shape", tuple(mask.shape), (*q.shape[:3], k.shape[2]))
-    check_size(op, "k's shape", tuple(k.shape), tuple(v.shape))
-    check_size(op, "k's batch", k.shape[0], q.shape[0])
-    check_size(op, "k's head size", k.shape[3], q.shape[3])
-    kv_heads, heads = k.shape[1], q.shape[1]
-    whole_groups = heads % kv_heads == 0 if kv_heads else heads == 0  # 0 of 0: an empty call
-    if not whole_groups:
-        raise ValueError(f"{op}: k and v have {kv_heads} heads, which does not divide q's "
-                         f"{heads} heads (grouped-query attention needs whole groups)")
-    # an empty batch, heads or length gives an empty output (moagen.torch_ops.operator)
-    if q.shape[3] == 0:
-        raise ValueError(f"{op}: the head size d must be at least 1, got q of shape "
-                         f"{tuple(q.shape)}")
-
-
-def grouped(t: Tensor, kv_heads: int):
-    """(batch, heads, ...) seen as the grouped kernels' (batch, kv_heads, group, ...): query
-    head g * group + r as (g, r)."""
-    return t, (t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
-
 
 def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset: int,
             last_key: int, lang: str):
@@ -115,11 +66,11 @@ def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset:
         return f"attention_cross_{kind}_masked", "dnf", (), {}
     if last_key >= 0:
         name = f"attention_cross_{kind}_padded"
-        return name, "flash", _params(name, q, k, False, lang), {"last": last_key}
+        return name, "flash", fitted_params(name, q, k, False, lang), {"last": last_key}
     square = q.shape[2] == k.shape[2] and not offset
     name = causal_name(f"attention_{'gqa' if square else 'cross'}_{kind}", causal)
     given = {"offset": offset} if causal and not square else {}
-    return name, "flash", _params(name, q, k, causal, lang), given
+    return name, "flash", fitted_params(name, q, k, causal, lang), given
 
 
 def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
@@ -160,8 +111,8 @@ def _attention_backward_fake(q, k, v, mask, out, lse, grad_out, causal, offset, 
 
 attention_backward_op = Operator(
     "moagen::attention_backward", _attention_backward, _attention_backward_fake,
-    check=lambda q, k, v, mask, out, lse, grad_out, causal, offset, last_key, scale, lang: _check(
-        "moagen::attention_backward", q, k, v, lang, mask))
+    check=lambda q, k, v, mask, out, lse, grad_out, causal, offset, last_key, scale, lang:
+    check_attention("moagen::attention_backward", q, k, v, lang, mask))
 
 
 def _setup(ctx, inputs, output):
@@ -182,8 +133,8 @@ def _backward(ctx, grad_out, _grad_lse):
 
 
 attention_op = Operator("moagen::attention", _attention, _attention_fake,
-                        check=lambda q, k, v, mask, causal, offset, last_key, scale, lang: _check(
-                            "moagen::attention", q, k, v, lang, mask),
+                        check=lambda q, k, v, mask, causal, offset, last_key, scale, lang:
+                        check_attention("moagen::attention", q, k, v, lang, mask),
                         backward=_backward, setup_context=_setup,
                         instead="F.scaled_dot_product_attention")
 
@@ -261,14 +212,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
     if not (isinstance(causal, bool) or causal == "lower_right"):
         raise ValueError(f"{op}: causal must be False, True (top-left, SDPA's is_causal) or "
                          f"'lower_right' (a cache's), got {causal!r}")
-    _check(op, q, k, v, lang)
+    check_attention(op, q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if dropout_p != 0:
         if key_lengths is not None:
             raise ValueError(f"{op}: dropout_p with key_lengths; the dropout kernels take no "
                              "padding")
-        # imported here: moagen.torch_ops.dropout builds on this module's checks
-        from moagen.torch_ops.dropout import attention_with_dropout
         return attention_with_dropout(op, q, k, v, attn_mask, causal, scale, dropout_p, lang)
     batch, n = q.shape[0], k.shape[2]
     if key_lengths is not None:

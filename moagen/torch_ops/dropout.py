@@ -18,7 +18,7 @@ kernels' cases; the public function refuses the others with dropout."""
 import torch
 from torch import Tensor
 
-from moagen.torch_ops.attention import _check, _params, grouped
+from moagen.torch_ops.attention_args import check_attention, fitted_params, grouped
 from moagen.torch_ops.native import call, causal_name, check_size
 from moagen.torch_ops.operator import Operator
 
@@ -41,7 +41,7 @@ def check_dropout_p(op: str, dropout_p) -> float:
 
 
 def _check_dropout(op, q, k, v, lang, dropout_p, seed):
-    _check(op, q, k, v, lang)
+    check_attention(op, q, k, v, lang)
     check_size(op, "k's length (dropout needs as many queries as keys)", k.shape[2], q.shape[2])
     check_dropout_p(op, dropout_p)
     # a seed drawn under torch.compile is symbolic there: nothing to check until it runs
@@ -54,7 +54,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, dropou
     """O and the row logsumexp (the softmax's, which dropout leaves as it is)."""
     name = causal_name("attention_dropout_fwd", causal)
     return call(name, "flash", lang, grouped(q, k.shape[1]), k, v, scale=scale,
-                dropout_p=dropout_p, seed=seed, params=_params(name, q, k, causal, lang),
+                dropout_p=dropout_p, seed=seed, params=fitted_params(name, q, k, causal, lang),
                 out_shapes=(q.shape, q.shape[:-1]))
 
 
@@ -68,7 +68,7 @@ def _backward_kernel(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kv_heads, name = k.shape[1], causal_name("attention_dropout_bwd", causal)
     return call(name, "flash", lang, grouped(q, kv_heads), k, v,
                 *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
-                dropout_p=dropout_p, seed=seed, params=_params(name, q, k, causal, lang),
+                dropout_p=dropout_p, seed=seed, params=fitted_params(name, q, k, causal, lang),
                 out_shapes=(q.shape,))
 
 
