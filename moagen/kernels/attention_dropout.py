@@ -13,20 +13,13 @@ p is the scalar dropout_p, compared in double precision (moagen_keep's p is a do
 from moagen import reference
 from moagen.kernels import attention, attention_bwd, attention_cross
 from moagen.kernels.attention import causal_mask, softmax_scale
-from moagen.kernels.attention_bwd import Rows
+# attention_gqa's arrays and loops: the same layout
+from moagen.kernels.attention_gqa import DO, EXTENTS, K, LOOPS, LSE, O, Q, QUERY_HEADS, V
 from moagen.kernels.cases import Bench, Check, references
-from moagen.moa.expr import Scalar, array, dropout, lift, psi
+from moagen.moa.expr import Scalar, dropout, lift, psi
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
 
-Q = array("Q", "batch", "kv_heads", "group", "n", "d")
-K = array("K", "batch", "kv_heads", "n", "d")
-V = array("V", "batch", "kv_heads", "n", "d")
-O = array("O", "batch", "kv_heads", "group", "n", "d")
-DO = array("dO", "batch", "kv_heads", "group", "n", "d")
-LSE = array("lse", "batch", "kv_heads", "group", "n")
-LOOPS = Rows(heads=("b", "g"), group="r")
-QUERY_HEADS, EXTENTS = LOOPS.query[:-1], ("batch", "kv_heads", "group")
 P = Scalar("dropout_p")
 # Z / (1 - p) for every query head's probabilities: query head g * group + r's, as SDPA's
 # heads are numbered, so that its offsets are those of (batch, heads, n, n)
