@@ -253,6 +253,12 @@ def grid_chain(nest: "Nest"):
     return chain, body
 
 
+def grid_bounds(stmts):
+    """The size bounds a tiled nest's grid is compiled for (BlockTiles' Grid mark), () where
+    there are none."""
+    return next((lp.gpu.bounds for lp in walk(stmts) if is_grid(lp) and lp.gpu.bounds), ())
+
+
 def loop_key(loop: Loop):
     """A thread loop as an owner of elements and registers names it: its mapping, variable
     and range (one thread runs every loop with the same key alike)."""

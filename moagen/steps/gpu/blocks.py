@@ -7,10 +7,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Grid, Let, Loop, Store, Threads, Unrolled, Update, is_grid,
-                              is_thread_loop,
-                              max_extent, most_iterations, names_read, perfect_chain,
-                              subs_stmts, walk)
+from moagen.onf.loops import (Grid, Let, Loop, Store, Threads, Unrolled, Update, grid_bounds,
+                              is_grid, is_thread_loop, max_extent, most_iterations, names_read,
+                              perfect_chain, subs_stmts, walk)
 from moagen.onf.names import claim_loop, folded_loop, loop_role
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.step import NotApplicable, Step, hidden, option, shown
@@ -124,7 +123,7 @@ class ThreadTiles(Step):
         """A block has one count of threads along an axis, and each thread a compile-time
         count of a loop's iterations (its register tile, unrolled): the loop's extent
         constant, or a size BlockTiles gives bounds for."""
-        bounds = next((lp.gpu.bounds for lp in walk(body) if is_grid(lp) and lp.gpu.bounds), ())
+        bounds = grid_bounds(body)
         mine = [lp for lp in walk(body) if is_thread_loop(lp) and lp.gpu.axis == self.axis]
         counts = sorted({lp.gpu.threads for lp in mine})
         if len(counts) > 1:

@@ -9,9 +9,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, ONF, Store, Update, ancestors,
-                              arrays_read, bound_symbol, is_grid, is_thread_loop,
-                              map_stmt_exprs, max_extent,
-                              rewrite_loops, walk)
+                              arrays_read, bound_symbol, grid_bounds, is_grid, is_thread_loop,
+                              loop_key, map_stmt_exprs, max_extent, rewrite_loops, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.step import Step, flag, option, shown
 
@@ -191,7 +190,7 @@ class Stage(Step):
             inside = [lp for _, around in accesses for lp in around]
             region = _region(self, self.array, accesses, inside)
             fastest = _fastest(region, accesses)
-            order, shape = _tile_layout(region, fastest, grid_bounds(nest))
+            order, shape = _tile_layout(region, fastest, grid_bounds(nest.body))
             name = self.tile
             if not tiles:  # the first loop over `at` makes the tile, the others reuse it
                 if name in names.reserved:
@@ -240,11 +239,6 @@ def _copy(tile, array, region, order, names) -> Loop:
         mark = BlockCopy(axes[p]) if p in axes else None
         body = (Loop(coords[p], sympy.Integer(0), sympy.sympify(extents[p]), body, gpu=mark),)
     return body[0]
-
-
-def grid_bounds(nest):
-    """The size bounds the nest's grid is compiled for (BlockTiles)."""
-    return next((lp.gpu.bounds for lp in walk(nest.body) if is_grid(lp) and lp.gpu.bounds), ())
 
 
 @dataclass(frozen=True)
@@ -452,7 +446,7 @@ class RegisterScratch(Step):
                     raise ScheduleError(f"{self}: {self.array}'s index {e} is no grid or thread "
                                         "loop's variable: other threads read what one wrote")
                 used.add(span[0])
-            key = frozenset((lp.gpu, lp.var, lp.start, lp.stop) for lp in threads.values())
+            key = frozenset(map(loop_key, threads.values()))
             if used != set(threads) or (owners is not None and key != owners):
                 raise ScheduleError(f"{self}: {self.array} is not indexed by the same thread "
                                     "loops in every access: other threads read what one wrote")
