@@ -15,7 +15,7 @@
  *                             - (<b g r i> psi lse)
  *                         )
  *                         * (sum[c3 < d]((<b g r i c3> psi dO) * (<b g j2 c3> psi V))
- *                         * dropout(j2 + n*(i + n*(group*(b*kv_heads + g) + r)), seed=seed, p=dropout_p)
+ *                         * dropout(i + n*(group*(b*kv_heads + g) + r), j2, seed=seed, p=dropout_p)
  *                         - (<b g r i> psi delta))
  *                         * (<b g j2 c> psi K)
  *                     )
@@ -27,7 +27,7 @@
  *                              - (<b g r2 i2> psi lse)
  *                          )
  *                          * (sum[c6 < d]((<b g r2 i2 c6> psi dO) * (<b g j c6> psi V))
- *                          * dropout(j + n*(i2 + n*(group*(b*kv_heads + g) + r2)), seed=seed, p=dropout_p)
+ *                          * dropout(i2 + n*(group*(b*kv_heads + g) + r2), j, seed=seed, p=dropout_p)
  *                          - (<b g r2 i2> psi delta))
  *                          * (<b g r2 i2 c> psi Q)
  *                      )
@@ -38,7 +38,7 @@
  *                              (scale * sum[c7 < d]((<b g r3 i3 c7> psi Q) * (<b g j c7> psi K)) if i3 >= j else -inf)
  *                              - (<b g r3 i3> psi lse)
  *                          )
- *                          * dropout(j + n*(i3 + n*(group*(b*kv_heads + g) + r3)), seed=seed, p=dropout_p)
+ *                          * dropout(i3 + n*(group*(b*kv_heads + g) + r3), j, seed=seed, p=dropout_p)
  *                          * (<b g r3 i3 c> psi dO)
  *                      )
  *                  )
@@ -55,13 +55,17 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
-/* Dropout's keep mask at one element: Philox4x32-10 (Salmon et al., SC'11) of the counter
- * (the element's offset: low word, high word, 0, 0) under the key seed (low word, high
- * word); kept (1) when its first word / 2^32 >= p, compared in double. moagen.philox is the
- * same generator in numpy. */
-static inline int moagen_keep(int64_t counter, int64_t seed, double p)
+/* Dropout's keep mask at one element, the key `group` * 8 + `piece` of row `row`:
+ * Philox4x32-10 (Salmon et al., SC'11) of the counter (group's low word, high word, row's
+ * low word, high word) under the key seed (low word, high word), its four words cut into
+ * eight 16-bit pieces (piece 2w the low half of word w, 2w + 1 the high); kept (1) when the
+ * piece / 2^16 >= p (p a double). moagen.philox is the same generator in numpy. A
+ * loop over a group's 8 keys, unrolled, calls it with one (row, group): the compiler makes
+ * one run for the 8. */
+static inline int moagen_keep(int64_t row, int64_t group, int64_t piece, int64_t seed, double p)
 {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)((uint64_t)counter >> 32), c2 = 0, c3 = 0;
+    uint32_t c0 = (uint32_t)group, c1 = (uint32_t)((uint64_t)group >> 32);
+    uint32_t c2 = (uint32_t)row, c3 = (uint32_t)((uint64_t)row >> 32);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
     for (int round = 0; round < 10; ++round) {
         const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
@@ -72,7 +76,9 @@ static inline int moagen_keep(int64_t counter, int64_t seed, double p)
         k0 += 0x9E3779B9u;  /* the key's Weyl sequence */
         k1 += 0xBB67AE85u;
     }
-    return (double)c0 * 2.3283064365386963e-10 >= p;  /* 2^-32 */
+    const uint32_t word = piece & 4 ? (piece & 2 ? c3 : c2) : (piece & 2 ? c1 : c0);
+    /* piece / 2^16 >= p, exactly, as integers: a float kernel's selects then stay 32-bit */
+    return ((piece & 1 ? word >> 16 : word) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
 }
 
 void attention_dropout_bwd_causal_flash_f64(
@@ -571,12 +577,12 @@ void attention_dropout_bwd_causal_flash_f64(
                                     const double t2_3 = exp((i >= 6*j_in_tile + j_part + 3 ? scale * qk_3 : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                                     const double t2_4 = exp((i >= 6*j_in_tile + j_part + 4 ? scale * qk_4 : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                                     const double t2_5 = exp((i >= 6*j_in_tile + j_part + 5 ? scale * qk_5 : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
-                                    const double t3_0 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
-                                    const double t3_1 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 1, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
-                                    const double t3_2 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 2, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
-                                    const double t3_3 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 3, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
-                                    const double t3_4 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 4, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
-                                    const double t3_5 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 5, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                    const double t3_0 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                    const double t3_1 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 1) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 1) / 8) + 1, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                    const double t3_2 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 2) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 2) / 8) + 2, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                    const double t3_3 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 3) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 3) / 8) + 3, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                    const double t3_4 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 4) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 4) / 8) + 4, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                    const double t3_5 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 5) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 5) / 8) + 5, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
                                     const double t_0 = scale * t2_0 * (dov_0 * t3_0 - delta[i + n*(group*(b*kv_heads + g) + r)]);
                                     const double t_1 = scale * t2_1 * (dov_1 * t3_1 - delta[i + n*(group*(b*kv_heads + g) + r)]);
                                     const double t_2 = scale * t2_2 * (dov_2 * t3_2 - delta[i + n*(group*(b*kv_heads + g) + r)]);
@@ -990,7 +996,7 @@ void attention_dropout_bwd_causal_flash_f64(
                                 double qk = qk_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                 double dov = dov_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                 const double t2 = exp((i >= j_in + j_part ? scale * qk : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
-                                const double t3 = (moagen_keep(j_in + j_part + n*(i + n*(group*(b*kv_heads + g) + r)), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                                const double t3 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((j_in + j_part) / 8), j_in + j_part - 8*((j_in + j_part) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
                                 const double t = scale * t2 * (dov * t3 - delta[i + n*(group*(b*kv_heads + g) + r)]);
                                 const double t4 = t2 * t3;
                                 t_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t;
@@ -1828,12 +1834,12 @@ void attention_dropout_bwd_causal_flash_f32(
                                     const float t2_3 = expf((i >= 6*j_in_tile + j_part + 3 ? scale * qk_3 : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                                     const float t2_4 = expf((i >= 6*j_in_tile + j_part + 4 ? scale * qk_4 : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
                                     const float t2_5 = expf((i >= 6*j_in_tile + j_part + 5 ? scale * qk_5 : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
-                                    const float t3_0 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
-                                    const float t3_1 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 1, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
-                                    const float t3_2 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 2, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
-                                    const float t3_3 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 3, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
-                                    const float t3_4 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 4, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
-                                    const float t3_5 = (moagen_keep(6*j_in_tile + j_part + n*(i + n*(group*(b*kv_heads + g) + r)) + 5, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                    const float t3_0 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                    const float t3_1 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 1) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 1) / 8) + 1, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                    const float t3_2 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 2) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 2) / 8) + 2, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                    const float t3_3 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 3) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 3) / 8) + 3, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                    const float t3_4 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 4) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 4) / 8) + 4, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                    const float t3_5 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((6*j_in_tile + j_part + 5) / 8), 6*j_in_tile + j_part - 8*((6*j_in_tile + j_part + 5) / 8) + 5, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
                                     const float t_0 = scale * t2_0 * (dov_0 * t3_0 - delta[i + n*(group*(b*kv_heads + g) + r)]);
                                     const float t_1 = scale * t2_1 * (dov_1 * t3_1 - delta[i + n*(group*(b*kv_heads + g) + r)]);
                                     const float t_2 = scale * t2_2 * (dov_2 * t3_2 - delta[i + n*(group*(b*kv_heads + g) + r)]);
@@ -2535,7 +2541,7 @@ void attention_dropout_bwd_causal_flash_f32(
                                 float qk = qk_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                 float dov = dov_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                 const float t2 = expf((i >= j_in + j_part ? scale * qk : -INFINITY) - lse[i + n*(group*(b*kv_heads + g) + r)]);
-                                const float t3 = (moagen_keep(j_in + j_part + n*(i + n*(group*(b*kv_heads + g) + r)), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                                const float t3 = (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((j_in + j_part) / 8), j_in + j_part - 8*((j_in + j_part) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
                                 const float t = scale * t2 * (dov * t3 - delta[i + n*(group*(b*kv_heads + g) + r)]);
                                 const float t4 = t2 * t3;
                                 t_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)] = t;

@@ -19,7 +19,7 @@
 !                                )
 !                            )
 !                        )
-!                        * dropout(j + n*(i + n*(group*(b*kv_heads + g) + r)), seed=seed, p=dropout_p)
+!                        * dropout(i + n*(group*(b*kv_heads + g) + r), j, seed=seed, p=dropout_p)
 !                        * (<b g j c> psi V)
 !                    )
 ! lse[b, g, r, i] = max[j5 < n](
@@ -43,22 +43,25 @@ module moagen_kernels
 
 contains
 
-  ! Dropout's keep mask at one element: Philox4x32-10 (Salmon et al., SC'11) of the counter
-  ! (the element's offset: low word, high word, 0, 0) under the key seed (low word, high
-  ! word); kept (true) when its first word / 2^32 >= p. moagen.philox is the same generator in
-  ! numpy. Fortran has no unsigned integers: each 32-bit word is held in a 64-bit integer,
+  ! Dropout's keep mask at one element, the key group * 8 + piece of row `row`:
+  ! Philox4x32-10 (Salmon et al., SC'11) of the counter (group's low word, high word, row's
+  ! low word, high word) under the key seed (low word, high word), its four words cut into
+  ! eight 16-bit pieces (piece 2w the low half of word w, 2w + 1 the high); kept (true) when
+  ! the piece / 2^16 >= p. moagen.philox is the same generator in numpy. A loop over a
+  ! group's 8 keys, unrolled, calls it with one (row, group): the compiler makes one run for
+  ! the 8. Fortran has no unsigned integers: each 32-bit word is held in a 64-bit integer,
   ! masked to its low 32 bits after every sum, and each product split (moagen_mulhilo).
-  pure logical function moagen_keep(counter, seed, p)
-    integer(c_int64_t), intent(in) :: counter, seed
+  pure logical function moagen_keep(row, group, piece, seed, p)
+    integer(c_int64_t), intent(in) :: row, group, piece, seed
     real(c_double), intent(in) :: p
     integer(c_int64_t), parameter :: word = int(z'FFFFFFFF', c_int64_t)
-    integer(c_int64_t) :: c0, c1, c2, c3, k0, k1, hi0, lo0, hi1, lo1
+    integer(c_int64_t) :: c(0:3), c0, c1, c2, c3, k0, k1, hi0, lo0, hi1, lo1
     integer :: round
 
-    c0 = iand(counter, word)
-    c1 = iand(shiftr(counter, 32), word)
-    c2 = 0
-    c3 = 0
+    c0 = iand(group, word)
+    c1 = iand(shiftr(group, 32), word)
+    c2 = iand(row, word)
+    c3 = iand(shiftr(row, 32), word)
     k0 = iand(seed, word)
     k1 = iand(shiftr(seed, 32), word)
     do round = 1, 10
@@ -71,7 +74,9 @@ contains
       k0 = iand(k0 + int(z'9E3779B9', c_int64_t), word)  ! the key's Weyl sequence
       k1 = iand(k1 + int(z'BB67AE85', c_int64_t), word)
     end do
-    moagen_keep = real(c0, c_double) * 2.0_c_double**(-32) >= p
+    c = [c0, c1, c2, c3]
+    moagen_keep = real(iand(shiftr(c(piece / 2), 16 * mod(piece, 2_c_int64_t)), &
+                            int(z'FFFF', c_int64_t)), c_double) * 2.0_c_double**(-16) >= p
   end function moagen_keep
 
   ! The 64-bit product of two 32-bit words a and b as its high and low words: b in 16-bit
@@ -155,8 +160,9 @@ contains
                 qk = qk + Q(c + d*(i + n*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
               t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum * &
-                  & merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(j &
-                  & + n*(i + n*(group*(b*kv_heads + g) + r)), seed, real(dropout_p, c_double)))
+                  & merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i &
+                  & + n*(group*(b*kv_heads + g) + r), ((j) / 8), j - 8*((j) / 8), seed, &
+                  & real(dropout_p, c_double)))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(group*(b*kv_heads + g) + r))) = O(c + d*(i + n*(group*(b*kv_heads &
@@ -237,8 +243,9 @@ contains
                 qk = qk + Q(c + d*(i + n*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
               t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum * merge(1.0_c_float &
-                  & / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(j + n*(i + &
-                  & n*(group*(b*kv_heads + g) + r)), seed, real(dropout_p, c_double)))
+                  & / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
+                  & n*(group*(b*kv_heads + g) + r), ((j) / 8), j - 8*((j) / 8), seed, &
+                  & real(dropout_p, c_double)))
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(group*(b*kv_heads + g) + r))) = O(c + d*(i + n*(group*(b*kv_heads &

@@ -20,7 +20,7 @@
  *                                )
  *                            )
  *                        )
- *                        * dropout(j + n*(i + n*(group*(b*kv_heads + g) + r)), seed=seed, p=dropout_p)
+ *                        * dropout(i + n*(group*(b*kv_heads + g) + r), j, seed=seed, p=dropout_p)
  *                        * (<b g j c> psi V)
  *                    )
  * lse[b, g, r, i] = max[j5 < n](
@@ -91,13 +91,17 @@ static int moagen_allow_shared(Kernel *kernel, const char *name, size_t bytes)
     return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-/* Dropout's keep mask at one element: Philox4x32-10 (Salmon et al., SC'11) of the counter
- * (the element's offset: low word, high word, 0, 0) under the key seed (low word, high
- * word); kept (1) when its first word / 2^32 >= p, compared in double. moagen.philox is the
- * same generator in numpy. */
-__device__ static inline int moagen_keep(int64_t counter, int64_t seed, double p)
+/* Dropout's keep mask at one element, the key `group` * 8 + `piece` of row `row`:
+ * Philox4x32-10 (Salmon et al., SC'11) of the counter (group's low word, high word, row's
+ * low word, high word) under the key seed (low word, high word), its four words cut into
+ * eight 16-bit pieces (piece 2w the low half of word w, 2w + 1 the high); kept (1) when the
+ * piece / 2^16 >= p (p a double). moagen.philox is the same generator in numpy. A
+ * loop over a group's 8 keys, unrolled, calls it with one (row, group): the compiler makes
+ * one run for the 8. */
+__device__ static inline int moagen_keep(int64_t row, int64_t group, int64_t piece, int64_t seed, double p)
 {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)((uint64_t)counter >> 32), c2 = 0, c3 = 0;
+    uint32_t c0 = (uint32_t)group, c1 = (uint32_t)((uint64_t)group >> 32);
+    uint32_t c2 = (uint32_t)row, c3 = (uint32_t)((uint64_t)row >> 32);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
     for (int round = 0; round < 10; ++round) {
         const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
@@ -108,7 +112,9 @@ __device__ static inline int moagen_keep(int64_t counter, int64_t seed, double p
         k0 += 0x9E3779B9u;  /* the key's Weyl sequence */
         k1 += 0xBB67AE85u;
     }
-    return (double)c0 * 2.3283064365386963e-10 >= p;  /* 2^-32 */
+    const uint32_t word = piece & 4 ? (piece & 2 ? c3 : c2) : (piece & 2 ? c1 : c0);
+    /* piece / 2^16 >= p, exactly, as integers: a float kernel's selects then stay 32-bit */
+    return ((piece & 1 ? word >> 16 : word) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
 }
 
 /* rows: writes rows_Q_tile, rows_K_tile, probs, rows_V_tile, O, lse; reads Q, K, V
@@ -266,6 +272,15 @@ __global__ void attention_dropout_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
@@ -283,7 +298,7 @@ __global__ void attention_dropout_fwd_causal_flash_f64_rows(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(j + n*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk];
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -396,6 +411,15 @@ __global__ void attention_dropout_fwd_causal_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
@@ -413,7 +437,7 @@ __global__ void attention_dropout_fwd_causal_flash_f64_rows(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(j + n*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk];
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -651,6 +675,15 @@ __global__ void attention_dropout_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
@@ -668,7 +701,7 @@ __global__ void attention_dropout_fwd_causal_flash_f32_rows(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(j + n*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk];
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
@@ -781,6 +814,15 @@ __global__ void attention_dropout_fwd_causal_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
+            const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
+            #pragma unroll
+            for (int s_j = 0; s_j < 4; ++s_j) {
+                const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
+                if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+            }
+        }
+        #pragma unroll
+        for (int s_i = 0; s_i < 4; ++s_i) {
             #pragma unroll
             for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                 O_reg[s_i][s_c] = O_reg[s_i][s_c] * rescale[s_i];
@@ -798,7 +840,7 @@ __global__ void attention_dropout_fwd_causal_flash_f32_rows(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(j + n*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk];
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {

@@ -26,7 +26,7 @@
  *                                )
  *                            )
  *                        )
- *                        * dropout(j + n*(i + n*(group*(b*kv_heads + g) + r)), seed=seed, p=dropout_p)
+ *                        * dropout(i + n*(group*(b*kv_heads + g) + r), j, seed=seed, p=dropout_p)
  *                        * (<b g j c> psi V)
  *                    )
  * lse[b, g, r, i] = max[j5 < n](
@@ -69,13 +69,17 @@ extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
     T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
-/* Dropout's keep mask at one element: Philox4x32-10 (Salmon et al., SC'11) of the counter
- * (the element's offset: low word, high word, 0, 0) under the key seed (low word, high
- * word); kept (1) when its first word / 2^32 >= p, compared in double. moagen.philox is the
- * same generator in numpy. */
-__device__ static inline int moagen_keep(int64_t counter, int64_t seed, double p)
+/* Dropout's keep mask at one element, the key `group` * 8 + `piece` of row `row`:
+ * Philox4x32-10 (Salmon et al., SC'11) of the counter (group's low word, high word, row's
+ * low word, high word) under the key seed (low word, high word), its four words cut into
+ * eight 16-bit pieces (piece 2w the low half of word w, 2w + 1 the high); kept (1) when the
+ * piece / 2^16 >= p (p a double). moagen.philox is the same generator in numpy. A
+ * loop over a group's 8 keys, unrolled, calls it with one (row, group): the compiler makes
+ * one run for the 8. */
+__device__ static inline int moagen_keep(int64_t row, int64_t group, int64_t piece, int64_t seed, double p)
 {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)((uint64_t)counter >> 32), c2 = 0, c3 = 0;
+    uint32_t c0 = (uint32_t)group, c1 = (uint32_t)((uint64_t)group >> 32);
+    uint32_t c2 = (uint32_t)row, c3 = (uint32_t)((uint64_t)row >> 32);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
     for (int round = 0; round < 10; ++round) {
         const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
@@ -86,7 +90,9 @@ __device__ static inline int moagen_keep(int64_t counter, int64_t seed, double p
         k0 += 0x9E3779B9u;  /* the key's Weyl sequence */
         k1 += 0xBB67AE85u;
     }
-    return (double)c0 * 2.3283064365386963e-10 >= p;  /* 2^-32 */
+    const uint32_t word = piece & 4 ? (piece & 2 ? c3 : c2) : (piece & 2 ? c1 : c0);
+    /* piece / 2^16 >= p, exactly, as integers: a float kernel's selects then stay 32-bit */
+    return ((piece & 1 ? word >> 16 : word) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
 }
 
 /* rows: writes O, lse; reads Q, K, V
@@ -143,7 +149,7 @@ __global__ void attention_dropout_fwd_dnf_f64_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        const double t = exp(scale * qk - row_max) / row_sum * (moagen_keep(j + n*(i + n*(group*(b*kv_heads + g) + r)), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+        const double t = exp(scale * qk - row_max) / row_sum * (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
         for (int64_t c = 0; c < d; ++c) {
             O[c + d*(i + n*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
         }
@@ -238,7 +244,7 @@ __global__ void attention_dropout_fwd_dnf_f32_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        const float t = expf(scale * qk - row_max) / row_sum * (moagen_keep(j + n*(i + n*(group*(b*kv_heads + g) + r)), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+        const float t = expf(scale * qk - row_max) / row_sum * (moagen_keep(i + n*(group*(b*kv_heads + g) + r), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
         for (int64_t c = 0; c < d; ++c) {
             O[c + d*(i + n*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
         }

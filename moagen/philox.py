@@ -7,16 +7,21 @@ The generated kernels' helper (moagen_keep in C, CUDA and Fortran) computes the 
 thing; this is what they are verified against, itself checked against Random123's
 known-answer vectors (tests/test_dropout.py).
 
-An element at row-major offset `counter` (of the (batch, heads, n_q, n_k) probabilities) is
-kept when the first 32-bit word of Philox4x32-10 of the counter (its low word, its high
-word, 0, 0) under the key seed (its low word, its high word) is >= p * 2**32: compared in
-float64, word * 2**-32 >= p."""
+An element of the (batch, heads, n_q, n_k) probabilities is named by its row (the
+row-major offset of its leading indices) and its key k (its last index). One Philox run
+decides KEYS_PER_RUN = 8 keys of a row: the run of counter (its low word, its high word,
+the row's low word, its high word) for group = k // 8, under the key seed (its low word,
+its high word), cut into eight 16-bit pieces, piece k % 8 the low (even) or high (odd)
+half of word (k % 8) // 2. The element is kept when its piece * 2**-16 >= p, compared in
+float64: p counts at a resolution of 1 / 65536, as FlashAttention's counts at 1 / 256. A
+kernel's loop over 8 consecutive keys of a row then makes one run, not 8."""
 import numpy as np
 
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 WEYL = (0x9E3779B9, 0xBB67AE85)  # the key's increments between rounds
 ROUNDS = 10
 WORD = 0xFFFFFFFF
+KEYS_PER_RUN = 8  # a run's four words in 16-bit pieces
 
 
 def philox4x32(counter, key, rounds=ROUNDS):
@@ -40,18 +45,23 @@ def check_seed(seed: int) -> int:
     return seed
 
 
-def keep_words(counters, seed: int):
-    """The first output word for each counter (an array of element offsets, below 2**63)."""
-    counters = np.asarray(counters, dtype=np.uint64)
+def keep_pieces(rows, keys, seed: int):
+    """The 16-bit piece of each element (rows and keys: arrays broadcast together, below
+    2**63), a uint64 array."""
+    rows, keys = np.broadcast_arrays(np.asarray(rows, dtype=np.uint64),
+                                     np.asarray(keys, dtype=np.uint64))
     seed = check_seed(int(seed))
-    zero = np.zeros_like(counters)
-    return philox4x32((counters & np.uint64(WORD), counters >> np.uint64(32), zero, zero),
-                      (seed & WORD, seed >> 32))[0]
+    groups, piece = keys // np.uint64(KEYS_PER_RUN), keys % np.uint64(KEYS_PER_RUN)
+    words = philox4x32((groups & np.uint64(WORD), groups >> np.uint64(32),
+                        rows & np.uint64(WORD), rows >> np.uint64(32)),
+                       (seed & WORD, seed >> 32))
+    word = np.choose((piece // np.uint64(2)).astype(np.intp), words)
+    return (word >> (np.uint64(16) * (piece % np.uint64(2)))) & np.uint64(0xFFFF)
 
 
 def keep_mask(shape, seed: int, p: float) -> np.ndarray:
-    """Dropout's keep mask of an array of `shape` (booleans, True where kept), element k of
-    its row-major order drawn from counter k."""
-    count = int(np.prod(shape, dtype=np.int64))
-    words = keep_words(np.arange(count, dtype=np.uint64), seed)
-    return (words.astype(np.float64) * 2.0 ** -32 >= float(p)).reshape(shape)
+    """Dropout's keep mask of an array of `shape` (at least one axis; booleans, True where
+    kept)."""
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    pieces = keep_pieces(np.arange(rows)[:, None], np.arange(shape[-1])[None, :], seed)
+    return (pieces.astype(np.float64) * 2.0 ** -16 >= float(p)).reshape(shape)

@@ -1,7 +1,7 @@
 """Dropout's random numbers (moagen.philox, #54 item 3): the numpy Philox4x32-10 against
 Random123's known answers, its keep mask's statistics (keep rate, rows and heads
-independent), the generated files' moagen_keep in C and Fortran against it at counters and
-seeds past 32 bits, the Dropout node through shape, DNF, interpretation and grad. The
+independent), the generated files' moagen_keep in C and Fortran against it at rows, keys
+and seeds past 32 bits, the Dropout node through shape, DNF, interpretation and grad. The
 generated kernels themselves are verified against moagen.reference's numpy dropout in every
 language by tests/test_verify.py (C, Fortran) and tests/test_cuda_emulation.py (CUDA)."""
 import ctypes
@@ -18,7 +18,7 @@ from moagen.moa.expr import Scalar, array, dropout, psi
 from moagen.moa.rewrites import quadratic_temporaries
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
-from moagen.philox import keep_mask, keep_words, philox4x32
+from moagen.philox import keep_mask, keep_pieces, philox4x32
 from moagen import reference
 from moagen.targets.toolchain import Toolchain
 from moagen.templates import render
@@ -37,11 +37,13 @@ def test_philox_gives_random123s_known_answers(counter, key, words):
     assert tuple(int(w) for w in philox4x32(counter, key)) == words
 
 
-def test_a_counters_words_are_the_first_output_of_its_low_and_high_word():
-    counter, seed = 2 ** 40 + 17, 2 ** 35 + 9
-    word = philox4x32((counter & 0xFFFFFFFF, counter >> 32, 0, 0),
-                      (seed & 0xFFFFFFFF, seed >> 32))[0]
-    assert int(keep_words([counter], seed)[0]) == int(word)
+def test_a_groups_eight_keys_are_the_16_bit_halves_of_one_runs_four_words():
+    row, group, seed = 2 ** 40 + 17, 2 ** 33 + 5, 2 ** 35 + 9
+    words = philox4x32((group & 0xFFFFFFFF, group >> 32, row & 0xFFFFFFFF, row >> 32),
+                       (seed & 0xFFFFFFFF, seed >> 32))
+    halves = [int(w) >> shift & 0xFFFF for w in words for shift in (0, 16)]
+    keys = 8 * group + np.arange(8, dtype=np.uint64)
+    assert [int(x) for x in keep_pieces(row, keys, seed)] == halves
 
 
 P = 0.3
@@ -80,19 +82,21 @@ def test_the_seed_decides_the_mask():
 def test_a_seed_outside_63_bits_is_refused():
     for seed in (-1, 2 ** 63):
         with pytest.raises(ValueError, match="seed"):
-            keep_words([0], seed)
+            keep_pieces(0, 0, seed)
 
 
 # ---- moagen_keep, the generated files' helper ------------------------------------------
 
-# keep_many(counters, p, count, seed, kept): moagen_keep of each counter at its own p
+# keep_many(rows, keys, p, count, seed, kept): moagen_keep of each (row, key) at its own p
 C_DRIVER = """
+#include <math.h>
 #include <stdint.h>
 {helper}
-void keep_many(const int64_t *counters, const double *p, int64_t count, int64_t seed,
-               int32_t *kept)
+void keep_many(const int64_t *rows, const int64_t *keys, const double *p, int64_t count,
+               int64_t seed, int32_t *kept)
 {{
-    for (int64_t k = 0; k < count; ++k) kept[k] = moagen_keep(counters[k], seed, p[k]);
+    for (int64_t k = 0; k < count; ++k)
+        kept[k] = moagen_keep(rows[k], keys[k] / 8, keys[k] % 8, seed, p[k]);
 }}
 """
 FORTRAN_DRIVER = """
@@ -101,15 +105,16 @@ module keep_driver
   implicit none
 contains
 {helper}
-  subroutine keep_many(counters, p, count, seed, kept) bind(C, name="keep_many")
+  subroutine keep_many(rows, keys, p, count, seed, kept) bind(C, name="keep_many")
     integer(c_int64_t), value, intent(in) :: count, seed
-    integer(c_int64_t), intent(in) :: counters(count)
+    integer(c_int64_t), intent(in) :: rows(count), keys(count)
     real(c_double), intent(in) :: p(count)
     integer(c_int32_t), intent(out) :: kept(count)
     integer(c_int64_t) :: k
 
     do k = 1, count
-      kept(k) = merge(1_c_int32_t, 0_c_int32_t, moagen_keep(counters(k), seed, p(k)))
+      kept(k) = merge(1_c_int32_t, 0_c_int32_t, &
+                      moagen_keep(rows(k), keys(k) / 8, mod(keys(k), 8_c_int64_t), seed, p(k)))
     end do
   end subroutine keep_many
 end module keep_driver
@@ -133,21 +138,24 @@ def _built(lang, tmp_path):
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])
-def test_moagen_keep_compares_philoxs_word_at_any_counter_and_seed(lang, tmp_path):
-    """For counters and seeds with both 32-bit words set (up to 2**63 - 1), the helper
-    keeps at p = word / 2**32 and drops at p just above: its word is numpy's, bit for bit
+def test_moagen_keep_compares_philoxs_piece_at_any_row_key_and_seed(lang, tmp_path):
+    """For rows, keys and seeds with both 32-bit words set (up to 2**63 - 1), the helper
+    keeps at p = piece / 2**16 and drops at p just above: its piece is numpy's, bit for bit
     (Fortran's 32-bit words held in 64-bit integers included)."""
     keep_many = _built(lang, tmp_path)
     rng = np.random.default_rng(2)
-    counters = np.concatenate([np.arange(4), [2 ** 32 - 1, 2 ** 32, 2 ** 63 - 1],
-                               rng.integers(0, 2 ** 63 - 1, 500)]).astype(np.int64)
+    edges = np.arange(16).tolist() + [2 ** 32 - 1, 2 ** 32, 2 ** 35 + 3, 2 ** 63 - 1]
+    rows, keys = (np.concatenate([edges, rng.integers(0, 2 ** 63 - 1, 500)]).astype(np.int64)
+                  for _ in range(2))
+    keys = np.roll(keys, 3)  # a key with another row
     for seed in (0, 2 ** 32 + 5, 2 ** 63 - 1, int(rng.integers(2 ** 62, 2 ** 63 - 1))):
-        words = keep_words(counters.astype(np.uint64), seed).astype(np.float64)
-        for p, kept in ((words * 2.0 ** -32, 1), ((words + 1) * 2.0 ** -32, 0)):
-            got = np.empty(len(counters), dtype=np.int32)
-            keep_many(counters.ctypes.data_as(ctypes.c_void_p),
+        pieces = keep_pieces(rows.astype(np.uint64), keys.astype(np.uint64),
+                             seed).astype(np.float64)
+        for p, kept in ((pieces * 2.0 ** -16, 1), ((pieces + 1) * 2.0 ** -16, 0)):
+            got = np.empty(len(rows), dtype=np.int32)
+            keep_many(rows.ctypes.data_as(ctypes.c_void_p), keys.ctypes.data_as(ctypes.c_void_p),
                       np.ascontiguousarray(p).ctypes.data_as(ctypes.c_void_p),
-                      ctypes.c_int64(len(counters)), ctypes.c_int64(seed),
+                      ctypes.c_int64(len(rows)), ctypes.c_int64(seed),
                       got.ctypes.data_as(ctypes.c_void_p))
             assert (got == kept).all(), (seed, np.flatnonzero(got != kept)[:5])
 

@@ -5,11 +5,13 @@ moagen.moa.grad.
 
 As SDPA's dropout_p: O = (P * Z / (1 - p)) V, P the softmax's probabilities and Z the keep
 mask, the lse the softmax's own. Z is drawn by a counter-based generator (moagen.philox:
-Philox4x32-10 of each element's offset in the (batch, heads, n, n) probabilities under the
-key `seed`, a size given at call time), so the backward computes the forward's Z again from
+Philox4x32-10 of each element's row in the (batch, heads, n, n) probabilities and its key's
+group of 8 under the key `seed`, a size given at call time), so the backward computes the forward's Z again from
 the seed instead of reading a stored mask: to grad, Z is a constant, and the derived
 backward is dV = (P Z / (1 - p))^T dO, dP = (dO V^T) Z / (1 - p), dS = P (dP - delta).
 p is the scalar dropout_p, compared in double precision (moagen_keep's p is a double)."""
+from dataclasses import replace
+
 from moagen import reference
 from moagen.kernels import attention, attention_bwd, attention_cross
 from moagen.kernels.attention import causal_mask, softmax_scale
@@ -19,10 +21,11 @@ from moagen.kernels.cases import Bench, Check, references
 from moagen.moa.expr import Scalar, dropout, lift, psi
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
+from moagen.steps.loop.unroll import UnrollDraws
 
 P = Scalar("dropout_p")
 # Z / (1 - p) for every query head's probabilities: query head g * group + r's, as SDPA's
-# heads are numbered, so that its offsets are those of (batch, heads, n, n)
+# heads are numbered, so that its rows are those of (batch, heads, n, n)
 FACTORS = dropout(EXTENTS + ("n", "n"), "seed", P)
 
 
@@ -56,12 +59,19 @@ def backward_spec(causal: bool) -> KernelSpec:
 
 # dnf: row by row, nothing of size n x n, as attention_cross's (the same loops). flash:
 # attention_gqa's (FlashAttention's register tiles; the backward's key rows own dK and dV),
-# the factors drawn inside the tiles. On a GPU the backward's keys pass names its blocks of
+# the forward's factors applied to a block's row of probabilities once per key
+# (OnlineSoftmax) by groups of 8 keys, one Philox run each (UnrollDraws), the backward's
+# drawn inside its tiles. On a GPU the backward's keys pass names its blocks of
 # P and dS t4 and t5 (the factors' values take t2 and t3)
+# float32's tiles 8 lanes wide, not 16: with the draws' code beside them gcc keeps only the
+# narrower output tile in vector registers (docs/PERFORMANCE.md, "Dropout")
+FORWARD_DTYPES = {"float32": {"lanes": 8}}
 BACKWARD_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t4_block", dS2="t5_block")
 KERNELS = [kernel for causal in (False, True) for kernel in (
     (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD),
-                    "flash": attention.flash_variant(causal, loops=LOOPS.query)}),
+                    "flash": replace(attention.flash_variant(causal, loops=LOOPS.query,
+                                                             then=(UnrollDraws("j"),)),
+                                     dtypes=FORWARD_DTYPES)}),
     (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD),
                              "flash": attention_bwd.flash_variant(causal, loops=LOOPS,
                                                                   scratch=BACKWARD_SCRATCH)}))]

@@ -131,10 +131,10 @@ class _Reducer:
         if isinstance(node, E.Iota):
             return S.Dim(idx[0])
         if isinstance(node, E.Dropout):
-            counter = sympy.Integer(0)
-            for i, extent in zip(idx, node.shape):  # the row-major offset, in Horner form
-                counter = counter * extent + i  # (expanded, n*n would print as a float pow)
-            return S.Dropout(counter, node.seed, self.psi((), node.p, env))
+            row = sympy.Integer(0)
+            for i, extent in zip(idx[:-1], node.shape):  # the rows' offset, in Horner form
+                row = row * extent + i  # (expanded, n*n would print as a float pow)
+            return S.Dropout(row, idx[-1], node.seed, self.psi((), node.p, env))
         if isinstance(node, E.Where):
             self.in_condition = True
             cond = self._operand(idx, node.cond, env)
@@ -295,7 +295,7 @@ def _flat(e) -> str:
     if isinstance(e, S.IfGreater):
         return f"({_flat(e.then)} if {_flat(e.left)} > {_flat(e.right)} else {_flat(e.other)})"
     if isinstance(e, S.Dropout):
-        return f"dropout({e.counter}, seed={e.seed}, p={_flat(e.p)})"
+        return f"dropout({e.row}, {e.key}, seed={e.seed}, p={_flat(e.p)})"
     if isinstance(e, S.Reduction):
         return f"{_reduction_head(e)}({_flat(e.body)})"
     raise TypeError(e)

@@ -10,6 +10,9 @@ from typing import Tuple
 
 import sympy
 
+from moagen.moa.expr import divides, idiv
+from moagen.philox import KEYS_PER_RUN
+
 
 class ScalarExpr:
     pass
@@ -72,12 +75,24 @@ class Select(ScalarExpr):
 
 @dataclass(frozen=True)
 class Dropout(ScalarExpr):
-    """Dropout's factor at one element: 1 / (1 - p) where Philox4x32-10 of `counter` (the
-    element's offset) under the key `seed` keeps it at drop probability p, else 0
-    (moagen.moa.expr.Dropout, moagen.philox)."""
-    counter: sympy.Expr
+    """Dropout's factor at one element, key `key` of row `row` (the offset of the leading
+    indices): 1 / (1 - p) where Philox4x32-10 under the key `seed` keeps it at drop
+    probability p, else 0 (moagen.moa.expr.Dropout, moagen.philox)."""
+    row: sympy.Expr
+    key: sympy.Expr
     seed: sympy.Expr
     p: ScalarExpr
+
+    def draw(self):
+        """(the key's group of KEYS_PER_RUN, its piece), as index expressions: key 8 g + v
+        (v < 8 a number, g's terms multiples of 1) as (g, v), so that the unrolled keys of a
+        group read as one (row, group), whose Philox run the compiler makes once."""
+        v, rest = sympy.sympify(self.key).as_coeff_Add()
+        g = sympy.expand(rest / KEYS_PER_RUN)
+        if 0 <= v < KEYS_PER_RUN and divides(KEYS_PER_RUN, rest):
+            return g, v
+        group = idiv(self.key, KEYS_PER_RUN)
+        return group, self.key - KEYS_PER_RUN * group
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ def index_exprs(e: ScalarExpr):
     if isinstance(e, Dim):
         return (e.value,)
     if isinstance(e, Dropout):
-        return (e.counter, e.seed)
+        return (e.row, e.key, e.seed)
     return ()
 
 
@@ -160,7 +175,8 @@ def subs(e: ScalarExpr, mapping: dict) -> ScalarExpr:
     if isinstance(e, Dim):
         return Dim(e.value.xreplace(mapping))
     if isinstance(e, Dropout):
-        return Dropout(e.counter.xreplace(mapping), e.seed.xreplace(mapping), subs(e.p, mapping))
+        return Dropout(e.row.xreplace(mapping), e.key.xreplace(mapping),
+                       e.seed.xreplace(mapping), subs(e.p, mapping))
     if isinstance(e, Reduction):
         inner = {k: v for k, v in mapping.items() if k != e.var}
         return Reduction(e.op, e.var, e.extent.xreplace(mapping), subs(e.body, inner), e.name)

@@ -20,7 +20,7 @@ import sympy
 from moagen.errors import SpecError
 from moagen.moa import scalar as S
 from moagen.moa.expr import INDEX_NAMESPACE
-from moagen.philox import keep_words
+from moagen.philox import keep_pieces
 from moagen.onf.loops import Barrier, LaneReduce, Let, Loop, Store, Update
 
 UNARY = {
@@ -190,11 +190,11 @@ class _Machine:
             return lambda ints, locs: then(ints, locs) if left(ints, locs) > right(ints, locs) \
                 else other(ints, locs)
         if isinstance(e, S.Dropout):
-            counter, seed, p = index_fn(e.counter), index_fn(e.seed), self.expr(e.p)
+            row, key, seed, p = index_fn(e.row), index_fn(e.key), index_fn(e.seed), self.expr(e.p)
 
             def factor(ints, locs):
                 drop = p(ints, locs)
-                kept = float(keep_words(counter(ints), seed(ints))) * 2.0 ** -32 >= drop
+                kept = float(keep_pieces(row(ints), key(ints), seed(ints))) * 2.0 ** -16 >= drop
                 return 1.0 / (1.0 - drop) if kept else 0.0
             return factor
         if isinstance(e, S.Reduction):

@@ -153,7 +153,9 @@ class Printer:
         if isinstance(e, S.Dropout):
             self.uses_keep = True  # the file then defines moagen_keep (templates/c/keep.c.j2)
             p, one = self.expr(e.p), self.number(1.0)
-            return self.select(self.keep(self.index(e.counter), self.index(e.seed), p),
+            group, piece = e.draw()
+            return self.select(self.keep(self.index(e.row), self.index(group),
+                                         self.index(piece), self.index(e.seed), p),
                                f"{one} / ({one} - {p})", self.number(0.0))
         raise TypeError(f"{type(self).__name__} cannot print {e!r}: lower reductions and "
                         f"apply the layout first")
@@ -199,7 +201,7 @@ class Printer:
     def select(self, cond, then, other) -> str:
         raise NotImplementedError
 
-    def keep(self, counter, seed, p) -> str:
+    def keep(self, row, group, piece, seed, p) -> str:
         """Whether dropout keeps an element, a condition (a call of moagen_keep)."""
         raise NotImplementedError
 

@@ -28,6 +28,10 @@ P is a scratch row of min(n, B) per iteration of the loops around (it stays in L
 scores of a block are independent dot products, the rescale of X is once per block instead
 of once per key, and the accumulation into X is a plain sum the compiler can keep in
 registers. The values are the same up to rounding (the sums are regrouped by block).
+Where the loop weighs by P times dropout's factor D(row, j) (it depends on no index of the
+loop's inner loops), the block's row takes it once per key after its sum,
+P[row, k] = P[row, k] * D(row, j), and the loop reads P alone: the factor drawn once per
+key, not again for every column of X, the same products.
 
 Preconditions, checked: the same f in all three (up to bound names); every use of m and l
 inside the loop is that exact quotient; every store inside accumulates a sum.
@@ -171,7 +175,7 @@ def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     # every step a loop over the block's keys, as Split cuts a loop (the cost view counts it)
     each_key = lambda *stmts: Loop(j, first, sympy.Min(loop.stop, first + size), stmts)
 
-    body = probability_is(prob)
+    body, factor = _key_factor(probability_is(prob), prob)
     stores = _accumulating_stores(transform, body, ())
     for store, lps in stores:
         if j in set().union(*(sympy.sympify(i).free_symbols for i in store.index)) or \
@@ -190,11 +194,33 @@ def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
              Let(block_sum.name, S.Num(0.0)),
              each_key(Update(block_sum.name, "+", prob)),
              Update(l, "=", S.Bin("+", S.Bin("*", S.Local(l), rescale), block_sum)),
+             # the factors before the rescale, which ColumnTiles folds into the next loop
+             *([each_key(Store(probs, row + (j - first,), S.Bin("*", prob, factor)))]
+               if factor else []),
              *rescale_rows,
              each_key(*body),
              Update(m, "=", new_max)]
     blocks = idiv(loop.stop + size - 1, size)
     return [Loop(block, sympy.Integer(0), blocks, tuple(steps))], stores
+
+
+def _key_factor(body, prob):
+    """(body with each prob * D read as prob, D) where the body weighs by D too, dropout's
+    factor at (row, key) (it depends on no other index), else (body, None): the block's row
+    of probabilities then takes D once per key, where the products would draw it again for
+    every output column (or tile of them)."""
+    found, inner = set(), loop_vars(body)
+
+    def unfactor(e):
+        if isinstance(e, S.Bin) and e.op == "*" and e.left == prob and \
+                isinstance(e.right, S.Dropout) and not S.free_names(e.right) & inner:
+            found.add(e.right)
+            return prob
+        return S.map_children(e, unfactor)
+    unfactored = [map_stmt_exprs(s, unfactor) for s in body]
+    if len(found) != 1:  # none, or factors that differ: the products keep theirs
+        return body, None
+    return unfactored, found.pop()
 
 
 def _propagate_copies(stmts):

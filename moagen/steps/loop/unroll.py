@@ -19,7 +19,7 @@ adding dS K into dQ's part): the copies' additions to one element are then merge
 addition of their sum, regrouped as UnrollSum regroups. The loops inside B may not depend on
 i: the copies share them."""
 from dataclasses import dataclass, replace
-from typing import Tuple
+from typing import Optional, Tuple
 
 import sympy
 
@@ -30,6 +30,7 @@ from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, 
                               loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
                               subs_stmts, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
+from moagen.philox import KEYS_PER_RUN
 from moagen.steps.loop.reductions import require_lowered
 from moagen.steps.step import NotApplicable, Step
 
@@ -284,3 +285,43 @@ def _merge_sums(stmts):
         else:
             out.append(s)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class UnrollDraws(Step):
+    """KEYS_PER_RUN (8) iterations at a time of every loop over `loop` whose body draws
+    dropout's factors by it, the loop's variable the draws' key (the flash forward's factors
+    applied to a block's row of probabilities):
+
+        for j in [s, e): B(j)  ->  for j_tile in [s / 8, e // 8): jam(B(8 j_tile), .., B(8 j_tile + 7))
+                                   for j in [8 (e // 8), e): B(j)
+
+    jam is UnrollJam's. The copies' draws then name one (row, group), j_tile
+    (moagen.moa.scalar.Dropout.draw), and the compiler makes one Philox run for their 8
+    keys where the loop made 8. Legal where UnrollJam is (the iterations independent), and
+    when s is a multiple of 8, so that the groups are Philox's."""
+    loop: str
+    nest: Optional[str] = None
+
+    def rewrite_nest(self, nest, names):
+        body, unrolled = rewrite_loops(
+            nest.body, lambda loop: loop.var.name == self.loop and any(
+                isinstance(e, S.Dropout) and loop.var in sympy.sympify(e.key).free_symbols
+                for s in walk(loop.body) for x in stmt_exprs(s) for e in S.subexpressions(x)),
+            lambda loop, scope: self._unroll(loop, names, scope))
+        if not unrolled:
+            raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.loop} that "
+                                "draws dropout's factors by it")
+        return body
+
+    def _unroll(self, loop, names, scope):
+        check_independent(self, loop)
+        f = KEYS_PER_RUN
+        if not divides(f, loop.start):
+            raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
+                                f"{f}: its keys would not be Philox's groups")
+        tile = claim_loop(names, loop_role(self.loop, "tile"), scope | loop_vars((loop,)), self)
+        copies = [copy_iteration(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
+        full = idiv(loop.stop, f)
+        return [Loop(tile, sympy.expand(loop.start / f), full, jam(self, copies)),
+                replace(loop, start=f * full)]

@@ -155,8 +155,8 @@ class CPrinter(Printer):
     def select(self, cond, then, other):
         return f"({cond} ? {then} : {other})"
 
-    def keep(self, counter, seed, p):
-        return f"moagen_keep({counter}, {seed}, {p})"
+    def keep(self, row, group, piece, seed, p):
+        return f"moagen_keep({row}, {group}, {piece}, {seed}, {p})"
 
 
 def emit_c(onfs_by_dtype, banner, printer=CPrinter):

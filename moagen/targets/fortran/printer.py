@@ -151,8 +151,10 @@ class FortranPrinter(Printer):
         # merge() evaluates both branches: psi-reduction keeps every branch's index in range
         return f"merge({then}, {other}, {cond})"
 
-    def keep(self, counter, seed, p):
-        return f"moagen_keep({counter}, {seed}, real({p}, c_double))"
+    def keep(self, row, group, piece, seed, p):
+        # a number alone (an unrolled key's piece) is a default integer: give it the kind
+        wide = [f"{x}_c_int64_t" if x.isdigit() else x for x in (row, group, piece)]
+        return f"moagen_keep({', '.join(wide)}, {seed}, real({p}, c_double))"
 
 
 def _check_case_insensitive(onf, printer):
