@@ -14,10 +14,12 @@ from moagen.errors import ShapeError, SpecError
 from moagen.kernels import attention_dropout
 from moagen.moa import scalar as S
 from moagen.moa.dnf import psi_reduce
-from moagen.moa.expr import Scalar, array, dropout, psi
+from moagen.moa.expr import Scalar, array, dropout, idiv, psi, sym
 from moagen.moa.rewrites import quadratic_temporaries
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
+from moagen.onf.loops import stmt_exprs, walk
+from moagen.pipeline import onf_of
 from moagen.philox import keep_mask, keep_pieces, philox4x32
 from moagen import reference
 from moagen.targets.toolchain import Toolchain
@@ -208,3 +210,25 @@ def test_the_numpy_references_drop_what_the_mask_says():
     assert empty.any() and not empty.all()
     assert not O[empty].any() and O[~empty].all()
     np.testing.assert_allclose(lse, reference.attention_gqa_fwd_numpy(Q, K, V, 0.5)[1])
+
+
+def test_a_key_8g_plus_v_draws_group_g_piece_v():
+    """UnrollDraws' copies read one (row, group): key 8 j_tile + 3 is group j_tile, piece 3;
+    a key not of that form divides."""
+    j, t, row = (sym(n) for n in ("j", "j_tile", "row"))
+    assert S.Dropout(row, 8 * t + 3, sym("seed"), S.Num(P)).draw() == (t, 3)
+    group, piece = S.Dropout(row, j, sym("seed"), S.Num(P)).draw()
+    assert group == idiv(j, 8) and piece == j - 8 * idiv(j, 8)
+
+
+def test_the_flash_forward_draws_once_per_key_8_keys_a_step():
+    """The forward's products read the block's row alone; its draws are in the loop that
+    applies them, unrolled by 8: per row, one (row, group) for pieces 0 to 7."""
+    onf = onf_of("attention_dropout_fwd", "flash")
+    rows = next(n for n in onf.nests if n.label == "rows")
+    draws = [e for s in walk(rows.body) for x in stmt_exprs(s) for e in S.subexpressions(x)
+             if isinstance(e, S.Dropout)]
+    unrolled = [d.draw() for d in draws if d.draw()[1].is_Integer]
+    assert len(unrolled) == 6 * 8  # 6 rows jammed, 8 keys each
+    assert sorted(int(piece) for _, piece in unrolled) == sorted(list(range(8)) * 6)
+    assert {group for group, _ in unrolled} == {sym("j_tile")}
