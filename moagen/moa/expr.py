@@ -7,6 +7,7 @@ shape-() nodes. Nothing here computes shapes: that is moagen.moa.shape's job, so
 spec is reported with the path of the offending node.
 """
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from numbers import Real
 from typing import Optional, Tuple
 
@@ -47,10 +48,13 @@ def divides(f: int, e) -> bool:
     return all(t.as_coeff_Mul()[0] % f == 0 for t in sympy.Add.make_args(sympy.expand(e)))
 
 
+@lru_cache(maxsize=None)
 def simplified(e):
     """An index expression simplified: a ratio of polynomials (the common case: 3*d over d)
     by cancelling common factors, which is all sympy's simplify would do to it, and far
-    faster; one with Min, Max or idiv by simplify."""
+    faster; one with Min, Max or idiv by simplify. Remembered: the GPU printers ask for the
+    same loops' extents hundreds of times, each simplify of a Min taking up to a tenth of a
+    second."""
     return sympy.cancel(e) if e.is_rational_function() else sympy.simplify(e)
 
 

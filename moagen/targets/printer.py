@@ -119,10 +119,9 @@ class Printer:
         add to it (`O_row + c`, `probs_row1 + 4*j_tile + 1`), or the whole expression."""
         best = None
         for r in (r for level in self.row_scope for r in level if r.array == array):
-            rest = _expanded(sympy.sympify(e)) - r.expanded
+            rest, key = _rest(sympy.sympify(e), r.expanded)
             if not rest.free_symbols <= self.loop_vars:
                 continue
-            key = (sympy.count_ops(rest), len(str(rest)))
             if best is None or key < best[0]:
                 best = key, r.name, rest
         if best is None:
@@ -391,6 +390,15 @@ def _accesses(st):
 @lru_cache(maxsize=None)
 def _expanded(e):
     return sympy.expand(e)
+
+
+@lru_cache(maxsize=None)
+def _rest(e, base):
+    """What an offset adds to a row offset's expanded base, and how long it is to print
+    (operations, characters): every access weighs each row offset in scope, and a register
+    tile repeats the same accesses many times."""
+    rest = _expanded(e) - base
+    return rest, (sympy.count_ops(rest), len(str(rest)))
 
 
 def nest_summary(nest, scratch) -> list:

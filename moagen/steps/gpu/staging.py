@@ -8,6 +8,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
+from moagen.moa.expr import simplified
 from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, ONF, Store, Update, ancestors,
                               arrays_read, bound_symbol, grid_bounds, is_grid, is_thread_loop,
                               loop_key, map_stmt_exprs, max_extent, rewrite_loops, walk)
@@ -227,8 +228,8 @@ def _copy(tile, array, region, order, names) -> Loop:
     source = tuple(region.fixed[p] if lp is None else lp.start + coords[p]
                    for p, lp in enumerate(region.loops))
     inside = [sympy.StrictLessThan(region.loops[p].start + coords[p], region.loops[p].stop)
-              for p in spanned if sympy.simplify(region.loops[p].stop - region.loops[p].start
-                                                 - extents[p]) != 0]
+              for p in spanned if simplified(region.loops[p].stop - region.loops[p].start
+                                             - extents[p]) != 0]
     value = S.Access(array, source)
     if inside:
         value = S.Select(sympy.And(*inside), value, S.Num(0.0))

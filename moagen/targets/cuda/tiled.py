@@ -18,8 +18,9 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
+from moagen.moa.expr import simplified
 from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Unrolled, Update, bound_symbol,
-                              grid_chain, is_block_copy, is_thread_loop, loop_key, max_extent,
+                              grid_chain, is_block_copy, is_thread_loop, loop_key,
                               most_iterations, walk)
 from moagen.targets.printer import arrays_in, names_used
 
@@ -109,9 +110,10 @@ class TiledKernel:
         return tiles if loop.gpu.tile == 1 else f"{tiles} * {loop.gpu.tile}"
 
     def exact(self, loop) -> bool:
-        most = max_extent(loop)
-        return most is not None and most % (loop.gpu.threads * loop.gpu.tile) == 0 and \
-            sympy.simplify(loop.stop - loop.start - most) == 0
+        """Whether the loop's threads take every slot at every size: a constant extent, a
+        whole number of the threads' tiles."""
+        extent = simplified(loop.stop - loop.start)
+        return extent.is_Integer and extent % (loop.gpu.threads * loop.gpu.tile) == 0
 
     # ---- statements -------------------------------------------------------------------
     def lines(self):
