@@ -57,7 +57,7 @@ gpu-dry-run: $(VENV)/.installed  # every step of bench/gpu.sh on the CUDA emulat
 	PYTHON=$(PYTHON) OUT=bench-results/gpu-dry-run bench/gpu.sh --dry-run
 
 test: $(VENV)/.installed
-	$(PYTHON) -m pytest -q -n auto --dist loadfile  # every core, a file's tests on one
+	$(PYTHON) -m pytest -q -n auto --dist worksteal  # every core: each worker its share of the tests in order, an idle one taking over the rest
 
 bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
 	$(MOAGEN) bench $(BENCH_ARGS)

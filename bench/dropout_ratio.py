@@ -1,7 +1,8 @@
 """#54's dropout criterion for moagen.torch.attention, in one run: the time with dropout_p 0.1
 over the time without it (dropout 0 runs attention_gqa's kernels), forward under no_grad and
 forward + backward; 2 threads, 8 query heads over 2 KV heads, d 64, float64 and float32,
-medians of 7 calls after 2 warm-ups (docs/PERFORMANCE.md, "Dropout").
+medians of 7 calls after 2 warm-ups (docs/PERFORMANCE.md, "Other lengths, padding, dropout,
+masks").
 Run: OMP_NUM_THREADS=2 python bench/dropout_ratio.py 1024 [4096 ...]"""
 import statistics
 import sys

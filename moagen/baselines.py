@@ -54,16 +54,22 @@ def sdpa_gqa_bwd(Q, K, V, O, dO, lse, scale, causal=False, offset=0):
     return dq.view(Q.shape), dk, dv
 
 
+def _heads_mask(M):
+    """A grouped mask M (batch, kv_heads, group, n_q, n) as SDPA's heads'; a shared one
+    (n_q, n) as it is (SDPA broadcasts it)."""
+    return M.flatten(1, 2) if M.dim() == 5 else M
+
+
 def sdpa_gqa_masked(Q, K, V, M, scale):
-    """O only, as sdpa_gqa, the grouped mask M (batch, kv_heads, group, n_q, n) as SDPA's
-    float attn_mask."""
-    return sdpa(Q.flatten(1, 2), K, V, scale, enable_gqa=True, mask=M.flatten(1, 2)).view(Q.shape)
+    """O only, as sdpa_gqa, the mask M (grouped, or shared by every head) as SDPA's float
+    attn_mask."""
+    return sdpa(Q.flatten(1, 2), K, V, scale, enable_gqa=True, mask=_heads_mask(M)).view(Q.shape)
 
 
 def sdpa_gqa_masked_bwd(Q, K, V, M, O, dO, lse, scale):
     """dQ, dK, dV as sdpa_gqa_bwd, under the float attn_mask M."""
     _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, False,
-                                     True, mask=M.flatten(1, 2))
+                                     True, mask=_heads_mask(M))
     return dq.view(Q.shape), dk, dv
 
 

@@ -2,16 +2,24 @@
 of SDPA's shapes (full, shared over heads, over the batch, a key-padding row), a
 left-padded batch built from per-batch lengths, rows the mask hides wholly, n_q != n,
 grouped-query, against F.scaled_dot_product_attention(attn_mask=...)'s outputs and
-gradients in float64. Before, attention took no attn_mask (a TypeError).
+gradients in float64; the masked flash kernels, a mask shared by every batch and head
+taken as one (n_q, n) array, and rows whose first key blocks are all masked. Before,
+attention took no attn_mask (a TypeError), then took it by the row-by-row dnf kernels with
+the mask copied to the full shape.
 
 SDPA (torch 2.13, CPU, float64) gives a row whose keys are all masked zeros, with a boolean
 mask and with a float mask of -inf alike, and no gradient to q, k or v from it; so do
 these."""
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import moagen.torch as mt
+
+# the module (moagen.torch_ops's package exports its function under the same name)
+attention_module = importlib.import_module("moagen.torch_ops.attention")
 
 F64 = torch.float64
 
@@ -40,20 +48,21 @@ def _as_float(seen):
     return bias.masked_fill(~seen, float("-inf"))
 
 
-def assert_sdpa(q, k, v, mask, lang="c"):
+def assert_sdpa(q, k, v, mask, lang="c", rtol=1e-12):
     """Output and gradients of q, k, v as SDPA's (grouped by enable_gqa)."""
     got = mt.attention(q, k, v, mask, lang=lang)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    _close(got, want)
+    _close(got, want, rtol)
     grad_out = torch.randn_like(want)
     for ours, theirs in zip(torch.autograd.grad(got, (q, k, v), grad_out),
                             torch.autograd.grad(want, (q, k, v), grad_out)):
-        _close(ours, theirs)
+        _close(ours, theirs, rtol)
     return got
 
 
-# (n_q, n): one key, one query, more keys than queries and more queries than keys
-LENGTHS = [(1, 1), (1, 7), (7, 1), (7, 7), (7, 257), (257, 7)]
+# (n_q, n), each 1, 7 or 257: one key, one query, more keys than queries and more queries
+# than keys, past a block of keys
+LENGTHS = [(n_q, n) for n_q in (1, 7, 257) for n in (1, 7, 257)]
 # the mask's shape for (batch, heads, n_q, n) = (2, 4, n_q, n): full, shared by the heads,
 # by the batch and the heads, one row of keys per batch (padding)
 SHAPES = {"full": lambda n_q, n: (2, 4, n_q, n), "heads": lambda n_q, n: (2, 1, n_q, n),
@@ -84,6 +93,37 @@ def test_wholly_masked_rows_are_zeros_without_gradient(kind):
     assert hidden.sum() == 11 and out[hidden].eq(0).all() and out[~hidden].ne(0).all()
     (dq,) = torch.autograd.grad(mt.attention(q, k, v, seen).sum(), q)
     assert dq[hidden].eq(0).all()
+
+
+@pytest.mark.parametrize("shape, kernel", [
+    ((7, 70), "masked2d"), ((1, 1, 7, 70), "masked2d"), ((1, 70), "masked2d"),
+    ((2, 1, 7, 70), "masked"), ((2, 4, 7, 70), "masked")])
+def test_masks_take_the_flash_kernels(monkeypatch, shape, kernel):
+    """A mask shared by every batch and head runs the `_masked2d` flash kernels on one
+    (n_q, n) array; one per batch or head the `_masked` ones on the full shape."""
+    calls = []
+    call = attention_module.call
+    monkeypatch.setattr(attention_module, "call", lambda name, variant, *args, **kwargs: (
+        calls.append((name, variant)) or call(name, variant, *args, **kwargs)))
+    q, k, v = _randn(2, 4, 7, 5), _randn(2, 2, 70, 5), _randn(2, 2, 70, 5)
+    seen = _seen(*shape) | (torch.arange(70) == 0)  # key 0 seen by every row
+    assert_sdpa(q, k, v, seen)
+    assert calls == [(f"attention_cross_fwd_{kernel}", "flash"),
+                     (f"attention_cross_bwd_{kernel}", "flash")]
+
+
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("shape", [(257, 300), (2, 4, 257, 300)])
+def test_rows_whose_first_key_blocks_are_masked(shape, dtype, rtol):
+    """Query i sees the keys j >= i only (a block of keys holds none of the last rows' keys
+    until their first: the flash forward's max stays -inf over those blocks), row 100 none
+    (SDPA's zeros); shared by every batch and head, and per batch and head."""
+    q, k, v = (_randn(2, 4, 257, 5), _randn(2, 2, 300, 5), _randn(2, 2, 300, 5))
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    seen = (torch.arange(300) >= torch.arange(257)[:, None]).expand(shape).clone()
+    seen[..., 100, :] = False
+    out = assert_sdpa(q, k, v, seen, rtol=rtol)
+    assert out[:, :, 100].eq(0).all() and out.isfinite().all()
 
 
 def test_a_left_padded_batch_from_lengths_is_sdpa():

@@ -136,14 +136,16 @@ FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
                 "float32": {"rows": 12, "lanes": 32, "block": 128}}
 
 
-def flash(rows, lanes, block, causal, loops=ROWS, then=()):
+def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False):
     """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
     loops: the query rows' (the query row last); then: steps the CPU's schedule takes after
-    the tiles' (a kernel's own). On a GPU (gpu_flash), causal or not and
-    over any query loops, a thread block per `block` query rows, each thread `rows` of them
-    by `lanes` keys or columns."""
+    the tiles' (a kernel's own); unseen: a block may hold none of a row's keys (an added
+    mask's, OnlineSoftmax's unseen). On a GPU (gpu_flash), causal or not and over any query
+    loops, a thread block per `block` query rows, each thread `rows` of them by `lanes` keys
+    or columns."""
     parallel = loops[:-1] + (tiled("i", rows),)
-    return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block),),
+    return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block,
+                                                             unseen=unseen),),
                   schedule={"cpu": (LowerReductions(), *flash_tiles("rows", rows, lanes, causal),
                                     *then),
                             "cuda": (LowerReductions(),)},
@@ -209,10 +211,11 @@ def variants(causal: bool):
     }
 
 
-def flash_variant(causal: bool, loops=ROWS, then=()) -> Tunable:
+def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False) -> Tunable:
     """The flash variant over the query rows `loops` (the query row last), with its CPU,
-    GPU, float32 and AVX-512 defaults; then: as flash's."""
-    return Tunable(frozenset(), partial(flash, causal=causal, loops=loops, then=then),
+    GPU, float32 and AVX-512 defaults; then, unseen: flash's."""
+    return Tunable(frozenset(), partial(flash, causal=causal, loops=loops, then=then,
+                                        unseen=unseen),
                    defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
                    # a thread's register tile on block tiles (gpu_flash), the causal and

@@ -14,8 +14,12 @@ caller runs the rows that see a key (moagen.torch_ops.attention).
 
 Masked (`_masked`, #54 item 1): an input M of shape (batch, kv_heads, group, n_q, n) added to
 the scaled scores, as SDPA's float attn_mask (a boolean mask is 0 where a key is seen, -inf
-where not). A row M masks wholly gives 0 / 0, as the softmax does; SDPA gives such rows
-zeros, which moagen.torch_ops.attention gives them. M takes no gradient.
+where not); `_masked2d`: one M of shape (n_q, n) for every batch and head (SDPA's
+attn_mask of shape (n_q, n) or (1, 1, n_q, n), never copied per head). A row M masks
+wholly gives 0 / 0, as the softmax does; SDPA gives such rows zeros, which
+moagen.torch_ops.attention gives them. M takes no gradient. Their flash forms add M's
+tile to the score tile, read in place; any block may hold none of a row's keys
+(OnlineSoftmax's unseen), so none is skipped.
 
 Padded (`_padded`): keys j <= last seen, last a size given at call time (a right-padded
 batch's last valid key; moagen.torch calls the kernels a batch at a time, each with its
@@ -43,6 +47,7 @@ Q = array("Q", "batch", "kv_heads", "group", "n_q", "d")
 K = array("K", "batch", "kv_heads", "n", "d")
 V = array("V", "batch", "kv_heads", "n", "d")
 M = array("M", "batch", "kv_heads", "group", "n_q", "n")
+SHARED_M = array("M", "n_q", "n")
 O = array("O", "batch", "kv_heads", "group", "n_q", "d")
 DO = array("dO", "batch", "kv_heads", "group", "n_q", "d")
 LSE = array("lse", "batch", "kv_heads", "group", "n_q")
@@ -67,8 +72,16 @@ def added_mask(scores):
     return scores + psi(QUERY_HEADS, M)
 
 
+def shared_mask(scores):
+    """One bias (n_q, n) added to every batch's and head's scores."""
+    return scores + SHARED_M
+
+
 # the kinds of mask, by the suffix of their kernels' names
-MASKS = {"": None, "causal": shifted_mask, "masked": added_mask, "padded": padded_mask}
+MASKS = {"": None, "causal": shifted_mask, "masked": added_mask,
+         "masked2d": shared_mask, "padded": padded_mask}
+# the added masks' input
+ADDED = {"masked": M, "masked2d": SHARED_M}
 # the sizes a mask's kernels are given at call time
 GIVEN = {"causal": ("offset",), "padded": ("last",)}
 
@@ -78,7 +91,7 @@ def name(mask: str, backward=False) -> str:
 
 
 def _inputs(mask: str):
-    return (Q, K, V, M) if mask == "masked" else (Q, K, V)
+    return (Q, K, V, ADDED[mask]) if mask in ADDED else (Q, K, V)
 
 
 def spec(mask: str) -> KernelSpec:
@@ -118,17 +131,17 @@ BACKWARD = Layers(
 # flash: attention_gqa's FlashAttention form over these loops, plain, causal and padded (its
 # key blocks bounded by the tile's last row plus offset, or by the last key, CausalBlocks);
 # the padded backward's passes do not skip its padded keys' blocks (CausalRows takes a mask
-# of the rows only), they mask them; the mask M has the dnf form only. (the forward's
-# causal flag, the backward's)
-FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False)}
+# of the rows only), they mask them; the added masks' blocks all visited, the forward's
+# max 0 in a row's blocks before its first key seen (the backward's P from lse needs no
+# max). (the forward's causal flag, the backward's)
+FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False),
+         "masked": (False, False), "masked2d": (False, False)}
 
 
 def _variants(mask, backward):
     dnf = (frozenset({"delta"}), BACKWARD) if backward else (frozenset(), FORWARD)
-    if mask not in FLASH:
-        return {"dnf": dnf}
     flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS) if backward else \
-        attention.flash_variant(FLASH[mask][0], loops=LOOPS.query)
+        attention.flash_variant(FLASH[mask][0], loops=LOOPS.query, unseen=mask in ADDED)
     return {"dnf": dnf, "flash": flash}
 
 
@@ -164,24 +177,33 @@ def _bench(causal):
                  quick=(512,), full=(1024, 4096))
 
 
+def _grouped(M, Q, K):
+    """An added mask as the references take it, of the grouped scores' shape (batch,
+    kv_heads, group, n_q, n): a shared one broadcast."""
+    return np.broadcast_to(M, (*Q.shape[:-1], K.shape[2])).copy()
+
+
 def _with_mask(reference_function):
     """A grouped reference taking the mask by keyword, called in the masked kernels' order
     (M after Q, K and V)."""
-    return lambda Q, K, V, M, *rest, **scalars: reference_function(Q, K, V, *rest, mask=M,
-                                                                   **scalars)
+    return lambda Q, K, V, M, *rest, **scalars: reference_function(
+        Q, K, V, *rest, mask=_grouped(M, Q, K), **scalars)
 
 
 def masked_inputs(backward: bool):
     """M as a float mask: -inf (a key not seen) where the random bias is below -0.5 (about
     three keys in ten), the bias elsewhere; each row's largest entry stays, so that every
-    row sees a key (a row seeing none is the caller's, above). The backward's O and lse from
-    the numpy forward under that mask."""
+    row sees a key (a row seeing none is the caller's, above); the last query row sees its
+    last key alone (the flash forms' blocks before it hold none of its keys). The
+    backward's O and lse from the numpy forward under that mask."""
     def consistent(arrays, scalars):
         M = arrays["M"]
         M = np.where(M < np.minimum(-0.5, M.max(axis=-1, keepdims=True)), -np.inf, M)
+        M[..., -1, :] = np.where(np.arange(M.shape[-1]) < M.shape[-1] - 1, -np.inf, 0.0)
         if backward:
+            Q, K, V = (arrays[a] for a in "QKV")
             arrays = dict(arrays, **dict(zip(("O", "lse"), reference.attention_gqa_fwd_numpy(
-                arrays["Q"], arrays["K"], arrays["V"], mask=M, **scalars))))
+                Q, K, V, mask=_grouped(M, Q, K), **scalars))))
         return dict(arrays, M=M)
     return consistent
 
@@ -229,21 +251,22 @@ for mask, sizes in (("", PLAIN_SIZES), ("causal", CAUSAL_SIZES)):
         "sdpa_gqa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
                         "enable_gqa=True), the forward recomputed (O, lse unused)",
         causal=causal)
-CHECKS[name("masked")] = Check(
-    {key: _with_mask(f) for key, f in references(reference.attention_gqa_fwd_numpy,
-                                                 reference.attention_gqa_fwd_torch).items()},
-    PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=False))
-CHECKS[name("masked", backward=True)] = Check(
-    {key: _with_mask(f) for key, f in references(reference.attention_gqa_bwd_numpy,
-                                                 reference.attention_gqa_bwd_torch).items()},
-    PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=True))
-BENCH[name("masked")] = _bench(False).measured_against(
-    "sdpa_gqa_masked", "O by F.scaled_dot_product_attention(enable_gqa=True, attn_mask=M); "
-                       "no lse (SDPA returns none)", outputs=(0,))
-BENCH[name("masked", backward=True)] = _bench(False).measured_against(
-    "sdpa_gqa_masked_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
-                           "enable_gqa=True, attn_mask=M), the forward recomputed (O, lse "
-                           "unused)")
+for mask in ADDED:
+    CHECKS[name(mask)] = Check(
+        {key: _with_mask(f) for key, f in references(reference.attention_gqa_fwd_numpy,
+                                                     reference.attention_gqa_fwd_torch).items()},
+        PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=False))
+    CHECKS[name(mask, backward=True)] = Check(
+        {key: _with_mask(f) for key, f in references(reference.attention_gqa_bwd_numpy,
+                                                     reference.attention_gqa_bwd_torch).items()},
+        PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=True))
+    BENCH[name(mask)] = _bench(False).measured_against(
+        "sdpa_gqa_masked", "O by F.scaled_dot_product_attention(enable_gqa=True, "
+                           "attn_mask=M); no lse (SDPA returns none)", outputs=(0,))
+    BENCH[name(mask, backward=True)] = _bench(False).measured_against(
+        "sdpa_gqa_masked_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention("
+                               "enable_gqa=True, attn_mask=M), the forward recomputed (O, lse "
+                               "unused)")
 CHECKS[name("padded")] = Check(
     {key: _with_padding(f) for key, f in references(reference.attention_gqa_fwd_numpy,
                                                     reference.attention_gqa_fwd_torch).items()},

@@ -64,7 +64,8 @@ def backward_spec(causal: bool) -> KernelSpec:
 # drawn inside its tiles. On a GPU the backward's keys pass names its blocks of
 # P and dS t4 and t5 (the factors' values take t2 and t3)
 # float32's tiles 8 lanes wide, not 16: with the draws' code beside them gcc keeps only the
-# narrower output tile in vector registers (docs/PERFORMANCE.md, "Dropout")
+# narrower output tile in vector registers (docs/PERFORMANCE.md, "Other lengths, padding,
+# dropout, masks")
 FORWARD_DTYPES = {"float32": {"lanes": 8}}
 BACKWARD_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t4_block", dS2="t5_block")
 KERNELS = [kernel for causal in (False, True) for kernel in (

@@ -20,11 +20,13 @@ keys where no gradient is taken, not causal or bottom-right, is decoding: the
 attention_decode kernel (`split`) over all the keys.
 
 An attn_mask (SDPA's: boolean, True where a key is seen, or float, added to the scores;
-broadcastable to (batch, heads, n_q, n)) takes attention_cross's `_masked` dnf kernels,
-forward and backward, the mask made a float one of q's dtype and expanded to its full shape
-here. A row the mask hides wholly gets SDPA's zeros and no gradient, as the bottom-right
-rows that see no key do. The full shape costs a copy per head and query row of a mask shared
-by them; the next step is a mask indexed without its broadcast axes.
+broadcastable to (batch, heads, n_q, n)) takes attention_cross's masked `flash` kernels,
+forward and backward, the mask made a float one of q's dtype (0 or -inf for a boolean one)
+once: `_masked2d` where it is shared by every batch and head (SDPA's common (n_q, n) or
+(1, 1, n_q, n) masks: one (n_q, n) array, never copied per head), `_masked` with it
+expanded to the full shape otherwise. The kernels add the mask's tile to the score tile,
+every key block visited (a mask is not known to hide whole blocks). A row the mask hides
+wholly gets SDPA's zeros and no gradient, as the bottom-right rows that see no key do.
 
 Padded keys (key_lengths, or a boolean attn_mask of shape (batch, 1, 1, n) that is True up
 to each batch's length, moagen.torch_ops.padding) take attention_cross's `_padded` flash
@@ -54,16 +56,17 @@ from moagen.torch_ops.native import call, causal_name
 from moagen.torch_ops.operator import Operator
 from moagen.torch_ops.padding import key_lengths_of, padding_of
 
-def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset: int,
-            last_key: int, lang: str):
+def _kernel(kind: str, q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool,
+            offset: int, last_key: int, lang: str):
     """(kernel, variant, its schedule parameters, its given sizes) for the forward (kind
     "fwd") or the backward ("bwd"): the flash kernels, attention_gqa's where queries and keys
     are as many and the mask top-left, attention_cross's otherwise (offset: causal's, query
-    i sees keys j <= i + offset); masked: under a float mask, attention_cross's `_masked`
-    dnf kernels, the only ones that take one; last_key >= 0: keys past it padded out,
-    attention_cross's `_padded` flash kernels (-1: none)."""
-    if masked:
-        return f"attention_cross_{kind}_masked", "dnf", (), {}
+    i sees keys j <= i + offset); under a float mask, attention_cross's `_masked2d` (a mask
+    (n_q, n) shared by every batch and head) or `_masked` (the full shape); last_key >= 0:
+    keys past it padded out, attention_cross's `_padded` (-1: none)."""
+    if mask is not None:
+        name = f"attention_cross_{kind}_{'masked2d' if mask.dim() == 2 else 'masked'}"
+        return name, "flash", fitted_params(name, q, k, False, lang), {}
     if last_key >= 0:
         name = f"attention_cross_{kind}_padded"
         return name, "flash", fitted_params(name, q, k, False, lang), {"last": last_key}
@@ -74,17 +77,20 @@ def _kernel(kind: str, q: Tensor, k: Tensor, masked: bool, causal: bool, offset:
 
 
 def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
-    """The kernel's mask argument, grouped as q, where there is one."""
-    return () if mask is None else (grouped(mask, kv_heads),)
+    """The kernel's mask argument where there is one: a full one grouped as q, a shared one
+    (n_q, n) as it is."""
+    if mask is None:
+        return ()
+    return (mask if mask.dim() == 2 else grouped(mask, kv_heads),)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
                offset: int, last_key: int, scale: float,
                lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward); mask: a float mask of q's dtype of
-    shape (batch, heads, n_q, n), or None; last_key: the last key seen (-1: every key)."""
-    name, variant, params, given = _kernel("fwd", q, k, mask is not None, causal, offset,
-                                           last_key, lang)
+    shape (batch, heads, n_q, n) or (n_q, n) (shared by every batch and head), or None;
+    last_key: the last key seen (-1: every key)."""
+    name, variant, params, given = _kernel("fwd", q, k, mask, causal, offset, last_key, lang)
     return call(name, variant, lang, grouped(q, k.shape[1]), k, v, *_masks(mask, k.shape[1]),
                 scale=scale, params=params, out_shapes=(q.shape, q.shape[:-1]), **given)
 
@@ -97,8 +103,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
                         lse: Tensor, grad_out: Tensor, causal: bool, offset: int, last_key: int,
                         scale: float, lang: str) -> tuple[Tensor, Tensor, Tensor]:
     kv_heads = k.shape[1]
-    name, variant, params, given = _kernel("bwd", q, k, mask is not None, causal, offset,
-                                           last_key, lang)
+    name, variant, params, given = _kernel("bwd", q, k, mask, causal, offset, last_key, lang)
     return call(name, variant, lang, grouped(q, kv_heads), k, v, *_masks(mask, kv_heads),
                 *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
                 params=params, out_shapes=(q.shape,), **given)
@@ -140,10 +145,12 @@ attention_op = Operator("moagen::attention", _attention, _attention_fake,
 
 
 def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """SDPA's attn_mask as the masked kernels take it: added to the scores, of q's dtype and
-    of the full shape (batch, heads, n_q, n), contiguous; the rows it hides wholly given a
-    mask of zeros (the kernel's softmax would give them 0 / 0); and whether each row sees a
-    key (False at those rows), broadcastable to (batch, heads, n_q, 1)."""
+    """SDPA's attn_mask as the masked kernels take it: added to the scores, of q's dtype,
+    contiguous, of shape (n_q, n) where it is shared by every batch and head (its axes
+    before the last two all 1), else of the full shape (batch, heads, n_q, n); the rows it
+    hides wholly given a mask of zeros (the kernel's softmax would give them 0 / 0); and
+    whether each row sees a key (False at those rows), broadcastable to (batch, heads, n_q,
+    1)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{op}: attn_mask must be a torch.Tensor, got "
                         f"{type(attn_mask).__name__}")
@@ -161,6 +168,9 @@ def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tenso
     if broadcast != torch.Size(full):
         raise ValueError(f"{op}: attn_mask of shape {tuple(attn_mask.shape)} does not "
                          f"broadcast to (batch, heads, n_q, n) = {full}")
+    if all(size == 1 for size in attn_mask.shape[:-2]):
+        full = full[2:]
+        attn_mask = attn_mask.reshape(attn_mask.shape[-2:])
     if attn_mask.dtype == torch.bool:
         mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device
                            ).masked_fill_(~attn_mask, float("-inf"))

@@ -34,8 +34,10 @@ def check_attention(op, q, k, v, lang, mask=None):
     check_tensors(op, q=q, k=k, v=v, **({} if mask is None else {"mask": mask}))
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_dims(op, name, t, 4, SHAPE)
-    if mask is not None:
-        check_size(op, "the mask's shape", tuple(mask.shape), (*q.shape[:3], k.shape[2]))
+    if mask is not None:  # one for every batch and head, or each its own
+        scores = (*q.shape[:3], k.shape[2])
+        check_size(op, "the mask's shape", tuple(mask.shape),
+                   scores[2:] if mask.dim() == 2 else scores)
     check_size(op, "k's shape", tuple(k.shape), tuple(v.shape))
     check_size(op, "k's batch", k.shape[0], q.shape[0])
     check_size(op, "k's head size", k.shape[3], q.shape[3])

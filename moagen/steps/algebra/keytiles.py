@@ -17,9 +17,14 @@ KeyTiles(nest, j, f), the scores S = Q K^T:
     for j in [f (e // f), e): the loop as it was           (the block's last keys)
 
 with K_panel[.., t, c, v] = K[.., f t + v, c], copied once by a nest before (K transposed
-in panels of f keys). The f sums of a step are then one vector register, a column of A is
-broadcast into it: with rows jammed (UnrollJam, after this step) the tile is rows x f
-accumulators, a GEMM micro-kernel.
+in panels of f keys) for each array the sums read; g's reads (an added mask's M[.., i, j])
+are one load a key, in place, and where g adds one (P[.., j] = h(q) + M[.., i, j]) it is
+added after the tile's stores (P[.., j] = h(q) for every row and lane, then P[.., j] +=
+M[.., i, j]): the stores then read the accumulators alone, which the compiler keeps a
+vector a row (with the read in them gcc kept them scalar, spilled: 2.5 times the time).
+The f sums of a step are then one vector register, a column of A is broadcast into it:
+with rows jammed (UnrollJam, after this step) the tile is rows x f accumulators, a GEMM
+micro-kernel.
 
 ColumnTiles(nest, j, c, f), the output O += P V:
 
@@ -183,7 +188,10 @@ class KeyTiles(_InnerLoops):
         check_independent(self, loop)
         tile = claim_loop(work.names, self.tiles, scope | loop_vars((loop,)), self)
         body = loop.body
-        operands = dict.fromkeys(e for s in walk(body) for x in stmt_exprs(s)
+        # the sums' operands: a read after them (an added mask's M[.., i, j]) is one load a
+        # key, in place
+        sums = [s for s in body if isinstance(s, Loop)]
+        operands = dict.fromkeys(e for s in walk(sums) for x in stmt_exprs(s)
                                  for e in S.subexpressions(x)
                                  if isinstance(e, S.Access) and loop.var in _symbols(e.index))
         for access in operands:
@@ -194,6 +202,7 @@ class KeyTiles(_InnerLoops):
             panel = self._panel(access, at[0], at[0], tile, work)
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
+        body = _reads_added_last(self, body)
         copies = [copy_iteration(body, loop.var, f * tile + v, v, work.names) for v in range(f)]
         full = idiv(loop.stop, f)
         tiles = Loop(tile, sympy.expand(loop.start / f), full,
@@ -269,6 +278,46 @@ class ColumnTiles(_InnerLoops):
             panel = self._panel(access, k, p if p < k else p - 1, tile, work)
             value = S.replace_node(value, access, panel)
         return value
+
+
+def _reads_added_last(transform, stmts):
+    """stmts with each store P[x] = h + R, R a read of another array, split: P[x] = h where
+    it was, P[x] += R after the last statement (KeyTiles' docstring says why). Each
+    statement it moves past must be a store of another element, not reading P nor writing
+    R's array."""
+    kept, added = [], []
+    for s in stmts:
+        if added and not _commutes(s, added):
+            raise ScheduleError(f"{transform}: {added[0].value.array} cannot be added after the "
+                                "tile's stores: a statement after its store reads or writes "
+                                "what the addition does")
+        kept.append(s)
+        read = _added_read(s)
+        if read is not None:
+            kept[-1] = replace(s, value=s.value.left if s.value.right == read else s.value.right)
+            added.append(replace(s, value=read, accumulate="+"))
+    return tuple(kept + added)
+
+
+def _commutes(stmt, additions):
+    """Whether stmt may run before the additions P[x] += R: a store of no element they add
+    to, reading no array they add to, writing no array they read."""
+    reads = {e.array for x in stmt_exprs(stmt) for e in S.subexpressions(x)
+             if isinstance(e, S.Access)}
+    return (isinstance(stmt, Store)
+            and not reads & {a.array for a in additions}
+            and all((stmt.array, stmt.index) != (a.array, a.index) and stmt.array != a.value.array
+                    for a in additions))
+
+
+def _added_read(store):
+    """R where store is P[x] = h + R (or R + h), a plain store, R a read of another array;
+    else None."""
+    if not (isinstance(store, Store) and store.accumulate is None and not store.atomic
+            and isinstance(store.value, S.Bin) and store.value.op == "+"):
+        return None
+    return next((e for e in (store.value.right, store.value.left)
+                 if isinstance(e, S.Access) and e.array != store.array), None)
 
 
 def _scaled_loads(stmts, tiles, f):

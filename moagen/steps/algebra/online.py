@@ -24,7 +24,10 @@ With `block` = B > 1 the running max moves once per block of B keys, FlashAttent
             for k: P[row, k] = exp(P[row, k] - m');  l = l * a + sum_k P[row, k]
             X = X * a;  for j in block jb: X += P[row, j - B jb] * g(j);  m = m'
 
-P is a scratch row of min(n, B) per iteration of the loops around (it stays in L1). The
+P is a scratch row of min(n, B) per iteration of the loops around (it stays in L1). With
+`unseen` (an arbitrary added mask: a row's first blocks may hold only scores of -inf), the
+max subtracted is 0 while m' is -inf: exp(-inf - -inf) would be NaN, exp(-inf - 0) is the
+0 the keys' weights are (a row with no key seen at all ends 0 / 0, as the unfused form). The
 scores of a block are independent dot products, the rescale of X is once per block instead
 of once per key, and the accumulation into X is a plain sum the compiler can keep in
 registers. The values are the same up to rounding (the sums are regrouped by block).
@@ -46,7 +49,7 @@ from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, loop_vars, map_stmt_exprs,
                               scratch_row, stmt_exprs, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role
-from moagen.steps.step import Step, option
+from moagen.steps.step import Step, flag, option
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,14 @@ class OnlineSoftmax(Step):
     layer = "algorithm"
     nest: str
     block: int = option("block={block}", 1)  # keys per step of the running max
+    unseen: bool = flag("unseen")  # a row may have seen no key after a block (its max -inf)
 
     def __call__(self, onf: ONF) -> ONF:
         if self.block < 1:
             raise ScheduleError(f"{self}: a block holds at least one key")
+        if self.unseen and self.block == 1:
+            raise ScheduleError(f"{self}: unseen is for blocks of keys (block > 1); one key "
+                                "at a time has no such form")
         names = kernel_names(onf)
         found, temps = [], []
         nests = [replace(n, body=self._block(n.body, names, found, temps, ()))
@@ -168,9 +175,14 @@ def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     scope = {lp.var.name for lp in loops} | loop_vars((loop,))
     block = claim_loop(names, loop_role(j.name, "blk"), scope, transform)
     first = size * block
-    fresh = _fresh(names, ("block_max", "new_max", "rescale", "block_sum"))
+    fresh = _fresh(names, ("block_max", "new_max", "rescale", "block_sum")
+                   + (("shift",) if transform.unseen else ()))
     block_max, new_max = S.Local(fresh["block_max"]), S.Local(fresh["new_max"])
     rescale, block_sum = S.Local(fresh["rescale"]), S.Local(fresh["block_sum"])
+    # what the block's scores are taken from: the new max, or 0 while it is -inf
+    shift = S.Local(fresh["shift"]) if transform.unseen else new_max
+    unseen = (Let(shift.name, S.IfGreater(new_max, S.Num(float("-inf")), new_max,
+                                          S.Num(0.0))),) if transform.unseen else ()
     prob = S.Access(probs, row + (j - first,))
     # every step a loop over the block's keys, as Split cuts a loop (the cost view counts it)
     each_key = lambda *stmts: Loop(j, first, sympy.Min(loop.stop, first + size), stmts)
@@ -189,8 +201,9 @@ def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
              Let(block_max.name, S.Num(float("-inf"))),
              each_key(Update(block_max.name, "max", prob)),
              Let(new_max.name, S.Bin("max", S.Local(m), block_max)),
-             Let(rescale.name, S.Un("exp", S.Bin("-", S.Local(m), new_max))),
-             each_key(Store(probs, row + (j - first,), S.Un("exp", S.Bin("-", prob, new_max)))),
+             *unseen,
+             Let(rescale.name, S.Un("exp", S.Bin("-", S.Local(m), shift))),
+             each_key(Store(probs, row + (j - first,), S.Un("exp", S.Bin("-", prob, shift)))),
              Let(block_sum.name, S.Num(0.0)),
              each_key(Update(block_sum.name, "+", prob)),
              Update(l, "=", S.Bin("+", S.Bin("*", S.Local(l), rescale), block_sum)),
