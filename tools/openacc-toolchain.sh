@@ -6,8 +6,8 @@
 #
 #   tools/openacc-toolchain.sh OUT.tar.xz [DEBS]   # DEBS: a folder with the .debs (else apt-get download)
 #
-# XZ_LEVEL (default 6) trades time for size: the tests make theirs at 1, several times
-# faster and a few MiB larger, so that their budget check has room to spare.
+# XZ_LEVEL (default 6) trades time for size: 1 is several times faster and about 5 MiB
+# larger (the tests make theirs at 6, the size that travels).
 #
 # The archive holds one folder, gcc12-openacc/, with usr/ (the compilers, found by gcc's own
 # relocation: the driver looks for cc1, lto1 and mkoffload next to itself), env.sh (source
