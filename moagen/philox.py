@@ -59,9 +59,15 @@ def keep_pieces(rows, keys, seed: int):
     return (word >> (np.uint64(16) * (piece % np.uint64(2)))) & np.uint64(0xFFFF)
 
 
+def kept(pieces, p: float):
+    """Whether dropout keeps the elements of these pieces (keep_pieces'): piece / 2**16 >= p,
+    compared in float64."""
+    return np.asarray(pieces).astype(np.float64) * 2.0 ** -16 >= float(p)
+
+
 def keep_mask(shape, seed: int, p: float) -> np.ndarray:
     """Dropout's keep mask of an array of `shape` (at least one axis; booleans, True where
     kept)."""
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     pieces = keep_pieces(np.arange(rows)[:, None], np.arange(shape[-1])[None, :], seed)
-    return (pieces.astype(np.float64) * 2.0 ** -16 >= float(p)).reshape(shape)
+    return kept(pieces, p).reshape(shape)

@@ -20,7 +20,7 @@ import sympy
 from moagen.errors import SpecError
 from moagen.moa import scalar as S
 from moagen.moa.expr import INDEX_NAMESPACE
-from moagen.philox import keep_pieces
+from moagen.philox import keep_pieces, kept
 from moagen.onf.loops import Barrier, LaneReduce, Let, Loop, Store, Update
 
 UNARY = {
@@ -194,8 +194,8 @@ class _Machine:
 
             def factor(ints, locs):
                 drop = p(ints, locs)
-                kept = float(keep_pieces(row(ints), key(ints), seed(ints))) * 2.0 ** -16 >= drop
-                return 1.0 / (1.0 - drop) if kept else 0.0
+                keeps = kept(keep_pieces(row(ints), key(ints), seed(ints)), drop)
+                return 1.0 / (1.0 - drop) if keeps else 0.0
             return factor
         if isinstance(e, S.Reduction):
             return self._reduction(e)

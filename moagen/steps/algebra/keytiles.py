@@ -63,8 +63,7 @@ from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, loop_
                               map_stmt_exprs, rewrite_loops, stmt_exprs, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.reductions import require_lowered
-from moagen.steps.loop.unroll import (check_independent, check_sum_only, copy_iteration, jam,
-                                      summed_arrays)
+from moagen.steps.loop.unroll import check_independent, check_sum_only, in_groups, summed_arrays
 from moagen.steps.step import Step, flag
 
 
@@ -203,11 +202,8 @@ class KeyTiles(_InnerLoops):
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
         body = _reads_added_last(self, body)
-        copies = [copy_iteration(body, loop.var, f * tile + v, v, work.names) for v in range(f)]
-        full = idiv(loop.stop, f)
-        tiles = Loop(tile, sympy.expand(loop.start / f), full,
-                     tuple(_vector_tile(s) for s in jam(self, copies)))
-        return [tiles, replace(loop, start=f * full)]
+        return in_groups(self, loop, body, f, tile, work.names,
+                         finish=lambda stmts: tuple(map(_vector_tile, stmts)))
 
 
 @dataclass(frozen=True)

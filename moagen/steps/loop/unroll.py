@@ -155,6 +155,20 @@ def jam(transform, copies):
     return tuple(out)
 
 
+def in_groups(transform, loop, body, f, tile, names, finish=tuple):
+    """The loop f iterations a step, then the rest:
+
+        for v in [s, e): body(v)  ->  for tile in [s / f, e // f): finish(jam(body(f tile), ..,
+                                                                            body(f tile + f - 1)))
+                                      for v in [f (e // f), e): body(v)
+
+    s a multiple of f (the caller's check: its groups must line up with what it tiles)."""
+    copies = [copy_iteration(body, loop.var, f * tile + u, u, names) for u in range(f)]
+    full = idiv(loop.stop, f)
+    return [Loop(tile, sympy.expand(loop.start / f), full, finish(jam(transform, copies))),
+            replace(loop, start=f * full)]
+
+
 def check_independent(transform, loop):
     """Every array the loop stores is indexed by its variable at one position, in every
     store and every read, by expressions that step with it (i; a group's query head G g + r;
@@ -231,12 +245,8 @@ class UnrollSum(Step):
         if not divides(f, loop.start):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its groups of {f} would not line up")
-        inside = loop_vars((loop,))
-        tile = claim_loop(names, self.tiles, scope | inside, self)
-        copies = [copy_iteration(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
-        full = idiv(loop.stop, f)
-        return [Loop(tile, sympy.expand(loop.start / f), full, _merge_sums(jam(self, copies))),
-                replace(loop, start=f * full)]
+        tile = claim_loop(names, self.tiles, scope | loop_vars((loop,)), self)
+        return in_groups(self, loop, loop.body, f, tile, names, finish=_merge_sums)
 
 
 def summed_arrays(loop):
@@ -321,7 +331,4 @@ class UnrollDraws(Step):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its keys would not be Philox's groups")
         tile = claim_loop(names, loop_role(self.loop, "tile"), scope | loop_vars((loop,)), self)
-        copies = [copy_iteration(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
-        full = idiv(loop.stop, f)
-        return [Loop(tile, sympy.expand(loop.start / f), full, jam(self, copies)),
-                replace(loop, start=f * full)]
+        return in_groups(self, loop, loop.body, f, tile, names)
