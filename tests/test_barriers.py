@@ -1,4 +1,4 @@
-"""Where the barrier pass (moagen.steps.gpu.barriers) puts a tiled nest's barriers, on
+"""Where the barrier pass (moagen.steps.gpu.closing) puts a tiled nest's barriers, on
 bodies written by hand: none before a loop whose top barrier orders what was pending
 before it, one after a loop that may run no iteration for what was pending before it,
 and one before a loop where the body would need one more an iteration without it (the
@@ -7,8 +7,7 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.onf.loops import Barrier, BlockCopy, Buffer, Loop, Store
-from moagen.steps.gpu.barriers import with_barriers
-from moagen.steps.gpu.shared_layout import place
+from moagen.steps.gpu.closing import place, with_barriers
 
 e, k, kb, n = sympy.symbols("e k kb n", integer=True)
 ZERO = sympy.Integer(0)

@@ -116,7 +116,7 @@ def test_thread_tiles_keep_one_count_of_threads_an_axis_and_a_compile_time_tile(
 def test_a_finished_mapping_runs_every_statement_on_uniform_threads():
     """check_block_form, on the finished flash forward: a statement left outside the
     thread loops, and a loop whose bounds read a thread's row, are refused."""
-    from moagen.steps.gpu.block_form import check_block_form
+    from moagen.steps.gpu.closing import check_block_form
     onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
     check_block_form(onf)  # as realize did
     nest = _rows(onf)

@@ -1,4 +1,4 @@
-"""Where a tiled nest's shared arrays lie (moagen.steps.gpu.shared_layout), on bodies
+"""Where a tiled nest's shared arrays lie (moagen.steps.gpu.closing), on bodies
 written by hand: live ranges by the statements' order, one from each copy of a tile, a
 loop's whole range for what is live into it or read there before it is written, the
 lowest offset that meets no live array at any compiled bound; and the layouts realize
@@ -9,7 +9,7 @@ from moagen.moa import scalar as S
 from moagen.onf.dump import format_onf
 from moagen.onf.loops import BlockCopy, Buffer, Loop, Store, bound_symbol
 from moagen.pipeline import onf_of
-from moagen.steps.gpu.shared_layout import live_ranges, place
+from moagen.steps.gpu.closing import live_ranges, place
 
 e, k, kb = sympy.symbols("e k kb", integer=True)
 MAX_D = bound_symbol("d")

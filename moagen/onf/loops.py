@@ -81,7 +81,7 @@ class SharedArray:
 @dataclass(frozen=True)
 class SharedLayout:
     """A tiled nest's shared arrays in its block's dynamic shared memory at elements of
-    `element_bytes` (moagen.steps.gpu.shared_layout places them; the CUDA printer declares
+    `element_bytes` (moagen.steps.gpu.closing places them; the CUDA printer declares
     them so): each array's place, in the order of ONF.shared; the bytes in all; `meets`,
     per array, the arrays whose bytes meet its at some compiled bound (itself included), as
     one array to a barrier (a key block's V tile on its K tile)."""
@@ -155,7 +155,7 @@ class Hazard:
 @dataclass(frozen=True)
 class Barrier(Stmt):
     """__syncthreads() in a tiled CUDA nest: every thread of the block waits here for the
-    others (moagen.steps.gpu.barriers puts it); `hazards`: what it orders, the accesses
+    others (moagen.steps.gpu.closing puts it); `hazards`: what it orders, the accesses
     that wait for it and those they wait for."""
     hazards: Tuple[Hazard, ...] = ()
 
@@ -176,7 +176,7 @@ class LaneReduce(Stmt):
     """A thread's local `name`, accumulated by `op` ("+" or "max") in a thread loop along x
     whose iterations `lanes` consecutive lanes of a warp took, combined across those lanes
     by butterfly shuffles (__shfl_xor_sync), so that each ends with the total
-    (moagen.steps.gpu.lane_reductions puts it after the loop)."""
+    (moagen.steps.gpu.closing puts it after the loop)."""
     name: str
     op: str
     lanes: int

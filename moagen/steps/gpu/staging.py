@@ -138,7 +138,7 @@ class Stage(Step):
     late: its copy just before the first statement of the loop's body that reads it rather
     than at the start, so that it can take the memory of tiles read before it (a key
     block's V tile that of its K tile, once the scores are taken: one tile's shared memory
-    less; moagen.steps.gpu.shared_layout places them).
+    less; moagen.steps.gpu.closing places them).
 
     by: only the reads inside a thread loop over `by` (the phase whose register tiles walk
     that axis: K by keys in the scores, by columns in dQ += dS K), laid out for them; the
@@ -250,7 +250,7 @@ class SharedScratch(Step):
     padded. Every access must be inside the grid, each position of its index a loop
     variable (or a loop variable less the start of the block of keys it is in) of the same
     range in every access. It may take the memory of tiles read before its first write
-    (moagen.steps.gpu.shared_layout)."""
+    (moagen.steps.gpu.closing)."""
     array: str
     fastest: str = shown("{fastest} fastest")
     nest: Optional[str] = None

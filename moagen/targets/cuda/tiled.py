@@ -8,8 +8,8 @@ loop of a thread's own inside (the sum over d of a score) is printed around thos
 statements, so a register tile's products are jammed: each shared value loaded once for
 the tile. So every statement list is uniform (all threads of the block reach it, the same
 number of times) and may hold a barrier or a shuffle: the printer prints each Barrier
-(moagen.steps.gpu.barriers) with what it orders, and each LaneReduce
-(moagen.steps.gpu.lane_reductions: a row's max over the keys its lanes took) as its
+(put in by moagen.steps.gpu.closing) with what it orders, and each LaneReduce (a row's max
+over the keys its lanes took) as its
 `__shfl_xor_sync` loop. Statements that could touch elements past the loops' ranges are
 guarded, never the whole list (a guard around a barrier or a shuffle would leave threads
 out of it)."""
@@ -46,7 +46,7 @@ class TiledKernel:
         self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
-        # its shared arrays' places at the dtype's element size (moagen.steps.gpu.shared_layout)
+        # its shared arrays' places at the dtype's element size (moagen.steps.gpu.closing)
         element_bytes = 8 if printer.dtype == "float64" else 4
         self.layout = next((layout for layout in nest.shared_layouts
                             if layout.element_bytes == element_bytes), None)
