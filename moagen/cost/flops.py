@@ -15,6 +15,8 @@ from moagen.onf.count import executions
 from moagen.onf.loops import Let, Store, Update, walk
 
 FLOP = "flops"
+# functions counted as another: FlushExp's exponential is exp's
+FLUSHED = {"exp_flushed": "exp"}
 
 
 def expr_ops(e) -> Counter:
@@ -24,7 +26,7 @@ def expr_ops(e) -> Counter:
     elif isinstance(e, S.IfGreater):
         ops[FLOP] += 1  # the comparison
     elif isinstance(e, S.Un):
-        ops[FLOP if e.fn == "neg" else e.fn] += 1
+        ops[FLOP if e.fn == "neg" else FLUSHED.get(e.fn, e.fn)] += 1
     for child in S.children(e):
         ops += expr_ops(child)
     return ops

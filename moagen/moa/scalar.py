@@ -61,8 +61,12 @@ class Bin(ScalarExpr):
 
 @dataclass(frozen=True)
 class Un(ScalarExpr):
-    fn: str  # one of moagen.moa.expr.UNARY_FNS
+    fn: str  # one of moagen.moa.expr.UNARY_FNS, or exp_flushed (FlushExp's)
     arg: ScalarExpr
+
+
+# exp_flushed(x) (moagen.steps.loop.flush_exp): exp(x), or 0 where x is below this, by dtype
+FLUSHED_BELOW = {"float64": -700.0, "float32": -80.0}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from moagen.onf.loops import Barrier, LaneReduce, Let, Loop, Store, Update
 
 UNARY = {
     "exp": math.exp,
+    "exp_flushed": lambda x: 0.0 if x < S.FLUSHED_BELOW["float64"] else math.exp(x),
     "sqrt": math.sqrt,
     "rsqrt": lambda x: 1.0 / math.sqrt(x),
     "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),

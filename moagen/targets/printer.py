@@ -22,6 +22,12 @@ def updated_names(stmts) -> set:
     return {s.name for s in walk(stmts) if isinstance(s, Update)}
 
 
+# the least argument of exp_flushed's exponential: within glibc's vector exp's fast path
+# (its special cases start below about -708.4 in float64, -87.3 in float32), and below
+# FLUSHED_BELOW, so that every value the select keeps is the exponential of the argument
+EXP_FLOOR = {"float64": -708.0, "float32": -87.0}
+
+
 class Printer:
     """Prints one ONF at one dtype. Subclasses set `index_printer` (a sympy code printer)
     and implement the hooks below."""
@@ -183,7 +189,17 @@ class Printer:
             return f"-{wrapped}"
         if fn in self.QUOTIENTS:
             return f"{self.number(1.0)} / {self.QUOTIENTS[fn](self, arg, wrapped)}"
+        if fn == "exp_flushed":
+            return self.flushed_exp(arg, wrapped)
         return self.call(fn, arg)
+
+    def flushed_exp(self, arg, wrapped) -> str:
+        """exp_flushed (moagen.steps.loop.flush_exp): 0 below FLUSHED_BELOW, else the
+        exponential of the argument clamped at EXP_FLOOR, which a vector exp computes on its
+        fast path (a select picks one of the two; max is an instruction, as gfortran's MAX)."""
+        below = f"{wrapped} < {self.number(S.FLUSHED_BELOW[self.dtype])}"
+        clamped = self.call("max", arg, self.number(EXP_FLOOR[self.dtype]))
+        return self.select(below, self.number(0.0), self.call("exp", clamped))
 
     def load(self, array, offset) -> str:
         raise NotImplementedError

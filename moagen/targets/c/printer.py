@@ -3,7 +3,7 @@ import math
 
 from sympy.printing.c import C99CodePrinter
 
-from moagen.targets.printer import Printer, dnf_comment, omp_schedule
+from moagen.targets.printer import EXP_FLOOR, Printer, dnf_comment, omp_schedule
 from moagen.templates import render
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
@@ -43,7 +43,7 @@ class CPrinter(Printer):
 
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)
-        self.helpers_used = set()  # (real type, "max" / "min") printed
+        self.helpers_used = set()  # (real type, "max" / "min" / "exp_flushed") printed
 
     @property
     def real(self):
@@ -65,6 +65,9 @@ class CPrinter(Printer):
         for nest in self.onf.nests:
             body += [self.indent + line for line in self.comment(self.nest_comment(nest))]
             body += self.nest_block(nest, 1)
+        if (self.real, "exp_flushed") in self.helpers_used:
+            body = [f"{self.indent}const {self.real} {EXP_FLOOR_LOCAL} = moagen_exp_floor_{self.real};"
+                    f"  /* exp_flushed's floor, a register */", *body]
         return [{"name": self.sig.name, "params": self.params(),
                  "body": self.function_body(body)}]
 
@@ -132,10 +135,7 @@ class CPrinter(Printer):
             f"({self.real})({integer_text})"
 
     def number(self, value):
-        suffix = "f" if self.dtype == "float32" else ""
-        if math.isinf(value):
-            return "-INFINITY" if value < 0 else "INFINITY"
-        return f"{value!r}{suffix}"
+        return c_number(value, self.dtype)
 
     def call(self, fn, *args):
         if fn in ("max", "min"):
@@ -151,6 +151,11 @@ class CPrinter(Printer):
         helper = f"{fn}_{self.real}"
         self.helpers_used.add((self.real, fn))
         return f"{helper}({a}, {b})"
+
+    def flushed_exp(self, arg, wrapped):
+        """Through the file's inline helper (FLUSHED_EXP)."""
+        self.helpers_used.add((self.real, "exp_flushed"))
+        return f"exp_flushed_{self.real}({arg}, {EXP_FLOOR_LOCAL})"
 
     def select(self, cond, then, other):
         return f"({cond} ? {then} : {other})"
@@ -170,10 +175,39 @@ def emit_c(onfs_by_dtype, banner, printer=CPrinter):
                   helper_directive=printer.helper_directive,
                   keep=any(p.uses_keep for p in printers), qualifier="static inline ",
                   max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
-                               for real, fn in helpers])
+                               for real, fn in helpers if fn in ("max", "min")],
+                  flushed_exp=[_flushed_exp(real) for real, fn in helpers if fn == "exp_flushed"])
 
 
 INLINE_MAX = "static inline {real} {fn}_{real}({real} a, {real} b) {{ return a {op} b ? a : b; }}"
+
+
+# exp_flushed's helper (Printer.flushed_exp). Its floor is a global's value, which the kernel
+# reads once into a local (EXP_FLOOR_LOCAL), not a constant: gcc takes a constant floor out
+# of the exponential (exp of the unclamped argument, then a select of exp(floor)); read in
+# the loop, a global might be what the loop's stores change, and the loop is not vectorized
+FLUSHED_EXP = """__attribute__((visibility("hidden"))) {real} moagen_exp_floor_{real} = {floor};
+static inline {real} exp_flushed_{real}({real} x, {real} floor)
+{{
+    const {real} e = {exp}(x < floor ? floor : x);
+    return x < {below} ? {zero} : e;
+}}"""
+EXP_FLOOR_LOCAL = "moagen_exp_floor"
+
+
+def _flushed_exp(real):
+    dtype = next(d for d, t in C_TYPE.items() if t == real)
+    return FLUSHED_EXP.format(real=real, exp="exp" if dtype == "float64" else "expf",
+                              floor=c_number(EXP_FLOOR[dtype], dtype),
+                              below=c_number(S.FLUSHED_BELOW[dtype], dtype),
+                              zero=c_number(0.0, dtype))
+
+
+def c_number(value, dtype) -> str:
+    """A number as a C literal of the dtype."""
+    if math.isinf(value):
+        return "-INFINITY" if value < 0 else "INFINITY"
+    return f"{value!r}{'f' if dtype == 'float32' else ''}"
 
 
 # glibc's math.h declares its vector versions (libmvec) only under -ffast-math
@@ -181,6 +215,6 @@ VECTOR_EXP = {"float64": "double exp(double)", "float32": "float expf(float)"}
 
 
 def _calls_exp(onf):
-    return any(isinstance(x, S.Un) and x.fn in ("exp", "sigmoid")
+    return any(isinstance(x, S.Un) and x.fn in ("exp", "exp_flushed", "sigmoid")
                for n in onf.nests for s in walk(n.body) for e in stmt_exprs(s)
                for x in S.subexpressions(e))

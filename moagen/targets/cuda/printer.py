@@ -7,7 +7,7 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.targets.c.printer import CPrinter
-from moagen.targets.printer import arrays_in, dnf_comment, names_used
+from moagen.targets.printer import Printer, arrays_in, dnf_comment, names_used
 from moagen.targets.cuda.tiled import TiledKernel, is_tiled
 from moagen.templates import render
 from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, walk
@@ -187,6 +187,8 @@ class CudaPrinter(CPrinter):
     # CUDA has rsqrt / rsqrtf: a call, not a quotient
     QUOTIENTS = {fn: denominator for fn, denominator in CPrinter.QUOTIENTS.items()
                  if fn != "rsqrt"}
+
+    flushed_exp = Printer.flushed_exp  # inline: no helper in a .cu file, fmax one instruction
 
     def max_or_min(self, fn, a, b):
         name = "f" + fn + ("f" if self.dtype == "float32" else "")  # one instruction on a GPU
