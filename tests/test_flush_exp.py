@@ -53,8 +53,9 @@ def test_every_exp_flushed_and_a_masked_softmax_kept():
     np.testing.assert_allclose(got, want, rtol=1e-15, atol=0)
 
 
-def test_the_masked_flash_forwards_flush_on_a_cpu_only():
-    for kernel in ("attention_cross_fwd_masked", "attention_cross_fwd_masked2d"):
+def test_the_masked_flash_kernels_flush_on_a_cpu_only():
+    for kernel in ("attention_cross_fwd_masked", "attention_cross_fwd_masked2d",
+                   "attention_cross_bwd_masked", "attention_cross_bwd_masked2d"):
         functions = _functions(onf_of(kernel, "flash"))
         assert "exp_flushed" in functions and "exp" not in functions
         assert "exp_flushed" not in _functions(onf_of(kernel, "flash", target="cuda"))

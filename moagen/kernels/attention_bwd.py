@@ -106,7 +106,7 @@ class Rows:
         return self.heads + ("j",)
 
 
-def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None):
+def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None, then=()):
     """The backward by key rows that own their dK and dV rows (no atomics), the passes by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
     in each pass `rows` query (or key) rows walk the other side together; the query rows'
@@ -134,7 +134,7 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
     heads come first (dK and dV accumulate over them, then over each head's rows).
 
     scratch: on a GPU, the names of the backward's block scratch (gpu_flash_bwd's; None:
-    BWD_SCRATCH, this kernel's)."""
+    BWD_SCRATCH, this kernel's). then: steps the CPU's schedule takes last (a kernel's own)."""
     forward = block is not None
     query_rows, key_rows, heads = loops.query, loops.key, loops.heads
     scatter_dq = Scatter("dQ", over="j", outer=heads)
@@ -206,18 +206,18 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
     if forward and not (parts or lanes or loops != Rows()):
         # the fused kernel on a GPU: the flash forward's blocks (delta with O, from its
         # registers), then the backward's two passes
-        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"), *PRODUCTS_APART)},
+        return Layers(algorithm, {"cpu": schedule + then, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
                        "cuda": attention.gpu_flash("forward", 4, 4, block, causal)
                                + gpu_flash_bwd(scratch=FWDBWD_SCRATCH, causal=causal)[1:]})
     if not (forward or parts or lanes):
         # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
         # schedule and mapping as they are (OpenACC's too)
-        return Layers(algorithm, {"cpu": schedule, "cuda": (Distribute("c"), *PRODUCTS_APART)},
+        return Layers(algorithm, {"cpu": schedule + then, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
                        "cuda": gpu_flash_bwd(scratch=scratch or BWD_SCRATCH, causal=causal,
                                              loops=loops)})
-    return Layers(algorithm, schedule, cpu(*mapping, *extra))
+    return Layers(algorithm, schedule + then, cpu(*mapping, *extra))
 
 
 # on a GPU, each pass's products of a block one loop each (a key block's Q K^T apart from its
@@ -406,10 +406,11 @@ def dq_atomic(causal: bool) -> Layers:
                                         dq=True))})
 
 
-def flash_variant(causal: bool, loops=Rows(), scratch=None) -> Tunable:
-    """The flash variant (the owner alone) over the row loops `loops`; scratch: owner's."""
+def flash_variant(causal: bool, loops=Rows(), scratch=None, then=()) -> Tunable:
+    """The flash variant (the owner alone) over the row loops `loops`; scratch, then:
+    owner's."""
     return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops,
-                                                 scratch=scratch),
+                                                 scratch=scratch, then=then),
                    defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA,
                    dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)
 

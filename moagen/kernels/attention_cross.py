@@ -19,8 +19,9 @@ attn_mask of shape (n_q, n) or (1, 1, n_q, n), never copied per head). A row M m
 wholly gives 0 / 0, as the softmax does; SDPA gives such rows zeros, which
 moagen.torch_ops.attention gives them. M takes no gradient. Their flash forms add M's
 tile to the score tile, read in place; any block may hold none of a row's keys
-(OnlineSoftmax's unseen), so none is skipped; on a CPU their exponentials are flushed
-(FlushExp), so that the masked keys' -inf keep the vector exp on its fast path.
+(OnlineSoftmax's unseen), so none is skipped; on a CPU their exponentials, forward and
+backward, are flushed (FlushExp), so that the masked keys' -inf keep the vector exp on its
+fast path.
 
 Padded (`_padded`): keys j <= last seen, last a size given at call time (a right-padded
 batch's last valid key; moagen.torch calls the kernels a batch at a time, each with its
@@ -142,9 +143,10 @@ FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False),
 
 def _variants(mask, backward):
     dnf = (frozenset({"delta"}), BACKWARD) if backward else (frozenset(), FORWARD)
-    flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS) if backward else \
-        attention.flash_variant(FLASH[mask][0], loops=LOOPS.query, unseen=mask in ADDED,
-                                then=(FlushExp(),) if mask in ADDED else ())
+    flushed = (FlushExp(),) if mask in ADDED else ()  # a mask's -inf: exp's fast path
+    flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS, then=flushed) if backward \
+        else attention.flash_variant(FLASH[mask][0], loops=LOOPS.query, unseen=mask in ADDED,
+                                     then=flushed)
     return {"dnf": dnf, "flash": flash}
 
 

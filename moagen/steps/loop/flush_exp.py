@@ -16,10 +16,10 @@ class FlushExp(Step):
     special-case range, then selected. A mask added to the scores puts -inf in them, and
     glibc's vector exp takes its slow path for a whole vector whenever one lane is below
     about -708 (a fifth of the keys masked: half again the kernel's instructions).
-    Precondition, the caller's: the exponentials are a softmax's, exp(score - a maximum
-    of the scores), each summed beside the 1 of the row's maximum (or multiplying such a
-    sum), so that a term below e^-700 (float32 e^-80) changes none of them. Refused: a
-    nest with no exp."""
+    Precondition, the caller's: the exponentials are a softmax's, exp(score - its row's
+    maximum or logsumexp): terms of at most 1 whose row sums to at least 1 (or a rescale
+    of such a sum), so that a term below e^-700 (float32 e^-80) is below the rounding of
+    any sum over its row. Refused: a nest with no exp."""
     nest: Optional[str] = None
 
     def rewrite_nest(self, nest, names):
