@@ -97,10 +97,11 @@ def test_wholly_masked_rows_are_zeros_without_gradient(kind):
 
 @pytest.mark.parametrize("shape, kernel", [
     ((7, 70), "masked2d"), ((1, 1, 7, 70), "masked2d"), ((1, 70), "masked2d"),
-    ((2, 1, 7, 70), "masked"), ((2, 4, 7, 70), "masked")])
+    ((2, 1, 7, 70), "masked2d"), ((2, 4, 7, 70), "masked"), ((1, 4, 7, 70), "masked")])
 def test_masks_take_the_flash_kernels(monkeypatch, shape, kernel):
     """A mask shared by every batch and head runs the `_masked2d` flash kernels on one
-    (n_q, n) array; one per batch or head the `_masked` ones on the full shape."""
+    (n_q, n) array, one a batch shared by its heads the same a call a batch (batch 2: two
+    forwards, then two backwards); one per head the `_masked` ones on the full shape."""
     calls = []
     call = attention_module.call
     monkeypatch.setattr(attention_module, "call", lambda name, variant, *args, **kwargs: (
@@ -108,8 +109,9 @@ def test_masks_take_the_flash_kernels(monkeypatch, shape, kernel):
     q, k, v = _randn(2, 4, 7, 5), _randn(2, 2, 70, 5), _randn(2, 2, 70, 5)
     seen = _seen(*shape) | (torch.arange(70) == 0)  # key 0 seen by every row
     assert_sdpa(q, k, v, seen)
-    assert calls == [(f"attention_cross_fwd_{kernel}", "flash"),
-                     (f"attention_cross_bwd_{kernel}", "flash")]
+    calls_each = 2 if shape[:2] == (2, 1) else 1
+    assert calls == [(f"attention_cross_fwd_{kernel}", "flash")] * calls_each + \
+        [(f"attention_cross_bwd_{kernel}", "flash")] * calls_each
 
 
 @pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])

@@ -86,8 +86,8 @@ def test_a_padding_mask_takes_the_padded_kernels_in_c_and_fortran(monkeypatch):
     calls.clear()
     not_a_prefix = mask.clone()
     not_a_prefix[0, 0, 0, 1] = False
-    mt.attention(q, k, v, not_a_prefix)
-    assert calls == [("attention_cross_fwd_masked", "flash", None)]
+    mt.attention(q, k, v, not_a_prefix)  # each batch's row shared by its heads: a call each
+    assert calls == [("attention_cross_fwd_masked2d", "flash", None)] * 3
 
 
 @pytest.mark.parametrize("lengths, message", [

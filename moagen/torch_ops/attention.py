@@ -23,8 +23,9 @@ An attn_mask (SDPA's: boolean, True where a key is seen, or float, added to the 
 broadcastable to (batch, heads, n_q, n)) takes attention_cross's masked `flash` kernels,
 forward and backward, the mask made a float one of q's dtype (0 or -inf for a boolean one)
 once: `_masked2d` where it is shared by every batch and head (SDPA's common (n_q, n) or
-(1, 1, n_q, n) masks: one (n_q, n) array, never copied per head), `_masked` with it
-expanded to the full shape otherwise. The kernels add the mask's tile to the score tile,
+(1, 1, n_q, n) masks: one (n_q, n) array, never copied per head) or by each batch's heads
+((batch, 1, n_q, n): a call a batch, each with its own), `_masked` with it expanded to the
+full shape otherwise. The kernels add the mask's tile to the score tile,
 every key block visited (a mask is not known to hide whole blocks). A row the mask hides
 wholly gets SDPA's zeros and no gradient, as the bottom-right rows that see no key do.
 
@@ -147,10 +148,10 @@ attention_op = Operator("moagen::attention", _attention, _attention_fake,
 def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     """SDPA's attn_mask as the masked kernels take it: added to the scores, of q's dtype,
     contiguous, of shape (n_q, n) where it is shared by every batch and head (its axes
-    before the last two all 1), else of the full shape (batch, heads, n_q, n); the rows it
-    hides wholly given a mask of zeros (the kernel's softmax would give them 0 / 0); and
-    whether each row sees a key (False at those rows), broadcastable to (batch, heads, n_q,
-    1)."""
+    before the last two all 1), (batch, n_q, n) where each batch's is shared by its heads
+    (batch, 1, n_q, n), else of the full shape (batch, heads, n_q, n); the rows it hides
+    wholly given a mask of zeros (the kernel's softmax would give them 0 / 0); and whether
+    each row sees a key (False at those rows), broadcastable to (batch, heads, n_q, 1)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{op}: attn_mask must be a torch.Tensor, got "
                         f"{type(attn_mask).__name__}")
@@ -171,13 +172,18 @@ def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tenso
     if all(size == 1 for size in attn_mask.shape[:-2]):
         full = full[2:]
         attn_mask = attn_mask.reshape(attn_mask.shape[-2:])
+    elif attn_mask.dim() == 4 and attn_mask.shape[1] == 1:
+        full = (full[0], *full[2:])
+        attn_mask = attn_mask[:, 0]
     if attn_mask.dtype == torch.bool:
         mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device
                            ).masked_fill_(~attn_mask, float("-inf"))
     else:
         mask = attn_mask.to(q.dtype)
     seen = (mask > float("-inf")).any(-1, keepdim=True)
-    return mask.masked_fill(~seen, 0).expand(full).contiguous(), seen
+    by_batch = len(full) == 3
+    return mask.masked_fill(~seen, 0).expand(full).contiguous(), \
+        seen.unsqueeze(1) if by_batch else seen
 
 
 def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: list, scale: float,
@@ -243,8 +249,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
             raise ValueError(f"{op}: attn_mask and causal together; as SDPA, give the causal "
                              "mask inside attn_mask")
         mask, seen = _float_mask(op, attn_mask, q, k)
-        out = attention_op(q.contiguous(), k.contiguous(), v.contiguous(), mask, False, 0,
-                           -1, scale, lang)[0]
+        if mask.dim() == 3:  # a batch's mask shared by its heads: a call a batch, never copied
+            out = torch.cat([attention_op(*(t[b:b + 1].contiguous() for t in (q, k, v)), mask[b],
+                                          False, 0, -1, scale, lang)[0] for b in range(batch)])
+        else:
+            out = attention_op(q.contiguous(), k.contiguous(), v.contiguous(), mask, False, 0,
+                               -1, scale, lang)[0]
         # SDPA's zeros where the mask hides every key; masked_fill's backward zeroes those
         # rows' dO, so they add nothing to any gradient
         return out.masked_fill(~seen, 0)
