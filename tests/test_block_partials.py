@@ -1,8 +1,9 @@
 """BlockPartials (moagen.steps.gpu.partials): a block's atomic additions summed over its own
 rows first, on a nest of a few lines written by hand (the dumped IR before and after, and
-what the step refuses), then on dq_atomic, whose key tiles add their share of dQ so
-(FlashAttention-2's dQ): one atomic addition per element of a query block's tile a block,
-the cost model's count divided by the key rows a block holds."""
+what the step refuses), then on the passes that use it: dq_atomic's key tiles adding their
+share of dQ (FlashAttention-2's dQ), the atomic backward's query tiles theirs of dK; one
+atomic addition per element of a tile a block, the cost model's count divided by the rows
+a block holds."""
 from dataclasses import replace
 
 import pytest
@@ -108,32 +109,43 @@ def test_a_nest_with_no_such_addition_is_not_its_business():
         BlockPartials("y", "i", nest="y")(_scattered())
 
 
-def test_dq_atomic_adds_a_key_tile_s_dq_once_per_element():
-    """On the GPU dQ's atomic additions are the CPU's (one per product) divided by the key
-    rows a block holds: each block adds its tile's dS K once."""
+# (kernel, variant, the pass that adds atomically, the array, the rows a block sums over,
+# the thread loops of the tile it adds)
+ADDED = [("attention_bwd", "dq_atomic", "keys", "dQ", "j", ["i", "c"]),
+         ("attention_bwd_causal", "dq_atomic", "keys", "dQ", "j", ["i", "c"]),
+         ("attention_bwd", "atomic", "rows", "dK", "i", ["j", "c"]),
+         ("attention_bwd_causal", "atomic", "rows", "dK", "i", ["j", "c"])]
+
+
+@pytest.mark.parametrize("kernel, variant, label, array, rows, tile",
+                         [a for a in ADDED if not a[0].endswith("causal")])
+def test_the_gpu_adds_a_block_s_share_once_per_element(kernel, variant, label, array, rows, tile):
+    """On the GPU the atomic additions are the CPU's (one per product) divided by the rows a
+    block holds: each block adds its tile's share once."""
     counts = {target: atomic_updates(counting_view(
-        onf_of("attention_bwd", "dq_atomic", target=target, dtype="float64")).nests)["dQ"]
+        onf_of(kernel, variant, target=target, dtype="float64")).nests)[array]
               for target in ("cpu", "cuda")}
-    keys = _keys("attention_bwd")
-    (rows,) = {max_extent(lp) for lp in walk(keys.body)
-               if isinstance(lp, Loop) and lp.var.name == "j" and is_thread_loop(lp)}
-    assert sympy.simplify(counts["cpu"] / counts["cuda"] - rows) == 0
+    nest = _nest(kernel, variant, label)
+    (held,) = {max_extent(lp) for lp in walk(nest.body)
+               if isinstance(lp, Loop) and lp.var.name == rows and is_thread_loop(lp)}
+    assert sympy.simplify(counts["cpu"] / counts["cuda"] - held) == 0
 
 
-@pytest.mark.parametrize("kernel", ["attention_bwd", "attention_bwd_causal"])
-def test_dq_atomic_adds_a_local_summed_over_the_key_rows(kernel):
-    """dQ's one atomic addition adds a thread's local, summed over the block's key rows in
-    a loop of its own, outside every thread loop over them."""
-    keys = _keys(kernel)
-    (add,) = [s for s in walk(keys.body) if isinstance(s, Store) and s.atomic]
-    around = ancestors(keys.body, add)
-    assert isinstance(add.value, S.Local) and add.value.name.startswith("dQ_part")
-    assert [lp.var.name for lp in around if is_thread_loop(lp)] == ["i", "c"]
-    (summed,) = [lp for lp in walk(keys.body) if isinstance(lp, Loop) and lp.var.name == "j"
-                 and not is_thread_loop(lp)]
+@pytest.mark.parametrize("kernel, variant, label, array, rows, tile", ADDED)
+def test_the_gpu_adds_a_local_summed_over_the_block_s_rows(kernel, variant, label, array, rows,
+                                                          tile):
+    """The one atomic addition adds a thread's local, summed over the block's rows in a
+    loop of its own, outside every thread loop over them."""
+    nest = _nest(kernel, variant, label)
+    (add,) = [s for s in walk(nest.body) if isinstance(s, Store) and s.atomic]
+    around = ancestors(nest.body, add)
+    assert isinstance(add.value, S.Local) and add.value.name.startswith(f"{array}_part")
+    assert [lp.var.name for lp in around if is_thread_loop(lp)] == tile
+    (summed,) = [lp for lp in walk(nest.body) if isinstance(lp, Loop)
+                 and lp.var.name == rows and not is_thread_loop(lp)]
     assert [type(s) for s in summed.body] == [Update]
 
 
-def _keys(kernel):
-    onf = onf_of(kernel, "dq_atomic", target="cuda", dtype="float64")
-    return next(n for n in onf.nests if n.label == "keys")
+def _nest(kernel, variant, label):
+    onf = onf_of(kernel, variant, target="cuda", dtype="float64")
+    return next(n for n in onf.nests if n.label == label)

@@ -284,11 +284,11 @@ def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loop
             SharedScratch(scratch["dS2"], fastest="i" if dq else "j", nest=nest),
             Stage("Q", at=query_blocks, by="c", late=True, nest=nest),
             Stage("dO", at=query_blocks, by="c", late=True, nest=nest),
-            *(block_partials(nest, "dQ", "j", rows, lanes, block) if dq else ()))
+            *(block_partials(nest, ("dQ",), "j", rows, lanes, block) if dq else ()))
 
 
-def block_partials(nest, array, rows, tile, lanes, block):
-    """A block's atomic additions into `array` summed over its `rows` first (BlockPartials:
+def block_partials(nest, arrays, rows, tile, lanes, block):
+    """A block's atomic additions into `arrays` summed over its `rows` first (BlockPartials:
     one atomic addition per element of a block's tile, FlashAttention-2's dQ), the sums'
     tile (the other side's rows by the columns) over the block's threads as the pass's
     are laid out: `tile` rows each along y, `lanes` columns each along x, each thread a
@@ -297,7 +297,7 @@ def block_partials(nest, array, rows, tile, lanes, block):
     the rows unrolled by 4 (64 FMA a back-edge). After the pass's tiles are placed, its
     scratch dS laid out with the sums' rows fastest: a thread's rows of it, as its columns
     of K, 128-bit loads, 4 FMA a shared load in float64, 8 in float32."""
-    return (BlockPartials(array, rows, pieces=(block, KEY_BLOCK), nest=nest),
+    return (*(BlockPartials(a, rows, pieces=(block, KEY_BLOCK), nest=nest) for a in arrays),
             ThreadTiles(_other(rows), tile, "y", threads=block // tile, nest=nest),
             ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
             UnrollInner(rows, 4, nest=nest))
@@ -314,7 +314,8 @@ def _skipped(causal, nest, blocks, rows):
     return (MaskedBlocks(nest, blocks, rows=rows),) if causal else ()
 
 
-def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Rows()):
+def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Rows(),
+                   atomic=()):
     """The query rows' pass of a backward on a GPU: a thread block per `block` query rows of
     a head, block / rows x KEY_BLOCK / lanes threads, dQ in registers over all the key
     blocks. lse's and delta's tiles staged once; each key block's tiles as its products
@@ -324,7 +325,12 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
     L2: they are the block's own) so that only a product's two operands are live at once:
     106 KB a block at float64, d 128, two blocks an SM (Q, dO, K and V together: 208 KB,
     one). p: the block's P too (the fused atomic kernel's pass adds P^T dO into dV). Causal:
-    the key blocks past the block's last row not visited."""
+    the key blocks past the block's last row not visited.
+
+    atomic: the outputs the pass adds into by atomics (the atomic variants' dK), each
+    block's share summed over its query rows first (block_partials), one atomic addition
+    per element of a key block's tile; dS then laid out with its keys fastest, for those
+    sums."""
     key_blocks = loop_role("j", "blk")
     return (BlockTiles(loops.query, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, key_blocks, "i"),
@@ -335,9 +341,10 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
             Stage("Q", at=key_blocks, nest=nest), Stage("K", at=key_blocks, by="j", nest=nest),
             Stage("dO", at=key_blocks, late=True, nest=nest),
             Stage("V", at=key_blocks, late=True, nest=nest),
-            SharedScratch(ds, fastest="i", nest=nest),
+            SharedScratch(ds, fastest="j" if atomic else "i", nest=nest),
             *((SharedScratch(p, fastest="i", nest=nest),) if p else ()),
-            Stage("K", at=key_blocks, by="c", late=True, nest=nest))
+            Stage("K", at=key_blocks, by="c", late=True, nest=nest),
+            *(block_partials(nest, atomic, "i", rows, lanes, block) if atomic else ()))
 
 
 def gpu_key_rows_dv(nest, rows, lanes, block, scratch):
@@ -397,7 +404,8 @@ def variants(causal: bool):
                              Parallel(KEY_ROWS, nest=SCATTER_DK.zero),
                              Parallel(KEY_ROWS, nest="dV")),
                      "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
-                              *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"]),
+                              *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"],
+                                              atomic=("dK",)),
                               GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
                               *gpu_key_rows_dv("dV", 4, 4, 32, BWD_SCRATCH))})),
         # FlashAttention-2's backward in its first form: one pass over key rows, which own

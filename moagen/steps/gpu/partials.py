@@ -19,13 +19,14 @@ from moagen.steps.step import NotApplicable, Step, option, shown
 class BlockPartials(Step):
     """The atomic additions into `array` inside the block's thread loop over its own rows
     `rows` (a key tile's rows j, each adding dS[i, j] K[j, c] into dQ[i, c]) summed over
-    those rows before they are added. Each such addition lies in a sequential loop L (a
-    query block's rows i) inside thread loops of its own (its columns c); after L comes a
-    loop over L's range and over those thread loops' ranges (the tile it adds into, i by
-    c), each element a local summed over the block's rows in a plain loop over their range,
-    then added once, atomically: the atomic additions divided by the rows a block holds,
-    and the products a GEMM's, for ThreadTiles to give to the block's threads (a register
-    tile of partial sums each) and UnrollInner to unroll.
+    those rows before they are added. Each such addition lies in a loop L, the first
+    around it whose variable its index reads (a query block's rows i), inside sequential
+    loops only (the query blocks), and L's body holds it in loops of one statement each
+    (its columns c); after L comes a loop over L's range and over those loops' ranges (the
+    tile it adds into, i by c), each element a local summed over the block's rows in a
+    plain loop over their range, then added once, atomically: the atomic additions divided
+    by the rows a block holds, and the products a GEMM's, for ThreadTiles to give to the
+    block's threads (a register tile of partial sums each) and UnrollInner to unroll.
 
     pieces: the tile summed a piece at a time, `pieces[k]` iterations of its k-th loop (L,
     then the thread loops; 0 or none: all of them), loops over the pieces around it (the
@@ -37,10 +38,9 @@ class BlockPartials(Step):
     is no loop on the GPU (each statement inside runs for all of a thread's slots before
     the next), so the block runs the same statements in the same order.
 
-    Refused: an addition whose index reads `rows`; loops between the thread loop over
-    `rows` and L that are thread loops, or none that is sequential (no L); thread loops
-    inside L around the addition that hold other statements too; L's range or theirs
-    reading `rows`; a value reading an array L's body writes or a local other than one
+    Refused: an addition whose index reads `rows`; a thread loop between the thread loop
+    over `rows` and L, or no L; loops inside L around the addition that hold other
+    statements too; L's range or theirs reading `rows`; a value reading an array L's body writes or a local other than one
     L's body defines once (inlined: the value is computed after L); more pieces than
     the tile has loops.
 
@@ -87,17 +87,18 @@ class BlockPartials(Step):
         if rows.var in _free(store.index):
             raise ScheduleError(f"{self}: {self.array}[{', '.join(map(str, store.index))}] is "
                                 f"indexed by the rows {self.rows}: a row's own element")
-        sequential = [m for m, lp in enumerate(inside) if not is_thread_loop(lp)]
-        if not sequential or any(map(is_thread_loop, inside[:sequential[-1]])):
+        indexed = _free(store.index)
+        m = next((m for m, lp in enumerate(inside) if lp.var in indexed), None)
+        if m is None or any(map(is_thread_loop, inside[:m])):
             raise ScheduleError(f"{self}: the loops between the thread loop over {self.rows} "
-                                f"and the addition into {self.array} are not sequential loops "
-                                "then thread loops")
-        seq_path, tile = inside[:sequential[-1] + 1], inside[sequential[-1] + 1:]
+                                f"and the first that indexes the addition into {self.array} "
+                                "are not all sequential")
+        seq_path, tile = inside[:m + 1], inside[m + 1:]
         last = seq_path[-1]
         for outer, inner in zip(tile, tile[1:] + (store,)):
             if outer.body != (inner,):
-                raise ScheduleError(f"{self}: the thread loop over {outer.var} around the "
-                                    f"addition into {self.array} holds other statements")
+                raise ScheduleError(f"{self}: the loop over {outer.var} around the addition "
+                                    f"into {self.array} holds other statements")
         if any(rows.var in _free((lp.start, lp.stop)) for lp in (last,) + tile):
             raise ScheduleError(f"{self}: the range of a loop around the addition into "
                                 f"{self.array} depends on the rows {self.rows}")
