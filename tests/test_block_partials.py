@@ -1,7 +1,8 @@
 """BlockPartials (moagen.steps.gpu.partials): a block's atomic additions summed over its own
 rows first, on a nest of a few lines written by hand (the dumped IR before and after, and
 what the step refuses), then on the passes that use it: dq_atomic's key tiles adding their
-share of dQ (FlashAttention-2's dQ), the atomic backward's query tiles theirs of dK; one
+share of dQ (FlashAttention-2's dQ), the atomic kernels' query tiles theirs of dK (and the
+fused kernel's of dV); one
 atomic addition per element of a tile a block, the cost model's count divided by the rows
 a block holds."""
 from dataclasses import replace
@@ -114,7 +115,10 @@ def test_a_nest_with_no_such_addition_is_not_its_business():
 ADDED = [("attention_bwd", "dq_atomic", "keys", "dQ", "j", ["i", "c"]),
          ("attention_bwd_causal", "dq_atomic", "keys", "dQ", "j", ["i", "c"]),
          ("attention_bwd", "atomic", "rows", "dK", "i", ["j", "c"]),
-         ("attention_bwd_causal", "atomic", "rows", "dK", "i", ["j", "c"])]
+         ("attention_bwd_causal", "atomic", "rows", "dK", "i", ["j", "c"]),
+         ("attention_fwdbwd", "atomic", "rows", "dK", "i", ["j", "c"]),
+         ("attention_fwdbwd", "atomic", "rows", "dV", "i", ["j", "c"]),
+         ("attention_fwdbwd_causal", "atomic", "rows", "dV", "i", ["j", "c"])]
 
 
 @pytest.mark.parametrize("kernel, variant, label, array, rows, tile",
@@ -137,12 +141,14 @@ def test_the_gpu_adds_a_local_summed_over_the_block_s_rows(kernel, variant, labe
     """The one atomic addition adds a thread's local, summed over the block's rows in a
     loop of its own, outside every thread loop over them."""
     nest = _nest(kernel, variant, label)
-    (add,) = [s for s in walk(nest.body) if isinstance(s, Store) and s.atomic]
+    (add,) = [s for s in walk(nest.body) if isinstance(s, Store) and s.atomic
+              and s.array == array]
     around = ancestors(nest.body, add)
     assert isinstance(add.value, S.Local) and add.value.name.startswith(f"{array}_part")
     assert [lp.var.name for lp in around if is_thread_loop(lp)] == tile
-    (summed,) = [lp for lp in walk(nest.body) if isinstance(lp, Loop)
-                 and lp.var.name == rows and not is_thread_loop(lp)]
+    (summed,) = [lp for lp in walk(nest.body) if isinstance(lp, Loop) and lp.var.name == rows
+                 and not is_thread_loop(lp)
+                 and getattr(lp.body[0], "name", None) == add.value.name]
     assert [type(s) for s in summed.body] == [Update]
 
 

@@ -287,7 +287,7 @@ def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loop
             *(block_partials(nest, ("dQ",), "j", rows, lanes, block) if dq else ()))
 
 
-def block_partials(nest, arrays, rows, tile, lanes, block):
+def block_partials(nest, arrays, rows, tile, lanes, block, whole=()):
     """A block's atomic additions into `arrays` summed over its `rows` first (BlockPartials:
     one atomic addition per element of a block's tile, FlashAttention-2's dQ), the sums'
     tile (the other side's rows by the columns) over the block's threads as the pass's
@@ -296,8 +296,11 @@ def block_partials(nest, arrays, rows, tile, lanes, block):
     query block's spilled in float64 at d 128 beside dK's and dV's tiles); the sum over
     the rows unrolled by 4 (64 FMA a back-edge). After the pass's tiles are placed, its
     scratch dS laid out with the sums' rows fastest: a thread's rows of it, as its columns
-    of K, 128-bit loads, 4 FMA a shared load in float64, 8 in float32."""
-    return (*(BlockPartials(a, rows, pieces=(block, KEY_BLOCK), nest=nest) for a in arrays),
+    of K, 128-bit loads, 4 FMA a shared load in float64, 8 in float32. whole: the arrays
+    whose sums take all the columns at once (an operand's tile staged after them, which
+    spans one range of the columns)."""
+    return (*(BlockPartials(a, rows, pieces=(block, 0 if a in whole else KEY_BLOCK), nest=nest)
+              for a in arrays),
             ThreadTiles(_other(rows), tile, "y", threads=block // tile, nest=nest),
             ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
             UnrollInner(rows, 4, nest=nest))
@@ -327,11 +330,15 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
     one). p: the block's P too (the fused atomic kernel's pass adds P^T dO into dV). Causal:
     the key blocks past the block's last row not visited.
 
-    atomic: the outputs the pass adds into by atomics (the atomic variants' dK), each
-    block's share summed over its query rows first (block_partials), one atomic addition
-    per element of a key block's tile; dS then laid out with its keys fastest, for those
-    sums."""
+    atomic: the outputs the pass adds into by atomics (the atomic variants' dK, and the
+    fused kernel's dV), each block's share summed over its query rows first
+    (block_partials), one atomic addition per element of a key block's tile; dS (and P)
+    then laid out with its keys fastest, for those sums, and dV's sums read dO from a tile
+    of their own, laid out by columns (staged after them, as dO V^T's by rows then)."""
     key_blocks = loop_role("j", "blk")
+    sums_dv = "dV" in atomic
+    do_tiles = (Stage("dO", at=key_blocks, by="c", late=True, nest=nest),
+                Stage("dO", at=key_blocks, by="i" if sums_dv else "", late=True, nest=nest))
     return (BlockTiles(loops.query, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, key_blocks, "i"),
             *attention.thread_tiles(nest, "i", "j", rows, lanes, KEY_BLOCK // lanes),
@@ -339,12 +346,14 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
             RegisterScratch("qk_block", nest=nest), RegisterScratch("dov_block", nest=nest),
             Stage("lse", at="i", nest=nest), Stage("delta", at="i", nest=nest),
             Stage("Q", at=key_blocks, nest=nest), Stage("K", at=key_blocks, by="j", nest=nest),
-            Stage("dO", at=key_blocks, late=True, nest=nest),
+            *(() if sums_dv else do_tiles[1:]),
             Stage("V", at=key_blocks, late=True, nest=nest),
             SharedScratch(ds, fastest="j" if atomic else "i", nest=nest),
-            *((SharedScratch(p, fastest="i", nest=nest),) if p else ()),
+            *((SharedScratch(p, fastest="j" if sums_dv else "i", nest=nest),) if p else ()),
             Stage("K", at=key_blocks, by="c", late=True, nest=nest),
-            *(block_partials(nest, atomic, "i", rows, lanes, block) if atomic else ()))
+            *(block_partials(nest, atomic, "i", rows, lanes, block, whole=("dV",))
+              if atomic else ()),
+            *(do_tiles if sums_dv else ()))
 
 
 def gpu_key_rows_dv(nest, rows, lanes, block, scratch):

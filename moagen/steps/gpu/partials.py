@@ -40,9 +40,9 @@ class BlockPartials(Step):
 
     Refused: an addition whose index reads `rows`; a thread loop between the thread loop
     over `rows` and L, or no L; loops inside L around the addition that hold other
-    statements too; L's range or theirs reading `rows`; a value reading an array L's body writes or a local other than one
-    L's body defines once (inlined: the value is computed after L); more pieces than
-    the tile has loops.
+    statements too; L's range or theirs reading `rows`; a value reading an array L's body
+    writes or a local other than one L's body defines once (inlined: the value is
+    computed after L); more pieces than the tile has loops.
 
     Run after Stage and SharedScratch, which take a tile's index over one range of a loop
     variable: the pieces' ranges are parts of those of the loops they cut."""
