@@ -54,7 +54,8 @@ class BlockPartials(Step):
 
     @property
     def shape(self) -> str:
-        return " x ".join(map(str, self.pieces))
+        """The pieces as printed: 32 x 64, 32 x all."""
+        return " x ".join(str(size) if size else "all" for size in self.pieces)
 
     def rewrite_nest(self, nest, names):
         body, count = nest.body, 0
@@ -191,7 +192,7 @@ def _free(exprs):
 
 def _distributed(thread, path, emptied, added):
     """Thread loop `thread` as statements with it around each statement of its body off
-    the sequential loops `path` (outermost first), the last of them `emptied` (the addition
+    the loops `path` (outermost first: sequential ones, then L), L `emptied` (the addition
     taken out; None: nothing left) and `added` after it, outside the thread loop. A thread
     loop a statement, so that a block's copy that Stage put just before its first reader
     stays just before it."""
