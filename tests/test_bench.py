@@ -222,6 +222,16 @@ def test_atomic_counts_are_read_off_the_onf():
     assert atomics.atomic_count("attention_fwdbwd", "owner", sizes) == 0
 
 
+def test_atomic_counts_on_cuda_are_its_onf_s():
+    """On CUDA each block adds its share of dK and dV once (BlockPartials): fewer atomic
+    updates than a CPU's, the fused kernel still twice the separate backward's."""
+    sizes = dict(batch=2, heads=1, n=2048, d=64)
+    fused, separate = (atomics.atomic_count(k, "atomic", sizes, "cuda")
+                       for k in ("attention_fwdbwd", "attention_bwd"))
+    assert fused == 2 * separate
+    assert 0 < separate < atomics.atomic_count("attention_bwd", "atomic", sizes)
+
+
 def test_atomics_table_from_records():
     def rec(kernel, variant, t):
         return dict(record="result", kernel=kernel, variant=variant, lang="c", sizes=dict(n=64),
@@ -244,7 +254,10 @@ def test_atomics_separate_forward_on_cuda_is_the_fused_kernels_flash_forward():
                rec("attention_fwd", "dnf", "cuda", 100.0),
                rec("attention_fwd", "flash", "cuda", 1.0),
                rec("attention_bwd", "atomic", "cuda", 1.0)]
-    assert atomics.rows(records)[0]["separate_s"] == 2.0
+    (row,) = atomics.rows(records)
+    assert row["separate_s"] == 2.0
+    assert row["atomic_updates"] == atomics.atomic_count(
+        "attention_fwdbwd", "atomic", calls.sizes("attention_fwdbwd", 64), "cuda")
     assert [k for job in atomics.plan([64], ["cuda-emulated"], 1, dry_run=True)
             for g in job.groups for k in g["impls"]] == \
         [["cuda-emulated", "atomic"], ["cuda-emulated", "owner"], ["cuda-emulated", "flash"],

@@ -22,10 +22,13 @@ def separate(lang):
     return (("attention_fwd", forward), ("attention_bwd", "atomic"))
 
 
-def atomic_count(kernel, variant, sizes) -> int:
+def atomic_count(kernel, variant, sizes, lang="c") -> int:
+    """The atomic updates of the variant's ONF in the language (on CUDA a block's share of
+    dK and dV at a time: BlockPartials) at these sizes."""
     from moagen.pipeline import onf_of
     from moagen.onf.count import atomic_updates
-    onf = onf_of(kernel, variant)
+    from moagen.targets import get_target
+    onf = onf_of(kernel, variant, target=get_target(lang).kind, dtype="float64")
     env = {s: sizes[s.name] for s in onf.sizes}
     return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(onf.nests).values())
 
@@ -57,9 +60,9 @@ def rows(records):
         separate_s = sum(time[(k, v, lang, n)] for k, v in separate(lang))
         out.append(dict(lang=lang, n=n, atomic_s=time[(kernel, "atomic", lang, n)],
                         owner_s=time[(kernel, "owner", lang, n)], separate_s=separate_s,
-                        atomic_updates=atomic_count(kernel, "atomic", sizes),
-                        owner_updates=atomic_count(kernel, "owner", sizes),
-                        separate_updates=sum(atomic_count(k, v, calls.sizes(k, n))
+                        atomic_updates=atomic_count(kernel, "atomic", sizes, lang),
+                        owner_updates=atomic_count(kernel, "owner", sizes, lang),
+                        separate_updates=sum(atomic_count(k, v, calls.sizes(k, n), lang)
                                              for k, v in separate(lang))))
     return out
 

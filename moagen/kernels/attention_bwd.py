@@ -36,7 +36,8 @@ from moagen.steps.algebra.maskedblocks import MaskedBlocks
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.partials import PartBuffers
 from moagen.steps.algebra.scatter import Scatter
-from moagen.steps.gpu.blocks import BlockTiles
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
+from moagen.steps.gpu.partials import BlockPartials
 from moagen.steps.gpu.staging import RegisterScratch, RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.distribute import Distribute
@@ -261,9 +262,11 @@ def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loop
     dV += P^T dO and dK += dS^T Q. Only a product's two operands are live at once: 106 KB a
     block at float64, d 128, two blocks an SM (K, V, Q and dO together: 208 KB, one).
 
-    dq: the pass adds dS K into dQ too, by atomics (the dq_atomic variant); K's tile then
-    stays live to the end of a query block. Causal: the query blocks before the tile's
-    first key not visited."""
+    dq: the pass adds dS K into dQ too, by atomics (the dq_atomic variant): the block's
+    dS K summed over its key rows first (block_partials), one atomic addition per element
+    of a query block's dQ tile; K's tile then stays live to the end of a query block, and
+    dS is laid out with its query rows fastest, for the sums. Causal: the query blocks
+    before the tile's first key not visited."""
     query_blocks = loop_role("i", "blk")
     return (BlockTiles(loops.key, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, query_blocks, "j"),
@@ -278,9 +281,34 @@ def gpu_key_rows(nest, rows, lanes, block, scratch, causal=False, dq=False, loop
             Stage("lse", at=query_blocks, nest=nest),
             Stage("delta", at=query_blocks, nest=nest),
             SharedScratch(scratch["P2"], fastest="j", nest=nest),
-            SharedScratch(scratch["dS2"], fastest="j", nest=nest),
+            SharedScratch(scratch["dS2"], fastest="i" if dq else "j", nest=nest),
             Stage("Q", at=query_blocks, by="c", late=True, nest=nest),
-            Stage("dO", at=query_blocks, by="c", late=True, nest=nest))
+            Stage("dO", at=query_blocks, by="c", late=True, nest=nest),
+            *(block_partials(nest, ("dQ",), "j", rows, lanes, block) if dq else ()))
+
+
+def block_partials(nest, arrays, rows, tile, lanes, block, whole=()):
+    """A block's atomic additions into `arrays` summed over its `rows` first (BlockPartials:
+    one atomic addition per element of a block's tile, FlashAttention-2's dQ), the sums'
+    tile (the other side's rows by the columns) over the block's threads as the pass's
+    are laid out: `tile` rows each along y, `lanes` columns each along x, each thread a
+    register tile of them, a piece of `block` rows by KEY_BLOCK columns at a time (a whole
+    query block's spilled in float64 at d 128 beside dK's and dV's tiles); the sum over
+    the rows unrolled by 4 (64 FMA a back-edge). After the pass's tiles are placed, its
+    scratch dS laid out with the sums' rows fastest: a thread's rows of it, as its columns
+    of K, 128-bit loads, 4 FMA a shared load in float64, 8 in float32. whole: the arrays
+    whose sums take all the columns at once (an operand's tile staged after them, which
+    spans one range of the columns)."""
+    return (*(BlockPartials(a, rows, pieces=(block, 0 if a in whole else KEY_BLOCK), nest=nest)
+              for a in arrays),
+            ThreadTiles(_other(rows), tile, "y", threads=block // tile, nest=nest),
+            ThreadTiles("c", lanes, "x", threads=KEY_BLOCK // lanes, nest=nest),
+            UnrollInner(rows, 4, nest=nest))
+
+
+def _other(rows):
+    """The other side's rows: i for j, j for i."""
+    return {"i": "j", "j": "i"}[rows]
 
 
 def _skipped(causal, nest, blocks, rows):
@@ -289,7 +317,8 @@ def _skipped(causal, nest, blocks, rows):
     return (MaskedBlocks(nest, blocks, rows=rows),) if causal else ()
 
 
-def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Rows()):
+def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Rows(),
+                   atomic=()):
     """The query rows' pass of a backward on a GPU: a thread block per `block` query rows of
     a head, block / rows x KEY_BLOCK / lanes threads, dQ in registers over all the key
     blocks. lse's and delta's tiles staged once; each key block's tiles as its products
@@ -299,8 +328,17 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
     L2: they are the block's own) so that only a product's two operands are live at once:
     106 KB a block at float64, d 128, two blocks an SM (Q, dO, K and V together: 208 KB,
     one). p: the block's P too (the fused atomic kernel's pass adds P^T dO into dV). Causal:
-    the key blocks past the block's last row not visited."""
+    the key blocks past the block's last row not visited.
+
+    atomic: the outputs the pass adds into by atomics (the atomic variants' dK, and the
+    fused kernel's dV), each block's share summed over its query rows first
+    (block_partials), one atomic addition per element of a key block's tile; dS (and P)
+    then laid out with its keys fastest, for those sums, and dV's sums read dO from a tile
+    of their own, laid out by columns (staged after them, as dO V^T's by rows then)."""
     key_blocks = loop_role("j", "blk")
+    sums_dv = "dV" in atomic
+    do_tiles = (Stage("dO", at=key_blocks, by="c", late=True, nest=nest),
+                Stage("dO", at=key_blocks, by="i" if sums_dv else "", late=True, nest=nest))
     return (BlockTiles(loops.query, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest),
             *_skipped(causal, nest, key_blocks, "i"),
             *attention.thread_tiles(nest, "i", "j", rows, lanes, KEY_BLOCK // lanes),
@@ -308,11 +346,14 @@ def gpu_query_rows(nest, rows, lanes, block, ds, p=None, causal=False, loops=Row
             RegisterScratch("qk_block", nest=nest), RegisterScratch("dov_block", nest=nest),
             Stage("lse", at="i", nest=nest), Stage("delta", at="i", nest=nest),
             Stage("Q", at=key_blocks, nest=nest), Stage("K", at=key_blocks, by="j", nest=nest),
-            Stage("dO", at=key_blocks, late=True, nest=nest),
+            *(() if sums_dv else do_tiles[1:]),
             Stage("V", at=key_blocks, late=True, nest=nest),
-            SharedScratch(ds, fastest="i", nest=nest),
-            *((SharedScratch(p, fastest="i", nest=nest),) if p else ()),
-            Stage("K", at=key_blocks, by="c", late=True, nest=nest))
+            SharedScratch(ds, fastest="j" if atomic else "i", nest=nest),
+            *((SharedScratch(p, fastest="j" if sums_dv else "i", nest=nest),) if p else ()),
+            Stage("K", at=key_blocks, by="c", late=True, nest=nest),
+            *(block_partials(nest, atomic, "i", rows, lanes, block, whole=("dV",))
+              if atomic else ()),
+            *(do_tiles if sums_dv else ()))
 
 
 def gpu_key_rows_dv(nest, rows, lanes, block, scratch):
@@ -372,7 +413,8 @@ def variants(causal: bool):
                              Parallel(KEY_ROWS, nest=SCATTER_DK.zero),
                              Parallel(KEY_ROWS, nest="dV")),
                      "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
-                              *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"]),
+                              *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"],
+                                              atomic=("dK",)),
                               GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
                               *gpu_key_rows_dv("dV", 4, 4, 32, BWD_SCRATCH))})),
         # FlashAttention-2's backward in its first form: one pass over key rows, which own
@@ -389,7 +431,8 @@ def dq_atomic(causal: bool) -> Layers:
     """The key rows' pass alone, dQ scattered over the keys: B H n^2 d atomic adds, against
     the flash variant's dQ pass (a third recomputation of the scores and dO V^T). On a CPU
     parallel over key rows (omp atomic); on a GPU gpu_key_rows' blocks, each adding its
-    dS K into dQ from its tiles. Causal: the second pass's blocks no key row sees skipped."""
+    dS K into dQ from its tiles, summed over its 32 key rows first (FlashAttention-2's dQ:
+    B H n^2 d / 32 atomic adds). Causal: the second pass's blocks no key row sees skipped."""
     algorithm = (SCATTER_DQ, Accumulate("c", over="i", nest="dK"),
                  Accumulate("c", over="i", nest="dV"),
                  FuseNests(("dK", "dV", "dQ"), over=KEY_ROWS, name="keys"), Hoist())

@@ -93,7 +93,8 @@ def atomic(causal: bool) -> Layers:
     on_cpu = (Parallel(QUERY_ROWS, nest="forward"), Parallel(QUERY_ROWS, nest="rows"),
               *(Parallel(KEY_ROWS, nest=z) for z in zeroed))
     on_gpu = (*attention.gpu_flash("forward", 4, 4, KEY_BLOCK, causal),
-              *gpu_query_rows("rows", 4, 4, 32, ATOMIC_SCRATCH["dS"], p=ATOMIC_SCRATCH["P"]),
+              *gpu_query_rows("rows", 4, 4, 32, ATOMIC_SCRATCH["dS"], p=ATOMIC_SCRATCH["P"],
+                              atomic=("dK", "dV")),
               *(GpuThreads(KEY_ROWS, nest=z) for z in zeroed))
     return Layers(algorithm, schedule={"cpu": (), "cuda": (Distribute("c"),
                                                            Fission("j", nest="rows"))},
