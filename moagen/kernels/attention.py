@@ -136,8 +136,9 @@ FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
                 "float32": {"rows": 12, "lanes": 32, "block": 128}}
 # On a GPU a thread block takes 64 query rows, float64 32: at 64, Q's, K's and the
 # probabilities' tiles ask 174,080 bytes a block at d 128, over the 166,912 an sm_80 block
-# may have (moagen.cuda_archs); at 32, 124,928 (docs/PERFORMANCE.md). The key blocks stay
-# 64, so that a thread's tile stays 4 x 4 and its output columns in registers unspilled
+# may have (moagen.cuda_archs); at 32, 124,928. The key blocks stay 64, so that a thread's
+# tile stays 4 x 4 and its output columns in registers unspilled (docs/PERFORMANCE.md,
+# "CUDA: FlashAttention-2's form for attention, judged without a GPU")
 FLASH_QUERIES = {"queries": KEY_BLOCK}
 FLASH_CUDA_DTYPES = {"float64": {"queries": 32}}
 

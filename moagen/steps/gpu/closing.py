@@ -73,9 +73,10 @@ def _check(label, stmts, threads, in_grid):
 # the compile-time bounds (MAX_d), so an offset must fit at every bound. The barriers then
 # keep one array's last reads before the next one's first writes wherever their bytes
 # meet. Every instance (each bound, each element size the ONF is printed at) must fit the
-# built architecture that allows a block the least (moagen.cuda_archs): a kernel module
-# tiles an instance that would not smaller (docs/PERFORMANCE.md), so that no launch is
-# refused on a GPU the build targets.
+# built architecture that allows a block the least (moagen.cuda_archs), so that no launch is
+# refused on a GPU the build targets: a kernel module tiles an instance that would not
+# smaller (docs/PERFORMANCE.md, "CUDA: FlashAttention-2's form for attention, judged
+# without a GPU").
 
 # the element sizes a CUDA kernel is printed for: float32, float64
 ELEMENT_BYTES = (4, 8)
