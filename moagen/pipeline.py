@@ -10,6 +10,7 @@ from moagen.kernels import CompositeKernel, get_kernel
 from moagen.kernels.compose import compose
 from moagen.kinds import KINDS
 from moagen.onf.loops import ONF
+from moagen.onf.signature import DTYPE_BYTES
 
 # what a variant's mapping layer is written for (moagen.kinds)
 TARGET_KINDS = tuple(KINDS)
@@ -30,14 +31,15 @@ def onf_of(kernel: str, variant: str = None, layout: str = "row", params=None,
         return _composed(k, chosen, layout, target, dtype, upto)
     if upto is not None:
         return k.onf(variant, layout, chosen, target, upto, dtype)
-    # A kernel's ONF depends on the dtype through its parameters only (the dtypes share one
-    # ONF where their defaults agree)
-    return _onf(kernel, variant, layout, param_pairs(chosen), target)
+    # A kernel's ONF depends on the dtype through its parameters and the size of its
+    # elements (a tiled nest's shared memory is laid out and checked at it) only
+    return _onf(kernel, variant, layout, param_pairs(chosen), target, DTYPE_BYTES[dtype])
 
 
 @lru_cache(maxsize=None)
-def _onf(kernel, variant, layout, params, target):
-    return get_kernel(kernel).onf(variant, layout, dict(params), target=target)
+def _onf(kernel, variant, layout, params, target, element_bytes):
+    return get_kernel(kernel).onf(variant, layout, dict(params), target=target,
+                                  element_bytes=(element_bytes,))
 
 
 def _composed(kernel: CompositeKernel, params: dict, layout, target, dtype, upto) -> ONF:

@@ -44,6 +44,8 @@ def test_overrides_for_an_unknown_dtype_or_parameter_are_errors():
         make(cuda_dtypes={"bf16": {"lanes": 8}})
     with pytest.raises(SpecError, match=r"dtypes\['float32'\] sets width, not among"):
         make(dtypes={"float32": {"width": 32}})
+    with pytest.raises(SpecError, match=r"cuda_dtypes\['float64'\] sets width, not among"):
+        make(cuda={"block": 32}, cuda_dtypes={"float64": {"width": 16}})
     with pytest.raises(UnknownNameError, match="unknown dtype 'int8'"):
         FLASH.params(None, "cpu", "int8")
 
@@ -145,3 +147,13 @@ def test_the_projections_take_the_mlps_tiles_per_dtype():
     want = reference_block.qkv_proj_bwd_numpy(*arrays.values())
     for name, value in zip(("dX", "dWq", "dWk", "dWv"), want):
         np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_a_gpu_only_parameter_is_the_gpu_s_alone():
+    """cuda may add a parameter the CPU has none of (a thread block's rows), and
+    cuda_dtypes override it for one dtype; the CPU's build takes its own default."""
+    tunable = Tunable(frozenset(), lambda **p: (), defaults={}, space={}, cuda={"block": 32},
+                      cuda_dtypes={"float64": {"block": 16}})
+    defaults = tunable.per_target()
+    assert defaults["cpu"] == {"float64": {}, "float32": {}}
+    assert defaults["cuda"] == {"float64": {"block": 16}, "float32": {"block": 32}}

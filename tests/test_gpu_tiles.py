@@ -34,14 +34,18 @@ def _rows(onf):
     return next(n for n in onf.nests if n.label == "rows")
 
 
-def test_the_flash_forward_on_cuda_is_a_block_per_row_tile_of_a_head():
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
+@pytest.mark.parametrize("dtype, rows", [("float32", 16), ("float64", 8)])
+def test_the_flash_forward_on_cuda_is_a_block_per_row_tile_of_a_head(dtype, rows):
+    """float32 a block per 64 rows, 16 x 16 threads; float64 per 32 rows, 8 x 16, its tiles'
+    shared memory within an sm_80 block's (attention.FLASH_CUDA_DTYPES); both over key
+    blocks of 64."""
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype=dtype)
     loops = [s for s in walk(_rows(onf).body) if isinstance(s, Loop) and s.gpu]
     grid = [lp.var.name for lp in loops if is_grid(lp)]
     assert grid == ["b", "h", "i_blk"]
-    threads = {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile) for lp in loops
-               if is_thread_loop(lp)}
-    assert threads == {("y", "i", 16, 4), ("x", "j", 16, 4), ("x", "c", 16, 4)}
+    threads_of = {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile) for lp in loops
+                  if is_thread_loop(lp)}
+    assert threads_of == {("y", "i", rows, 4), ("x", "j", 16, 4), ("x", "c", 16, 4)}
     # Q, K, V tiles and the score block in shared memory; no scratch in global memory, and
     # O only written, once, at the end (its tile in registers)
     assert [b.name for b in onf.shared] == ["rows_Q_tile", "rows_K_tile", "rows_V_tile",
@@ -117,7 +121,7 @@ def test_a_finished_mapping_runs_every_statement_on_uniform_threads():
     """check_block_form, on the finished flash forward: a statement left outside the
     thread loops, and a loop whose bounds read a thread's row, are refused."""
     from moagen.steps.gpu.closing import check_block_form
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
     check_block_form(onf)  # as realize did
     nest = _rows(onf)
     loops = [s for s in walk(nest.body) if isinstance(s, Loop) and s.gpu]
@@ -140,7 +144,7 @@ def test_block_tiles_take_the_parallel_loops_legality():
 
 
 def test_the_causal_flash_on_cuda_skips_the_key_blocks_past_a_block_of_rows():
-    onf = onf_of("attention_fwd_causal", VARIANT, target="cuda", dtype="float64")
+    onf = onf_of("attention_fwd_causal", VARIANT, target="cuda", dtype="float32")
     loops = [s for s in walk(_rows(onf).body) if isinstance(s, Loop)]
     assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "h", "i_blk"]
     # the unmasked key blocks, then the diagonal ones up to the block's last row (64 i_blk +
@@ -161,8 +165,8 @@ def _masks(loop):
 
 def test_gqa_flash_on_cuda_folds_a_group_s_query_heads_into_one_grid_axis():
     from moagen.targets.cuda.printer import CudaPrinter
-    onf = onf_of("attention_gqa_fwd", VARIANT, target="cuda", dtype="float64")
-    (kernel,) = [k for k in CudaPrinter(onf, "float64").kernels() if k["tiled"]]
+    onf = onf_of("attention_gqa_fwd", VARIANT, target="cuda", dtype="float32")
+    (kernel,) = [k for k in CudaPrinter(onf, "float32").kernels() if k["tiled"]]
     assert [str(g) for g in kernel["grid"]] == ["idiv(n + 63, 64)", "group*kv_heads", "batch"]
     assert kernel["block"] == (16, 16, 1)
 
@@ -285,9 +289,10 @@ def test_the_atomic_kernels_add_from_a_block_per_query_tile(kernel, scattered, m
 
 @pytest.mark.parametrize("kernel", ["attention_bwd", "attention_bwd_causal"])
 def test_the_dq_atomic_backward_adds_dq_from_the_key_tiles(kernel, monkeypatch):
-    """FlashAttention-2's first backward: one pass, a block per 32 key rows with dK and dV
-    in registers (stored once each) adding dS K into dQ by atomics; causal, its query
-    blocks before a tile's first key skipped. Race-checked (the causal kernel)."""
+    """FlashAttention-2's first backward: one pass, a block per 16 key rows at float64 (32
+    at float32: attention_bwd.ATOMIC_CUDA_DTYPES) with dK and dV in registers (stored once
+    each) adding dS K into dQ by atomics; causal, its query blocks before a tile's first
+    key skipped. Race-checked (the causal kernel)."""
     onf = onf_of(kernel, "dq_atomic", target="cuda", dtype="float64")
     assert _grids(onf)["keys"] == ["b", "h", "j_blk"]
     (keys,) = [n for n in onf.nests if n.label == "keys"]
@@ -295,7 +300,7 @@ def test_the_dq_atomic_backward_adds_dq_from_the_key_tiles(kernel, monkeypatch):
               if getattr(s, "array", None) in ("dQ", "dK", "dV")]
     assert sorted(stores) == [("dK", False), ("dQ", True), ("dV", False)]
     assert str(_blocks_loop(onf, "keys", "i_blk").start) == (
-        "idiv(32*j_blk, 64)" if kernel.endswith("causal") else "0")
+        "idiv(16*j_blk, 64)" if kernel.endswith("causal") else "0")
     if kernel.endswith("causal"):  # the plain kernel's pass is the same less the skips
         _race_checked(monkeypatch, kernel, "dq_atomic", dict(batch=1, heads=2, n=70, d=9))
 

@@ -3,8 +3,10 @@ written by hand: live ranges by the statements' order, one from each copy of a t
 loop's whole range for what is live into it or read there before it is written, the
 lowest offset that meets no live array at any compiled bound; and the layouts realize
 records on a tiled nest, which the printer declares and the dump shows."""
+import pytest
 import sympy
 
+from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.dump import format_onf
 from moagen.onf.loops import BlockCopy, Buffer, Loop, Store, bound_symbol
@@ -85,17 +87,29 @@ def _offsets(layout):
     return {a.name: a.offset for a in layout.arrays}
 
 
-def test_realize_records_the_flash_forward_s_layouts_per_element_size():
-    """Q, K and the scores apart, V on K's bytes (copied once the scores are taken), at
-    4-byte and 8-byte elements; the dump shows them."""
-    onf = onf_of("attention_fwd", "flash", target="cuda", dtype="float64")
-    (rows,) = [n for n in onf.nests if n.label == "rows"]
-    assert [layout.element_bytes for layout in rows.shared_layouts] == [4, 8]
-    for layout in rows.shared_layouts:
-        size = layout.element_bytes
-        assert _offsets(layout) == {"rows_Q_tile": 0, "rows_K_tile": 68 * size * MAX_D,
-                                    "rows_V_tile": 68 * size * MAX_D,
-                                    "probs": 136 * size * MAX_D}
-        assert dict(layout.meets)["rows_V_tile"] == ("rows_K_tile", "rows_V_tile")
-    assert "    rows_V_tile: 64*MAX_d + 256 elements at byte 544*MAX_d, meets rows_K_tile\n" \
-        in format_onf(onf)
+@pytest.mark.parametrize("dtype, size, rows", [("float32", 4, 64), ("float64", 8, 32)])
+def test_realize_records_the_flash_forward_s_layout_at_its_element_size(dtype, size, rows):
+    """Q, K and the scores apart, V on K's bytes (copied once the scores are taken), at the
+    dtype's element size only: float64's thread blocks of 32 query rows (moagen.kernels.
+    attention's FLASH_CUDA_DTYPES), float32's of 64, both over key blocks of 64; the dump
+    shows them."""
+    onf = onf_of("attention_fwd", "flash", target="cuda", dtype=dtype)
+    (rows_nest,) = [n for n in onf.nests if n.label == "rows"]
+    (layout,) = rows_nest.shared_layouts
+    q_tile, k_tile = ((n + 4) * size * MAX_D for n in (rows, 64))  # d rows padded by 4
+    assert layout.element_bytes == size
+    assert _offsets(layout) == {"rows_Q_tile": 0, "rows_K_tile": q_tile, "rows_V_tile": q_tile,
+                                "probs": q_tile + k_tile}
+    assert dict(layout.meets)["rows_V_tile"] == ("rows_K_tile", "rows_V_tile")
+    assert (f"    rows_V_tile: 64*MAX_d + 256 elements at byte {q_tile}, "
+            "meets rows_K_tile\n") in format_onf(onf)
+
+
+def test_an_instance_over_the_tightest_built_arch_is_refused_by_the_step():
+    """float64's flash forward at 64 query rows a block, d <= 128: 174,080 bytes, over the
+    166,912 an sm_80 block may have; float32's at the same tiles (87,040 bytes) fits."""
+    with pytest.raises(ScheduleError, match=r"attention_fwd flash, nest rows: 8-byte elements "
+                                            r"at MAX_d = 128 take 174080 bytes .* over the "
+                                            r"166912 sm_80 allows"):
+        onf_of("attention_fwd", "flash", params={"queries": 64}, target="cuda", dtype="float64")
+    onf_of("attention_fwd", "flash", params={"queries": 64}, target="cuda", dtype="float32")

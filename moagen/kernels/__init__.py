@@ -22,7 +22,7 @@ from moagen.kernels.compose import Composite
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
-from moagen.onf.signature import DTYPES, check_dtype
+from moagen.onf.signature import DTYPE_BYTES, DTYPES, check_dtype
 from moagen.kinds import DEFAULT_KINDS, get_kind
 
 
@@ -99,12 +99,14 @@ class Kernel(_Variants):
         return psi_reduce(self.spec, self.variant(variant).materialize)
 
     def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None,
-            dtype="float64"):
+            dtype="float64", element_bytes=None):
         """The final ONF for a target kind, with the dtype's defaults under `params`;
-        upto = K: the ONF after its first K steps."""
+        upto = K: the ONF after its first K steps; element_bytes: those of the dtypes it is
+        printed for (None: the dtype's)."""
         from moagen.onf.realize import realize
         v = self.variant(variant)
-        return realize(self.dnf(variant), v.name, v.steps(params, target, dtype), layout, upto)
+        return realize(self.dnf(variant), v.name, v.steps(params, target, dtype), layout, upto,
+                       element_bytes or (DTYPE_BYTES[dtype],))
 
 
 @dataclass(frozen=True)

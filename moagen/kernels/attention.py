@@ -134,15 +134,22 @@ FLASH_DEFAULTS = {"rows": 6, "lanes": 8, "block": KEY_BLOCK}
 FLASH_DTYPES = {"float32": {"lanes": 16}}
 FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
                 "float32": {"rows": 12, "lanes": 32, "block": 128}}
+# On a GPU a thread block takes 64 query rows, float64 32: at 64, Q's, K's and the
+# probabilities' tiles ask 174,080 bytes a block at d 128, over the 166,912 an sm_80 block
+# may have (moagen.cuda_archs); at 32, 124,928. The key blocks stay 64, so that a thread's
+# tile stays 4 x 4 and its output columns in registers unspilled (docs/PERFORMANCE.md,
+# "CUDA: FlashAttention-2's form for attention, judged without a GPU")
+FLASH_QUERIES = {"queries": KEY_BLOCK}
+FLASH_CUDA_DTYPES = {"float64": {"queries": 32}}
 
 
-def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False):
+def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False, queries=None):
     """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
     loops: the query rows' (the query row last); then: steps the CPU's schedule takes after
     the tiles' (a kernel's own); unseen: a block may hold none of a row's keys (an added
     mask's, OnlineSoftmax's unseen). On a GPU (gpu_flash), causal or not and over any query
-    loops, a thread block per `block` query rows, each thread `rows` of them by `lanes` keys
-    or columns."""
+    loops, a thread block per `queries` query rows, each thread `rows` of them by `lanes`
+    keys or columns."""
     parallel = loops[:-1] + (tiled("i", rows),)
     return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block,
                                                              unseen=unseen),),
@@ -150,7 +157,8 @@ def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False):
                                     *then),
                             "cuda": (LowerReductions(),)},
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
-                           "cuda": gpu_flash("rows", rows, lanes, block, causal, loops)})
+                           "cuda": gpu_flash("rows", rows, lanes, block, causal, loops,
+                                             queries)})
 
 
 # the head dims a tiled GPU kernel is compiled for: d up to each, a register tile's
@@ -167,22 +175,23 @@ def thread_tiles(nest, walking, other, rows, lanes, columns):
             ThreadTiles("c", lanes, "x", threads=columns, nest=nest))
 
 
-def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS):
-    """FlashAttention-2's form on a GPU: a thread block per `block` query rows of a head
-    (the grid: the loops `loops` but the last, then row tiles; BlockTiles folds the middle
-    ones where there are more than 3), block / rows x block / lanes threads; each key
-    block's K and V tiles staged in shared memory with the block's Q tile, each thread a
-    register tile of `rows` query rows by `lanes` keys of the scores and by `lanes` (times
-    d / block) columns of the output, kept in registers over all the keys; the block's
-    scores in shared memory, a row's max and sum over its lanes by warp shuffles. V's tile
-    takes K's memory once the scores are taken: float64 at d 128 then fits a block's
-    shared memory (170 KB of 227). Causal: the key blocks past the block's last row are not
-    visited, the diagonal ones select (CausalBlocks over the block's rows; each of its two
-    loops over key blocks stages its tiles)."""
+def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS, queries=None):
+    """FlashAttention-2's form on a GPU: a thread block per `queries` query rows of a head
+    (None: `block`, the key blocks' size; the grid: the loops `loops` but the last, then
+    row tiles; BlockTiles folds the middle ones where there are more than 3), queries /
+    rows x block / lanes threads; each key block's K and V tiles staged in shared memory
+    with the block's Q tile, each thread a register tile of `rows` query rows by `lanes`
+    keys of the scores and by `lanes` (times d / block) columns of the output, kept in
+    registers over all the keys; the block's scores in shared memory, a row's max and sum
+    over its lanes by warp shuffles. V's tile takes K's memory once the scores are taken.
+    Causal: the key blocks past the block's last row are not visited, the diagonal ones
+    select (CausalBlocks over the block's rows; each of its two loops over key blocks
+    stages its tiles)."""
     columns = block // lanes
     key_blocks = loop_role("j", "blk")  # OnlineSoftmax's loop over blocks of keys
     masked = (CausalBlocks(nest, rows="i"),) if causal else ()
-    return (BlockTiles(loops, rows=block, bounds=HEAD_DIM_BOUNDS, nest=nest), *masked,
+    return (BlockTiles(loops, rows=queries or block, bounds=HEAD_DIM_BOUNDS, nest=nest),
+            *masked,
             *thread_tiles(nest, "i", "j", rows, lanes, columns),
             RegisterTile("O", nest=nest),
             Stage("Q", at="i", nest=nest), Stage("K", at=key_blocks, nest=nest),
@@ -220,7 +229,8 @@ def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False) -> Tunable:
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
                    # a thread's register tile on block tiles (gpu_flash), the causal and
                    # grouped-query kernels' too: 4 rows by 4 keys or columns
-                   cuda={"rows": 4, "lanes": 4},
+                   cuda={"rows": 4, "lanes": 4, **FLASH_QUERIES},
+                   cuda_dtypes=FLASH_CUDA_DTYPES,
                    dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
 
 

@@ -107,7 +107,8 @@ class Rows:
         return self.heads + ("j",)
 
 
-def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None, then=()):
+def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None,
+          queries=None, then=()):
     """The backward by key rows that own their dK and dV rows (no atomics), the passes by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
     in each pass `rows` query (or key) rows walk the other side together; the query rows'
@@ -135,7 +136,8 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
     heads come first (dK and dV accumulate over them, then over each head's rows).
 
     scratch: on a GPU, the names of the backward's block scratch (gpu_flash_bwd's; None:
-    BWD_SCRATCH, this kernel's). then: steps the CPU's schedule takes last (a kernel's own)."""
+    BWD_SCRATCH, this kernel's). queries: on a GPU, the forward's thread block's query rows
+    (gpu_flash's). then: steps the CPU's schedule takes last (a kernel's own)."""
     forward = block is not None
     query_rows, key_rows, heads = loops.query, loops.key, loops.heads
     scatter_dq = Scatter("dQ", over="j", outer=heads)
@@ -209,7 +211,8 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
         # registers), then the backward's two passes
         return Layers(algorithm, {"cpu": schedule + then, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
-                       "cuda": attention.gpu_flash("forward", 4, 4, block, causal)
+                       "cuda": attention.gpu_flash("forward", 4, 4, block, causal,
+                                                   queries=queries)
                                + gpu_flash_bwd(scratch=FWDBWD_SCRATCH, causal=causal)[1:]})
     if not (forward or parts or lanes):
         # on a GPU: FlashAttention-2's backward on thread blocks (gpu_flash_bwd); the CPU's
@@ -235,7 +238,15 @@ FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block", **_KEYS
 DQ_ATOMIC_SCRATCH = {"P2": "t2_block", "dS2": "t_block", "qk2": "qk_block", "dov2": "dov_block"}
 
 
-def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, loops=Rows()):
+# a backward pass's thread block on a GPU: 32 rows of its side. The atomic passes at
+# float64 take 16: at 32 their tiles ask 173,632-190,528 bytes a block at d 128, over the
+# 166,912 an sm_80 block may have (moagen.cuda_archs); at 16, 156,480-158,240
+BWD_BLOCK = 32
+ATOMIC_CUDA_DTYPES = {"float64": {"block": 16}}
+
+
+def gpu_flash_bwd(rows=4, lanes=4, block=BWD_BLOCK, scratch=BWD_SCRATCH, causal=False,
+                  loops=Rows()):
     """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
     per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
     tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
@@ -400,26 +411,14 @@ def variants(causal: bool):
                                              mapping=cpu(Parallel(QUERY_ROWS, nest="delta"),
                                                          *OWNERS))),
         # dQ and dK in one pass over query rows, dK's updates atomic: the separate backward
-        # the fused kernel's atomics are counted against. On a GPU that pass on the dQ
-        # pass's block tiles (gpu_query_rows), dV's own on key tiles (gpu_key_rows_dv)
-        "atomic": (frozenset({"delta"}), Layers(
-            algorithm=(Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
-                       SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
-            schedule={"cpu": (),
-                      "cuda": (LowerReductions(), KeyBlocks("rows", "j", KEY_BLOCK),
-                               KeyBlocks("dV", "i", KEY_BLOCK), Distribute("c"),
-                               Fission("j", nest="rows"))},
-            mapping={"cpu": (Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
-                             Parallel(KEY_ROWS, nest=SCATTER_DK.zero),
-                             Parallel(KEY_ROWS, nest="dV")),
-                     "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
-                              *gpu_query_rows("rows", 4, 4, 32, BWD_SCRATCH["dS"],
-                                              atomic=("dK",)),
-                              GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
-                              *gpu_key_rows_dv("dV", 4, 4, 32, BWD_SCRATCH))})),
+        # the fused kernel's atomics are counted against
+        "atomic": Tunable(frozenset({"delta"}), atomic, defaults={}, space={},
+                          cuda={"block": BWD_BLOCK}, cuda_dtypes=ATOMIC_CUDA_DTYPES),
         # FlashAttention-2's backward in its first form: one pass over key rows, which own
         # dK and dV and add their share of dQ by atomics (no dQ pass)
-        "dq_atomic": (frozenset({"delta"}), dq_atomic(causal)),
+        "dq_atomic": Tunable(frozenset({"delta"}), partial(dq_atomic, causal), defaults={},
+                             space={}, cuda={"block": BWD_BLOCK},
+                             cuda_dtypes=ATOMIC_CUDA_DTYPES),
         # FlashAttention-2's backward: key rows own dK and dV, the score and dO V^T blocks
         # register tiles; O and lse read, not recomputed (the fused kernel's owner
         # recomputes them in a forward pass of its own)
@@ -427,12 +426,34 @@ def variants(causal: bool):
     }
 
 
-def dq_atomic(causal: bool) -> Layers:
+def atomic(block=BWD_BLOCK) -> Layers:
+    """dQ and dK in one pass over query rows, dK's updates atomic. On a GPU that pass on the
+    dQ pass's block tiles (gpu_query_rows), dV's own on key tiles (gpu_key_rows_dv), each a
+    thread block per `block` rows."""
+    return Layers(
+        algorithm=(Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
+                   SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
+        schedule={"cpu": (),
+                  "cuda": (LowerReductions(), KeyBlocks("rows", "j", KEY_BLOCK),
+                           KeyBlocks("dV", "i", KEY_BLOCK), Distribute("c"),
+                           Fission("j", nest="rows"))},
+        mapping={"cpu": (Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
+                         Parallel(KEY_ROWS, nest=SCATTER_DK.zero),
+                         Parallel(KEY_ROWS, nest="dV")),
+                 "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
+                          *gpu_query_rows("rows", 4, 4, block, BWD_SCRATCH["dS"],
+                                          atomic=("dK",)),
+                          GpuThreads(KEY_ROWS, nest=SCATTER_DK.zero),
+                          *gpu_key_rows_dv("dV", 4, 4, block, BWD_SCRATCH))})
+
+
+def dq_atomic(causal: bool, block=BWD_BLOCK) -> Layers:
     """The key rows' pass alone, dQ scattered over the keys: B H n^2 d atomic adds, against
     the flash variant's dQ pass (a third recomputation of the scores and dO V^T). On a CPU
-    parallel over key rows (omp atomic); on a GPU gpu_key_rows' blocks, each adding its
-    dS K into dQ from its tiles, summed over its 32 key rows first (FlashAttention-2's dQ:
-    B H n^2 d / 32 atomic adds). Causal: the second pass's blocks no key row sees skipped."""
+    parallel over key rows (omp atomic); on a GPU gpu_key_rows' blocks of `block` key rows,
+    each adding its dS K into dQ from its tiles, summed over its key rows first
+    (FlashAttention-2's dQ: B H n^2 d / block atomic adds). Causal: the second pass's
+    blocks no key row sees skipped."""
     algorithm = (SCATTER_DQ, Accumulate("c", over="i", nest="dK"),
                  Accumulate("c", over="i", nest="dV"),
                  FuseNests(("dK", "dV", "dQ"), over=KEY_ROWS, name="keys"), Hoist())
@@ -445,7 +466,7 @@ def dq_atomic(causal: bool) -> Layers:
                          Parallel(KEY_ROWS, nest="keys")),
                  "cuda": (GpuThreads(QUERY_ROWS, nest="delta"),
                           GpuThreads(QUERY_ROWS, nest=SCATTER_DQ.zero),
-                          *gpu_key_rows("keys", 4, 4, 32, DQ_ATOMIC_SCRATCH, causal,
+                          *gpu_key_rows("keys", 4, 4, block, DQ_ATOMIC_SCRATCH, causal,
                                         dq=True))})
 
 

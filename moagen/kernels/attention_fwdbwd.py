@@ -74,7 +74,7 @@ dK_dV_SCATTERED = (Scatter("dK", over="i", outer=("b", "h")),
 ATOMIC_SCRATCH = {"dS": "t2_block", "P": "t3_block"}
 
 
-def atomic(causal: bool) -> Layers:
+def atomic(causal: bool, queries=KEY_BLOCK) -> Layers:
     """The fused kernel with atomics: the forward (O, lse and delta per query row, online
     softmax over blocks of 64 keys), then a pass over query rows that recomputes each row's
     probabilities, keeps its dQ row and adds its share of every key row's dK and dV: one
@@ -82,7 +82,9 @@ def atomic(causal: bool) -> Layers:
     parallel over query rows (omp atomic). On a GPU the forward is gpu_flash's blocks and
     the second pass gpu_query_rows' (dQ in registers), its P in shared memory of its own
     beside dS for the atomic adds into dV; causal, the forward skips the key blocks past a
-    thread block's rows, the second pass selects."""
+    thread block's rows, the second pass selects. queries: the query rows of the forward's
+    thread block; the second pass's takes half as many (its four tiles, Q, K, dO and V,
+    against the forward's three)."""
     algorithm = (Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
                  *dK_dV_SCATTERED,
                  FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
@@ -92,9 +94,9 @@ def atomic(causal: bool) -> Layers:
     zeroed = tuple(s.zero for s in dK_dV_SCATTERED)  # dK and dV cleared before the adds
     on_cpu = (Parallel(QUERY_ROWS, nest="forward"), Parallel(QUERY_ROWS, nest="rows"),
               *(Parallel(KEY_ROWS, nest=z) for z in zeroed))
-    on_gpu = (*attention.gpu_flash("forward", 4, 4, KEY_BLOCK, causal),
-              *gpu_query_rows("rows", 4, 4, 32, ATOMIC_SCRATCH["dS"], p=ATOMIC_SCRATCH["P"],
-                              atomic=("dK", "dV")),
+    on_gpu = (*attention.gpu_flash("forward", 4, 4, KEY_BLOCK, causal, queries=queries),
+              *gpu_query_rows("rows", 4, 4, queries // 2, ATOMIC_SCRATCH["dS"],
+                              p=ATOMIC_SCRATCH["P"], atomic=("dK", "dV")),
               *(GpuThreads(KEY_ROWS, nest=z) for z in zeroed))
     return Layers(algorithm, schedule={"cpu": (), "cuda": (Distribute("c"),
                                                            Fission("j", nest="rows"))},
@@ -108,11 +110,15 @@ def variants(causal: bool):
     diagonal blocks that select (docs/PERFORMANCE.md, "Causal kernels"); the causal owner
     skips the key blocks past each query tile in its forward, the query rows before each
     key tile in its key rows' pass."""
-    return {"atomic": (frozenset({"delta"}), atomic(causal)),
+    return {"atomic": Tunable(frozenset({"delta"}), partial(atomic, causal), defaults={},
+                              space={}, cuda=attention.FLASH_QUERIES,
+                              cuda_dtypes=attention.FLASH_CUDA_DTYPES),
             "owner": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
                              defaults={**OWNER_DEFAULTS, "block": 32 if causal else KEY_BLOCK},
                              # 72 candidates: each build of a tiled owner takes ~11 s
-                             space=OWNER_SPACE, cuda={**OWNER_CUDA, "block": KEY_BLOCK},
+                             space=OWNER_SPACE,
+                             cuda={**OWNER_CUDA, "block": KEY_BLOCK, **attention.FLASH_QUERIES},
+                             cuda_dtypes=attention.FLASH_CUDA_DTYPES,
                              dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)}
 
 

@@ -13,9 +13,11 @@ class Tunable:
     """build(**params) gives the transforms; the defaults are what generated/ holds, the
     space the candidates of each parameter `moagen tune` tries on a machine. `defaults` are
     the CPU's (what the tuner picks on the development machines); `cuda` overrides some of
-    them for a GPU, where one thread runs what a CPU core runs in a loop. `dtypes` overrides
-    some of the CPU's for one dtype (a vector register holds twice as many float32 lanes as
-    float64 ones), `cuda_dtypes` some of the GPU's; unnamed dtypes take the target's own."""
+    them for a GPU, where one thread runs what a CPU core runs in a loop, and may add its
+    own (a thread block's rows: the CPU has none, build's default stands there). `dtypes`
+    overrides some of the CPU's for one dtype (a vector register holds twice as many
+    float32 lanes as float64 ones), `cuda_dtypes` some of the GPU's (float64's tiles take
+    twice the shared memory); unnamed dtypes take the target's own."""
     materialize: FrozenSet[str]
     build: Callable[..., Tuple]
     defaults: Params
@@ -36,13 +38,14 @@ class Tunable:
             if unknown:
                 raise SpecError(f"Tunable {what} names unknown dtype "
                                 f"{', '.join(sorted(unknown))}; expected {', '.join(DTYPES)}")
-        for what, params in (("cuda", self.cuda or {}),
-                             *((f"{what}[{d!r}]", p) for what, by_dtype in overridden
-                               for d, p in by_dtype.items())):
-            unknown = set(params) - set(self.defaults)
-            if unknown:
-                raise SpecError(f"Tunable {what} sets {', '.join(sorted(unknown))}, not among "
-                                f"its parameters {', '.join(self.defaults) or '(none)'}")
+        on_gpu = {**self.defaults, **(self.cuda or {})}
+        for what, by_dtype in overridden:
+            known = on_gpu if what == "cuda_dtypes" else self.defaults
+            for d, params in by_dtype.items():
+                unknown = set(params) - set(known)
+                if unknown:
+                    raise SpecError(f"Tunable {what}[{d!r}] sets {', '.join(sorted(unknown))}, "
+                                    f"not among its parameters {', '.join(known) or '(none)'}")
 
     def per_target(self) -> Dict[str, Dict[str, Dict[str, int]]]:
         """target kind -> dtype -> every parameter's default."""

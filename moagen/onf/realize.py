@@ -41,14 +41,17 @@ def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
 CLOSING = (LowerReductions(), ApplyLayout(), MarkSimd())
 
 
-def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=None) -> ONF:
-    """The final ONF; upto = K: the ONF after the first K steps, as they left it."""
+def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=None,
+            element_bytes=None) -> ONF:
+    """The final ONF; upto = K: the ONF after the first K steps, as they left it;
+    element_bytes: the element sizes its tiled CUDA nests are laid out and checked at (the
+    dtypes it is printed for; None: every one)."""
     onf = initial_onf(dnf, variant, layout)
     for step in (tuple(steps) + CLOSING)[:upto]:
         onf = step(onf)
     if upto is None:
         _check_tails_mapped(onf)
-        onf = close_tiled(onf)
+        onf = close_tiled(onf, element_bytes)
     return onf
 
 

@@ -22,6 +22,7 @@ from moagen.onf.loops import is_grid, walk
 
 DTYPES = ("float64", "float32")
 DTYPE_SUFFIX = {"float64": "f64", "float32": "f32"}
+DTYPE_BYTES = {"float64": 8, "float32": 4}
 LAYOUTS = ("row", "col")
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import sympy
 
+from moagen.cuda_archs import tightest_shared_limit
 from moagen.errors import ScheduleError
 from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, SharedArray,
                               SharedLayout, Update, bound_symbol, enclose, grid_chain,
@@ -14,9 +15,10 @@ from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, Share
 from moagen.onf.shared import shared_accesses
 
 
-def close_tiled(onf: ONF) -> ONF:
+def close_tiled(onf: ONF, element_bytes=None) -> ONF:
+    """element_bytes: the element sizes the ONF is printed at (None: every CUDA one)."""
     check_block_form(onf)
-    return insert_lane_reductions(insert_barriers(lay_out_shared(onf)))
+    return insert_lane_reductions(insert_barriers(lay_out_shared(onf, element_bytes)))
 
 
 # ---- The block form --------------------------------------------------------------
@@ -70,16 +72,23 @@ def _check(label, stmts, threads, in_grid):
 # are taken, lands on the K tile it follows without a step saying so. Sizes are symbolic in
 # the compile-time bounds (MAX_d), so an offset must fit at every bound. The barriers then
 # keep one array's last reads before the next one's first writes wherever their bytes
-# meet.
+# meet. Every instance (each bound, each element size the ONF is printed at) must fit the
+# built architecture that allows a block the least (moagen.cuda_archs), so that no launch is
+# refused on a GPU the build targets: a kernel module tiles an instance that would not
+# smaller (docs/PERFORMANCE.md, "CUDA: FlashAttention-2's form for attention, judged
+# without a GPU").
 
 # the element sizes a CUDA kernel is printed for: float32, float64
 ELEMENT_BYTES = (4, 8)
 
 
-def lay_out_shared(onf: ONF) -> ONF:
-    """onf with each tiled nest's SharedLayout at every element size: its shared arrays
-    (those of onf.shared it touches) placed where they meet no array live at the same
-    time, at every bound its grid is compiled for."""
+def lay_out_shared(onf: ONF, element_bytes=None) -> ONF:
+    """onf with each tiled nest's SharedLayout at each of `element_bytes` (None: every
+    CUDA element size): its shared arrays (those of onf.shared it touches) placed where they
+    meet no array live at the same time, at every bound its grid is compiled for.
+    Precondition, raised as ScheduleError naming the nest, the bound, the bytes and the
+    limit: each layout's total at each bound fits every built architecture's shared memory
+    a block."""
     names = {b.name for b in onf.shared}
     nests = []
     for nest in onf.nests:
@@ -89,10 +98,27 @@ def lay_out_shared(onf: ONF) -> ONF:
             shared = [b for b in onf.shared if b.name in touched]
             bounds = [{bound_symbol(name): v}
                       for name, values in grid[-1].gpu.bounds for v in values] or [{}]
-            nest = replace(nest, shared_layouts=tuple(place(shared, body, size, bounds)
-                                                      for size in ELEMENT_BYTES))
+            layouts = tuple(place(shared, body, size, bounds)
+                            for size in element_bytes or ELEMENT_BYTES)
+            for layout in layouts:
+                check_fits(f"{onf.name} {onf.variant}, nest {nest.label}", layout, bounds)
+            nest = replace(nest, shared_layouts=layouts)
         nests.append(nest)
     return replace(onf, nests=tuple(nests))
+
+
+def check_fits(where, layout: SharedLayout, bound_values):
+    """ScheduleError where the layout's total at one of its bounds is over the shared
+    memory the tightest built architecture allows a block."""
+    arch, limit = tightest_shared_limit()
+    for bound in bound_values:
+        total = int(sympy.sympify(layout.total).xreplace(bound))
+        if total > limit:
+            at = ", ".join(f"{s} = {v}" for s, v in bound.items()) or "its one instance"
+            raise ScheduleError(
+                f"{where}: {layout.element_bytes}-byte elements at {at} take {total} "
+                f"bytes of shared memory a block, over the {limit} {arch} allows: tile that "
+                "instance smaller (fewer rows a block, smaller key blocks)")
 
 
 def live_ranges(body, names):

@@ -4,13 +4,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from moagen.cuda_archs import BUILT_ARCHS
 from moagen.targets.toolchain import (INSTALL_CUDA, INSTALL_CXX, Toolchain, cached, require, run,
                                      shared_library, write)
 from moagen.templates import ROOT as TEMPLATES
 
 
-# the GPUs every CUDA kernel is compiled for, with or without one present
-CUDA_ARCHS = ("sm_80", "sm_90")
+# the GPUs every CUDA kernel is compiled for, with or without one present (the one table)
+CUDA_ARCHS = BUILT_ARCHS
 
 # the stand-in for the CUDA runtime header that runs CUDA source on the host
 CUDA_EMULATION = TEMPLATES / "cuda" / "emulation"
