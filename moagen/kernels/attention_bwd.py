@@ -107,7 +107,8 @@ class Rows:
         return self.heads + ("j",)
 
 
-def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None, then=()):
+def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None, then=(),
+          padded=False):
     """The backward by key rows that own their dK and dV rows (no atomics), the passes by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
     in each pass `rows` query (or key) rows walk the other side together; the query rows'
@@ -135,7 +136,12 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
     heads come first (dK and dV accumulate over them, then over each head's rows).
 
     scratch: on a GPU, the names of the backward's block scratch (gpu_flash_bwd's; None:
-    BWD_SCRATCH, this kernel's). then: steps the CPU's schedule takes last (a kernel's own)."""
+    BWD_SCRATCH, this kernel's). then: steps the CPU's schedule takes last (a kernel's own).
+
+    padded: the scores masked as `last >= j`, keys past a size last (attention_cross's
+    padded keys): on the CPU the key rows' pass (lanes > 0) skips the query rows for its
+    tiles past last (CausalRows: their dK and dV rows zeros), the dQ pass the key blocks past
+    last's (MaskedBlocks)."""
     forward = block is not None
     query_rows, key_rows, heads = loops.query, loops.key, loops.heads
     scatter_dq = Scatter("dQ", over="j", outer=heads)
@@ -173,12 +179,17 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
         else:
             together = rows_together(nest, jammed, rows)
             schedule += keys_summed(nest, keys, loop=other) + together
-            if nest == "keys" and lanes and causal:
+            if nest == "keys" and lanes and (causal or padded):
                 # each tile of key rows (and each key row after them) starts at the first
-                # query rows that see its keys, on a whole register tile of them
+                # query rows that see its keys, on a whole register tile of them (past its
+                # rows' end where padded and none does)
                 align = math.lcm(lanes, keys)
                 schedule += (CausalRows(nest, tiled(jammed, rows), other, align),
                              *(CausalRows(jam.edge, jammed, other, align) for jam in together))
+            if nest == "dQ" and padded:
+                # the key blocks past last's (no loop of rows: last is free of them)
+                schedule += tuple(MaskedBlocks(n, loop_role(other, "blk"), rows="")
+                                  for n in (nest, *(jam.edge for jam in together)))
         # with parts the key rows' pass is parallel over its parts, the rows inside them
         parallel = heads + (split.part,) if parts and nest == "keys" else \
             walking[:-1] + (tiled(jammed, rows),)
@@ -449,11 +460,11 @@ def dq_atomic(causal: bool) -> Layers:
                                         dq=True))})
 
 
-def flash_variant(causal: bool, loops=Rows(), scratch=None, then=()) -> Tunable:
-    """The flash variant (the owner alone) over the row loops `loops`; scratch, then:
-    owner's."""
+def flash_variant(causal: bool, loops=Rows(), scratch=None, then=(), padded=False) -> Tunable:
+    """The flash variant (the owner alone) over the row loops `loops`; scratch, then,
+    padded: owner's."""
     return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops,
-                                                 scratch=scratch, then=then),
+                                                 scratch=scratch, then=then, padded=padded),
                    defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA,
                    dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)
 
