@@ -1,8 +1,8 @@
 """The padded flash backward (attention_cross_bwd_padded, #54 item 1) skips its padded keys:
 the key rows' pass walks no query row for its tiles of keys past last (CausalRows on a mask
 free of the rows), their dK and dV rows written as zeros; the dQ pass (parts 0) stops at
-last's key block (MaskedBlocks, rows free of the loops). Before, both passes walked every
-key and masked the padded ones."""
+last's key block (MaskedBlocks, rows free of the loops; the GPU's dQ pass too). Before, both
+passes walked every key and masked the padded ones."""
 import numpy as np
 import pytest
 import sympy
@@ -43,9 +43,11 @@ def test_the_key_tiles_past_last_walk_no_query_row():
                                 sym("j_part"): 0, LAST: 10}) == 8
 
 
-def test_the_dq_pass_stops_at_lasts_key_block():
-    onf = onf_of(KERNEL, "flash", params={"parts": 0, "rows": 6, "lanes": 8})
-    for nest in ("dQ", "dQ.edge"):
+@pytest.mark.parametrize("target, nests", [("cpu", ("dQ", "dQ.edge")), ("cuda", ("dQ",))])
+def test_the_dq_pass_stops_at_lasts_key_block(target, nests):
+    """The CPU's at parts 0 (its rows' tile and edge), the GPU's (a thread block's rows)."""
+    onf = onf_of(KERNEL, "flash", params={"parts": 0}, target=target)
+    for nest in nests:
         blocks = _loops(onf, nest, "j_blk")
         assert [loop.stop for loop in blocks] == [sympy.Min(idiv(LAST, 64) + 1,
                                                              idiv(N + 63, 64))]

@@ -140,8 +140,8 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
 
     padded: the scores masked as `last >= j`, keys past a size last (attention_cross's
     padded keys): on the CPU the key rows' pass (lanes > 0) skips the query rows for its
-    tiles past last (CausalRows: their dK and dV rows zeros), the dQ pass the key blocks past
-    last's (MaskedBlocks)."""
+    tiles past last (CausalRows: their dK and dV rows zeros), the dQ pass (a GPU's too) the
+    key blocks past last's (MaskedBlocks)."""
     forward = block is not None
     query_rows, key_rows, heads = loops.query, loops.key, loops.heads
     scatter_dq = Scatter("dQ", over="j", outer=heads)
@@ -228,7 +228,7 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
         return Layers(algorithm, {"cpu": schedule + then, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
                        "cuda": gpu_flash_bwd(scratch=scratch or BWD_SCRATCH, causal=causal,
-                                             loops=loops)})
+                                             loops=loops, padded=padded)})
     return Layers(algorithm, schedule + then, cpu(*mapping, *extra))
 
 
@@ -246,7 +246,8 @@ FWDBWD_SCRATCH = {"dS": "t2_block", "P2": "t3_block", "dS2": "t4_block", **_KEYS
 DQ_ATOMIC_SCRATCH = {"P2": "t2_block", "dS2": "t_block", "qk2": "qk_block", "dov2": "dov_block"}
 
 
-def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, loops=Rows()):
+def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, loops=Rows(),
+                  padded=False):
     """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
     per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
     tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
@@ -257,9 +258,11 @@ def gpu_flash_bwd(rows=4, lanes=4, block=32, scratch=BWD_SCRATCH, causal=False, 
     block, either pass); delta: a GPU thread per query row. Causal: each pass skips the
     blocks of the other side no row of its tile sees (MaskedBlocks). loops (Rows): the
     grouped-query kernel's, its dQ grid folding a group's query heads into one axis, its key
-    tiles a KV head's, walking the group's query heads inside."""
+    tiles a KV head's, walking the group's query heads inside. padded (owner's): the dQ pass
+    stops at the last key's block (MaskedBlocks); the key rows' pass walks every query block
+    (MaskedBlocks takes no mask free of both sides' rows)."""
     return (GpuThreads(loops.query, nest="delta"),
-            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal,
+            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal or padded,
                             loops=loops),
             *gpu_key_rows("keys", rows, lanes, block, scratch, causal, loops=loops))
 

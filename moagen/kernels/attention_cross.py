@@ -29,8 +29,8 @@ own). A size is never negative, so every row sees key 0: the flash forward's loo
 last's block (CausalBlocks, its row `last`), the padded blocks never visited. A batch with
 no valid key is the caller's (SDPA's zeros). On the CPU the flash backward's key rows' pass
 walks no query row for its tiles of keys past last (CausalRows: their dK and dV rows stored
-as the zeros they start at), its dQ pass (parts 0) stops at last's key block (MaskedBlocks,
-rows free of the loops); on a GPU both passes mask the padded keys, their blocks walked."""
+as the zeros they start at), its dQ pass (parts 0; a GPU's too) stops at last's key block
+(MaskedBlocks); a GPU's key rows' pass masks the padded keys, every query block walked."""
 import numpy as np
 
 from moagen import reference
