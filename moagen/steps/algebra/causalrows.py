@@ -100,11 +100,14 @@ class CausalRows(Step):
                                 "be told apart")
         return bound
 
+    def _first_kept(self, tile: Loop):
+        """L / A: the first row that sees a key of the tile, in steps of A."""
+        first = at_least_zero(sympy.Min(*self._keys(tile)))
+        return idiv(first, self.align) if self.align > 1 else first
+
     def _cut(self, tile: Loop, loops):
         unseen = self._unseen(tile, loops | {tile.var.name} | loop_vars(tile.body))
-        if unseen is None:
-            first = at_least_zero(sympy.Min(*self._keys(tile)))
-            first_kept = idiv(first, self.align) if self.align > 1 else first  # L / A
+        first_kept = self._first_kept(tile) if unseen is None else None
         tiled = loop_role(self.rows, "tile")
         one_row = [s for s in walk(tile.body) if isinstance(s, Loop) and s.var.name == self.rows]
 
