@@ -108,7 +108,7 @@ class Rows:
 
 
 def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=None,
-          queries=None, then=()):
+          queries=None, then=(), padded=False):
     """The backward by key rows that own their dK and dV rows (no atomics), the passes by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
     in each pass `rows` query (or key) rows walk the other side together; the query rows'
@@ -137,7 +137,12 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
 
     scratch: on a GPU, the names of the backward's block scratch (gpu_flash_bwd's; None:
     BWD_SCRATCH, this kernel's). queries: on a GPU, the forward's thread block's query rows
-    (gpu_flash's). then: steps the CPU's schedule takes last (a kernel's own)."""
+    (gpu_flash's). then: steps the CPU's schedule takes last (a kernel's own).
+
+    padded: the scores masked as `last >= j`, keys past a size last (attention_cross's
+    padded keys): on the CPU the key rows' pass (lanes > 0) skips the query rows for its
+    tiles past last (CausalRows: their dK and dV rows zeros), the dQ pass (a GPU's too) the
+    key blocks past last's (MaskedBlocks)."""
     forward = block is not None
     query_rows, key_rows, heads = loops.query, loops.key, loops.heads
     scatter_dq = Scatter("dQ", over="j", outer=heads)
@@ -175,12 +180,17 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
         else:
             together = rows_together(nest, jammed, rows)
             schedule += keys_summed(nest, keys, loop=other) + together
-            if nest == "keys" and lanes and causal:
+            if nest == "keys" and lanes and (causal or padded):
                 # each tile of key rows (and each key row after them) starts at the first
-                # query rows that see its keys, on a whole register tile of them
+                # query rows that see its keys, on a whole register tile of them (past its
+                # rows' end where padded and none does)
                 align = math.lcm(lanes, keys)
                 schedule += (CausalRows(nest, tiled(jammed, rows), other, align),
                              *(CausalRows(jam.edge, jammed, other, align) for jam in together))
+            if nest == "dQ" and padded:
+                # the key blocks past last's (no loop of rows: last is free of them)
+                schedule += tuple(MaskedBlocks(n, loop_role(other, "blk"), rows="")
+                                  for n in (nest, *(jam.edge for jam in together)))
         # with parts the key rows' pass is parallel over its parts, the rows inside them
         parallel = heads + (split.part,) if parts and nest == "keys" else \
             walking[:-1] + (tiled(jammed, rows),)
@@ -220,7 +230,7 @@ def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows(), scratch=No
         return Layers(algorithm, {"cpu": schedule + then, "cuda": (Distribute("c"), *PRODUCTS_APART)},
                       {"cpu": (*mapping, *extra),
                        "cuda": gpu_flash_bwd(scratch=scratch or BWD_SCRATCH, causal=causal,
-                                             loops=loops)})
+                                             loops=loops, padded=padded)})
     return Layers(algorithm, schedule + then, cpu(*mapping, *extra))
 
 
@@ -246,7 +256,7 @@ ATOMIC_CUDA_DTYPES = {"float64": {"block": 16}}
 
 
 def gpu_flash_bwd(rows=4, lanes=4, block=BWD_BLOCK, scratch=BWD_SCRATCH, causal=False,
-                  loops=Rows()):
+                  loops=Rows(), padded=False):
     """FlashAttention-2's backward on a GPU, a pass per side (no atomics): a thread block
     per `block` rows of a head, block / rows x KEY_BLOCK / lanes threads, each a register
     tile of `rows` of the block's rows by `lanes` of the other side's (the scores, dO V^T:
@@ -257,9 +267,11 @@ def gpu_flash_bwd(rows=4, lanes=4, block=BWD_BLOCK, scratch=BWD_SCRATCH, causal=
     block, either pass); delta: a GPU thread per query row. Causal: each pass skips the
     blocks of the other side no row of its tile sees (MaskedBlocks). loops (Rows): the
     grouped-query kernel's, its dQ grid folding a group's query heads into one axis, its key
-    tiles a KV head's, walking the group's query heads inside."""
+    tiles a KV head's, walking the group's query heads inside. padded (owner's): the dQ pass
+    stops at the last key's block (MaskedBlocks); the key rows' pass walks every query block
+    (MaskedBlocks takes no mask free of both sides' rows)."""
     return (GpuThreads(loops.query, nest="delta"),
-            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal,
+            *gpu_query_rows("dQ", rows, lanes, block, scratch["dS"], causal=causal or padded,
                             loops=loops),
             *gpu_key_rows("keys", rows, lanes, block, scratch, causal, loops=loops))
 
@@ -470,11 +482,11 @@ def dq_atomic(causal: bool, block=BWD_BLOCK) -> Layers:
                                         dq=True))})
 
 
-def flash_variant(causal: bool, loops=Rows(), scratch=None, then=()) -> Tunable:
-    """The flash variant (the owner alone) over the row loops `loops`; scratch, then:
-    owner's."""
+def flash_variant(causal: bool, loops=Rows(), scratch=None, then=(), padded=False) -> Tunable:
+    """The flash variant (the owner alone) over the row loops `loops`; scratch, then,
+    padded: owner's."""
     return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops,
-                                                 scratch=scratch, then=then),
+                                                 scratch=scratch, then=then, padded=padded),
                    defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA,
                    dtypes=OWNER_DTYPES, avx512=OWNER_AVX512)
 

@@ -27,9 +27,10 @@ Padded (`_padded`): keys j <= last seen, last a size given at call time (a right
 batch's last valid key; moagen.torch calls the kernels a batch at a time, each with its
 own). A size is never negative, so every row sees key 0: the flash forward's loops stop at
 last's block (CausalBlocks, its row `last`), the padded blocks never visited. A batch with
-no valid key is the caller's (SDPA's zeros). The flash backward's passes mask the padded
-keys rather than skip their blocks (CausalRows and MaskedBlocks take masks of the query
-rows: not built)."""
+no valid key is the caller's (SDPA's zeros). On the CPU the flash backward's key rows' pass
+walks no query row for its tiles of keys past last (CausalRows: their dK and dV rows stored
+as the zeros they start at), its dQ pass (parts 0; a GPU's too) stops at last's key block
+(MaskedBlocks); a GPU's key rows' pass masks the padded keys, every query block walked."""
 import numpy as np
 
 from moagen import reference
@@ -133,10 +134,9 @@ BACKWARD = Layers(
 
 # flash: attention_gqa's FlashAttention form over these loops, plain, causal and padded (its
 # key blocks bounded by the tile's last row plus offset, or by the last key, CausalBlocks);
-# the padded backward's passes do not skip its padded keys' blocks (CausalRows takes a mask
-# of the rows only), they mask them; the added masks' blocks all visited, the forward's
-# max 0 in a row's blocks before its first key seen (the backward's P from lse needs no
-# max). (the forward's causal flag, the backward's)
+# the padded backward skips its padded keys as owner's `padded` says; the added masks'
+# blocks all visited, the forward's max 0 in a row's blocks before its first key seen (the
+# backward's P from lse needs no max). (the forward's causal flag, the backward's)
 FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False),
          "masked": (False, False), "masked2d": (False, False)}
 
@@ -144,7 +144,8 @@ FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False),
 def _variants(mask, backward):
     dnf = (frozenset({"delta"}), BACKWARD) if backward else (frozenset(), FORWARD)
     flushed = (FlushExp(),) if mask in ADDED else ()  # a mask's -inf: exp's fast path
-    flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS, then=flushed) if backward \
+    flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS, then=flushed,
+                                        padded=mask == "padded") if backward \
         else attention.flash_variant(FLASH[mask][0], loops=LOOPS.query, unseen=mask in ADDED,
                                      then=flushed)
     return {"dnf": dnf, "flash": flash}

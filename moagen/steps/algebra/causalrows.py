@@ -1,4 +1,5 @@
-"""Causal attention's backward by rows: the query rows before a tile of keys see none of them.
+"""Causal attention's backward by rows: the query rows before a tile of keys see none of them
+(and with padded keys no row sees a tile past the last valid key).
 
 In the key rows' pass of a causal backward (attention_fwdbwd's owner: dK, dV and dQ's part
 for a tile of key rows j, walking the query rows i by blocks) the score of row i and key j is
@@ -17,11 +18,22 @@ of the scores; blocks wholly before the tile run no iteration.
 A shifted mask `i + t >= key` (attention_cross's i + offset >= j, t free of i) lets rows from
 key - t on see the key: k0 is then the least max(0, key - t).
 
-Checked: every score the tile's loop masks is masked as `i + t >= key` with -inf, i the
-rows' loop variable, t (0 unless shifted) and the key free of it, and A is a whole number of
-each rows loop's rows. That every term a row adds is a product with its masked probability is
-the form of attention's gradients (attention_bwd.gradients), not checked here: the interpreter
-and the references check the results.
+A mask free of the rows, `last >= key` (attention_cross's padded keys: every row sees keys 0
+to last, a size given at call time), lets every row see a key or none: a tile whose first
+key k0 is past last is seen by no row, and each of its rows loops is left empty,
+
+    for i in [s, e): ..   ->   for i in [max(s, A ceil(e / A) u), e): ..
+                                                      u = min(1, max(0, k0 - last))
+
+(u is 1 past last, else 0; A ceil(e / A) a multiple of A, as above). The tile still sets
+and stores its dK and dV rows: zeros, as they start.
+
+Checked: every score the tile's loop masks is masked with -inf, all as `i + t >= key` (i the
+rows' loop variable, t (0 unless shifted) and the key free of it) or all as `r >= key` with
+one r free of the loop variables (a size), and A is a whole number of each rows loop's rows.
+That every term a row adds is a product with its masked probability is the form of
+attention's gradients (attention_bwd.gradients), not checked here: the interpreter and the
+references check the results.
 """
 from dataclasses import dataclass, replace
 
@@ -30,9 +42,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv, sym
-from moagen.onf.loops import Loop, rewrite_loops, stmt_exprs, walk
+from moagen.onf.loops import Loop, loop_vars, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
-from moagen.steps.algebra.causal import MASKED, at_least_zero, least_row
+from moagen.steps.algebra.causal import MASKED, at_least_zero, least_row, mask_sides
 from moagen.steps.step import NotApplicable, Step
 
 
@@ -45,22 +57,38 @@ class CausalRows(Step):
 
     def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(
-            nest.body, lambda loop: loop.var.name == self.tile and bool(self._keys(loop)),
-            lambda loop, scope: [replace(loop, body=self._cut(loop))])
+            nest.body, lambda loop: loop.var.name == self.tile and bool(self._masks(loop)),
+            lambda loop, scope: [replace(loop, body=self._cut(loop, scope))])
         if not count:
             raise NotApplicable(f"{self}: nest {self.nest} has no loop over {self.tile} whose "
                                 "scores are masked")
         return body
 
+    def _masks(self, tile: Loop):
+        """The conditions of the tile's masked scores, `cond ? s : -inf`."""
+        return [e.cond for s in walk(tile.body)
+                for e in (x for ex in stmt_exprs(s) for x in S.subexpressions(ex))
+                if isinstance(e, S.Select) and e.other == MASKED]
+
     def _keys(self, tile: Loop):
         """The least rows that see the keys of the tile's masked scores, `row >= key ? s :
         -inf` (the keys themselves unless the rows are shifted; then maybe negative)."""
-        keys = []
-        for s in walk(tile.body):
-            for e in (x for ex in stmt_exprs(s) for x in S.subexpressions(ex)):
-                if isinstance(e, S.Select) and e.other == MASKED:
-                    keys.append(self._key(e.cond))
-        return keys
+        return [self._key(cond) for cond in self._masks(tile)]
+
+    def _unseen(self, tile: Loop, loops):
+        """u: 1 where no row sees any key of the tile, 0 where every row sees one, for masks
+        `r >= key` all with r free of the loops (`loops`: their variables) around and in the
+        tile (a padded key's); None where they are masks of the rows."""
+        sides = [mask_sides(cond) for cond in self._masks(tile)]
+        free = [pair is not None and not {x.name for x in pair[0].free_symbols} & loops
+                for pair in sides]
+        if not any(free):
+            return None
+        if not all(free) or len({pair[0] for pair in sides}) > 1:
+            raise ScheduleError(f"{self}: the tile's scores are masked by rows free of the "
+                                "loops and by others, or by two such rows: not built")
+        row = sides[0][0]
+        return sympy.Min(1, sympy.Max(0, sympy.Min(*(key for _, key in sides)) - row))
 
     def _key(self, cond):
         """The least row the mask lets see the key: the key, less a shift of the rows' (as
@@ -72,9 +100,14 @@ class CausalRows(Step):
                                 "be told apart")
         return bound
 
-    def _cut(self, tile: Loop):
+    def _first_kept(self, tile: Loop):
+        """L / A: the first row that sees a key of the tile, in steps of A."""
         first = at_least_zero(sympy.Min(*self._keys(tile)))
-        kept = idiv(first, self.align) if self.align > 1 else first  # L / A
+        return idiv(first, self.align) if self.align > 1 else first
+
+    def _cut(self, tile: Loop, loops):
+        unseen = self._unseen(tile, loops | {tile.var.name} | loop_vars(tile.body))
+        first_kept = self._first_kept(tile) if unseen is None else None
         tiled = loop_role(self.rows, "tile")
         one_row = [s for s in walk(tile.body) if isinstance(s, Loop) and s.var.name == self.rows]
 
@@ -88,6 +121,11 @@ class CausalRows(Step):
             raise ScheduleError(f"{self}: no loop over {self.rows} beside {loop.var} tells how "
                                 "many rows it takes a step")
 
+        def kept(loop, a):
+            """The first step kept, in steps of a: L / A, or past the loop's end (ceil(e /
+            a), a multiple of a) where no row sees the tile's keys."""
+            return first_kept if unseen is None else idiv(loop.stop + a - 1, a) * unseen
+
         def start(loop):
             r = rows_per_iteration(loop)
             if not (r.is_Integer and self.align % r == 0):
@@ -95,8 +133,8 @@ class CausalRows(Step):
                                     f"loop over {loop.var} ({r} rows a step)")
             a = self.align // int(r)
             if divides(a, loop.start):  # a multiple of a, as later tiles of a rows need
-                return a * sympy.Max(sympy.expand(loop.start / a), kept)
-            return sympy.Max(loop.start, a * kept)
+                return a * sympy.Max(sympy.expand(loop.start / a), kept(loop, a))
+            return sympy.Max(loop.start, a * kept(loop, a))
 
         def cut(stmts):
             for s in stmts:

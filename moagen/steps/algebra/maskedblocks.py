@@ -17,6 +17,10 @@ the key rows' pass walks query blocks, and those before the tile's first key are
 A shifted mask `i + t >= j` (attention_cross's i + offset >= j) bounds the key blocks by the
 tile's last row plus t, and starts the query blocks at max(0, min_j - t) // B.
 
+A mask free of the rows, `last >= j` (attention_cross's padded keys, last a size given at
+call time), bounds the key blocks by last's: with rows="" the step needs no loop of a
+thread block around the blocks, and is a step of the schedule (the CPU's tiles of rows).
+
 The diagonal blocks keep their selects. On a GPU the tile is a thread block's rows (the
 loop over `rows` around the blocks, BlockTiles'), so every thread of the block walks the
 same blocks and reaches each barrier inside.
@@ -25,15 +29,17 @@ Checked: every score in the loop is masked as `query >= key` by -inf, the block'
 queries) the loop's inner variable and the other side free of it, and enters only through
 exp(score - m); every addition in the loop into what lives past one block (an output, an
 accumulator defined outside the loop) adds a value that is zero where the score is masked,
-directly or through the block's locals and scratch; the blocks are B from B * blk.
+directly or through the block's locals and scratch; the blocks are B from B * blk; with
+rows="", every mask's row is free of the loops around the blocks and in them.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, Store, Update, rewrite_loops, walk
+from moagen.onf.loops import (Let, Loop, Store, Update, ancestors, loop_vars, rewrite_loops,
+                              walk)
 from moagen.steps.algebra.causal import (MASKED, at_least_zero, block_size, least_row,
                                          mask_sides, quotient, tile_rows_range)
 from moagen.steps.step import NotApplicable, Step, hidden
@@ -44,8 +50,17 @@ class MaskedBlocks(Step):
     nest: str
     blocks: str  # the loop over the other side's blocks
     inner: str = hidden("")  # the variable of the loops over one block (blocks less _blk)
-    rows: str = "i"  # the thread block's rows: the loop around the blocks
-    layer = "mapping"
+    # the thread block's rows: the loop around the blocks ("": none, the rows free of loops)
+    rows: str = field(default="i", metadata={"template": "{printed_rows}"})
+
+    @property
+    def printed_rows(self):
+        return self.rows or "free rows"
+
+    @property
+    def layer(self):
+        # a thread block's rows exist once the mapping has made the blocks
+        return "mapping" if self.rows else "schedule"
 
     def rewrite_nest(self, nest, names):
         body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.blocks,
@@ -72,13 +87,25 @@ class MaskedBlocks(Step):
         if len({ahead for ahead, _ in sides}) > 1:
             raise ScheduleError(f"{self}: the masks put {self._inner} on both sides")
         ahead = next(iter(sides))[0]
-        low, high = tile_rows_range([row for _, row in sides], blocks, within, self.rows, self)
+        rows = [row for _, row in sides]
+        low, high = tile_rows_range(rows, blocks, within, self.rows, self) if self.rows \
+            else self._free_rows(rows, blocks, within)
         if ahead:  # the keys: those past the last row are masked
             return replace(blocks, stop=sympy.Min(blocks.stop, quotient(high, size) + 1))
         if blocks.start != 0:
             raise ScheduleError(f"{self}: the loop over {self.blocks} does not start at 0")
         # the queries before the first key (before 0 where shifted past it)
         return replace(blocks, start=quotient(at_least_zero(low), size))
+
+    def _free_rows(self, rows, blocks: Loop, within):
+        """(the least, the most of rows), each free of the loops around the blocks and in
+        them (a padded key's last)."""
+        loops = {lp.var.name for lp in ancestors(within, blocks)} | {blocks.var.name} | \
+            loop_vars(blocks.body)
+        if any({x.name for x in row.free_symbols} & loops for row in rows):
+            raise ScheduleError(f"{self}: a mask's row varies with the loops ({rows}): with no "
+                                "loop of rows named, each must be free of them")
+        return sympy.Min(*rows), sympy.Max(*rows)
 
     def _sides(self, select, inner):
         """(whether the inner variable is the key, the tile's row) of a masked score."""
