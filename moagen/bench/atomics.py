@@ -7,6 +7,7 @@ kernels' forward pass is the flash forward's block tiles, so that the three diff
 the backward's sums are made, not in how the forward is mapped."""
 import os
 import sys
+from dataclasses import replace
 
 import sympy
 
@@ -27,10 +28,14 @@ def atomic_count(kernel, variant, sizes, lang="c") -> int:
     dK and dV at a time: BlockPartials) at these sizes."""
     from moagen.pipeline import onf_of
     from moagen.onf.count import atomic_updates
+    from moagen.onf.loops import subs_stmts
     from moagen.targets import get_target
     onf = onf_of(kernel, variant, target=get_target(lang).kind, dtype="float64")
     env = {s: sizes[s.name] for s in onf.sizes}
-    return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(onf.nests).values())
+    # the sizes in the loops' bounds first: sums over numbers, not sympy's symbolic sums over
+    # the causal and block bounds (10 s a kernel)
+    nests = [replace(nest, body=subs_stmts(nest.body, env)) for nest in onf.nests]
+    return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(nests).values())
 
 
 def plan(ns, langs, repeats, dry_run=False):
