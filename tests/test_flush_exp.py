@@ -91,7 +91,8 @@ int main(void)
 def test_the_c_helper_gives_exp_or_zero(tmp_path):
     """Below -700 (float: -80) 0, -inf included; above, exp's own value; NaN stays NaN."""
     source = tmp_path / "edges.c"
-    source.write_text(C_EDGES.format(double=_flushed_exp("double"), float=_flushed_exp("float")))
+    source.write_text(C_EDGES.format(double=_flushed_exp("float64"),
+                                     float=_flushed_exp("float32")))
     subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-std=c99", str(source), "-o",
                     str(tmp_path / "edges"), "-lm"], check=True)
     lines = subprocess.run([str(tmp_path / "edges")], capture_output=True, text=True,

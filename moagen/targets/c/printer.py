@@ -176,7 +176,8 @@ def emit_c(onfs_by_dtype, banner, printer=CPrinter):
                   keep=any(p.uses_keep for p in printers), qualifier="static inline ",
                   max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
                                for real, fn in helpers if fn in ("max", "min")],
-                  flushed_exp=[_flushed_exp(real) for real, fn in helpers if fn == "exp_flushed"])
+                  flushed_exp=[_flushed_exp(p.dtype) for p in printers
+                               if (p.real, "exp_flushed") in p.helpers_used])
 
 
 INLINE_MAX = "static inline {real} {fn}_{real}({real} a, {real} b) {{ return a {op} b ? a : b; }}"
@@ -195,9 +196,8 @@ static inline {real} exp_flushed_{real}({real} x, {real} floor)
 EXP_FLOOR_LOCAL = "moagen_exp_floor"
 
 
-def _flushed_exp(real):
-    dtype = next(d for d, t in C_TYPE.items() if t == real)
-    return FLUSHED_EXP.format(real=real, exp="exp" if dtype == "float64" else "expf",
+def _flushed_exp(dtype):
+    return FLUSHED_EXP.format(real=C_TYPE[dtype], exp="exp" if dtype == "float64" else "expf",
                               floor=c_number(EXP_FLOOR[dtype], dtype),
                               below=c_number(S.FLUSHED_BELOW[dtype], dtype),
                               zero=c_number(0.0, dtype))
