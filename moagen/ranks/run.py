@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from moagen.errors import MoagenError
 from moagen.kernels import get_kernel
+from moagen.onf.signature import DTYPE_BYTES
 from moagen.ranks import library
 from moagen.ranks.mapping import get_rank_kernel
 
@@ -89,8 +90,7 @@ class RankKernel:
                 raise
 
     def bytes_sent(self, sizes) -> int:
-        itemsize = 8 if self.dtype == "float64" else 4
-        return self.mapping.bytes_sent(sizes, self.comm.Get_size(), itemsize)
+        return self.mapping.bytes_sent(sizes, self.comm.Get_size(), DTYPE_BYTES[self.dtype])
 
     def _agree(self, sizes, scalars):
         """KernelCallable's validate hook: this rank's own checks, then everyone's."""

@@ -13,6 +13,7 @@ from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, Share
                               SharedLayout, Update, bound_symbol, enclose, grid_chain,
                               is_block_copy, is_grid, is_thread_loop, loop_key, walk)
 from moagen.onf.shared import shared_accesses
+from moagen.onf.signature import DTYPE_BYTES
 
 
 def close_tiled(onf: ONF, element_bytes=None) -> ONF:
@@ -78,8 +79,8 @@ def _check(label, stmts, threads, in_grid):
 # smaller (docs/PERFORMANCE.md, "CUDA: FlashAttention-2's form for attention, judged
 # without a GPU").
 
-# the element sizes a CUDA kernel is printed for: float32, float64
-ELEMENT_BYTES = (4, 8)
+# the element sizes a CUDA kernel is printed for: its dtypes'
+ELEMENT_BYTES = tuple(sorted(DTYPE_BYTES.values()))
 
 
 def lay_out_shared(onf: ONF, element_bytes=None) -> ONF:

@@ -9,8 +9,7 @@ statements, so a register tile's products are jammed: each shared value loaded o
 the tile. So every statement list is uniform (all threads of the block reach it, the same
 number of times) and may hold a barrier or a shuffle: the printer prints each Barrier
 (put in by moagen.steps.gpu.closing) with what it orders, and each LaneReduce (a row's max
-over the keys its lanes took) as its
-`__shfl_xor_sync` loop. Statements that could touch elements past the loops' ranges are
+over the keys its lanes took) as its `__shfl_xor_sync` loop. Statements that could touch elements past the loops' ranges are
 guarded, never the whole list (a guard around a barrier or a shuffle would leave threads
 out of it)."""
 from dataclasses import replace
@@ -22,6 +21,7 @@ from moagen.moa.expr import simplified
 from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Unrolled, Update, bound_symbol,
                               grid_chain, is_block_copy, is_thread_loop, loop_key,
                               most_iterations, walk)
+from moagen.onf.signature import DTYPE_BYTES
 from moagen.targets.printer import arrays_in, names_used
 
 AXES = "xyz"
@@ -47,7 +47,7 @@ class TiledKernel:
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
         self.ctx = []  # the thread loops around the statement being printed
         # its shared arrays' places at the dtype's element size (moagen.steps.gpu.closing)
-        element_bytes = 8 if printer.dtype == "float64" else 4
+        element_bytes = DTYPE_BYTES[printer.dtype]
         self.layout = next((layout for layout in nest.shared_layouts
                             if layout.element_bytes == element_bytes), None)
         if self.layout is None:
