@@ -9,6 +9,7 @@ Public as `moagen.torch`:
     o = mt.attention(q, k, v, causal="lower_right")  # attn_mask=causal_lower_right(n_q, n)
     o = mt.attention(q, k, v, attn_mask)       # SDPA's attn_mask, boolean or float
     o = mt.attention(q, k, v, dropout_p=0.1)   # SDPA's dropout, moagen's random numbers
+    o = mt.attention_varlen(q, k, v, cu_q, cu_k)  # packed sequences, FlashAttention's varlen
     z = mt.rms_norm(x, weight, eps)            # for F.rms_norm(x, (d,), weight, eps)
     f = mt.swiglu_mlp(x, w_gate, w_up, w_down) # (silu(x w_gate) * (x w_up)) w_down
     cache = mt.KVCache(batch, kv_heads, capacity, d); cache.append(k, v); o = cache.attend(q)
@@ -33,5 +34,6 @@ from moagen.torch_ops.block import Block
 from moagen.torch_ops.decode import KVCache
 from moagen.torch_ops.hf import register_hf
 from moagen.torch_ops.norm_and_mlp import rms_norm, swiglu_mlp
+from moagen.torch_ops.varlen import attention_varlen
 
-__all__ = ["attention", "rms_norm", "swiglu_mlp", "KVCache", "Block", "register_hf"]
+__all__ = ["attention", "attention_varlen", "rms_norm", "swiglu_mlp", "KVCache", "Block", "register_hf"]
