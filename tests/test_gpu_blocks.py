@@ -54,6 +54,10 @@ def test_the_printer_reduces_across_the_block_and_orders_thread_0s_store():
     positions = [body.index(text) for text in order]
     assert positions == sorted(positions)
     assert body.count("__syncthreads();") == 1  # the reduction brings its own
+    reduction = source[source.index("__device__ T moagen_block_reduce"):]
+    # a warp's lanes by shuffles, then a value a warp through shared memory: two barriers
+    assert "__shfl_xor_sync(0xffffffffu, value, lane_mask)" in reduction
+    assert reduction[:reduction.index("\n}\n")].count("__syncthreads();") == 2
     assert ("MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, dim3((unsigned int)count), "
             "dim3((unsigned int)threads), 0, stream") in source
     assert "__device__ T moagen_block_reduce(T value, Combine combine)" in source
@@ -88,9 +92,9 @@ def test_what_a_block_cannot_share_is_refused(inner, message):
         GpuBlocks(("b",), across="c")(_nest(*inner))
 
 
-def test_a_block_is_a_power_of_two_threads():
-    step = GpuBlocks(("b",), across="c", block=96)
-    with pytest.raises(ScheduleError, match="power of two up to 1024"):
-        step(_nest(GOOD, SCALE))
+@pytest.mark.parametrize("threads", [96, 16, 2048])
+def test_a_block_is_whole_warps_a_power_of_two_threads(threads):
+    with pytest.raises(ScheduleError, match="power of two from 32 to 1024"):
+        GpuBlocks(("b",), across="c", block=threads)(_nest(GOOD, SCALE))
     marked = GpuBlocks(("b",), across="c", block=64)(_nest(GOOD, SCALE))
     assert marked.nests[0].body[0].per_block
