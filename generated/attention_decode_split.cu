@@ -135,7 +135,6 @@ __global__ void attention_decode_split_f64_heads_partial(
     }
     double row_max = -INFINITY;
     double row_sum = 0.0;
-    __syncthreads();
     const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
         const int64_t K_row = d*(cap*(b*kv_heads + quot) + j);
@@ -155,7 +154,6 @@ __global__ void attention_decode_split_f64_heads_partial(
             O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
         }
         row_max = new_max;
-        __syncthreads();
     }
     if (threadIdx.x == 0) {
         row_max_part[row_max_part_row + j_split] = row_max;
@@ -196,7 +194,6 @@ __global__ void attention_decode_split_f64_heads_merge(
         }
         O[c + d*(b*q_heads + h)] = acc;
     }
-    __syncthreads();
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
     }
@@ -279,7 +276,6 @@ __global__ void attention_decode_split_f32_heads_partial(
     }
     float row_max = -INFINITY;
     float row_sum = 0.0f;
-    __syncthreads();
     const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
         const int64_t K_row = d*(cap*(b*kv_heads + quot) + j);
@@ -299,7 +295,6 @@ __global__ void attention_decode_split_f32_heads_partial(
             O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
         }
         row_max = new_max;
-        __syncthreads();
     }
     if (threadIdx.x == 0) {
         row_max_part[row_max_part_row + j_split] = row_max;
@@ -340,7 +335,6 @@ __global__ void attention_decode_split_f32_heads_merge(
         }
         O[c + d*(b*q_heads + h)] = acc;
     }
-    __syncthreads();
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
     }

@@ -869,7 +869,6 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         norm2_dweight_part[c + dm*i_part] = 0.0;
     }
-    __syncthreads();
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 527) / 528); i < (n < i_part*((n + 527) / 528) + ((n + 527) / 528) ? n : i_part*((n + 527) / 528) + ((n + 527) / 528)); ++i) {
             double total = 0.0;
@@ -884,9 +883,7 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
                 dresid_norm2[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
                 norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
             }
-            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
@@ -2295,7 +2292,6 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         norm1_dweight_part[c + dm*i_part] = 0.0;
     }
-    __syncthreads();
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 527) / 528); i < (n < i_part*((n + 527) / 528) + ((n + 527) / 528) ? n : i_part*((n + 527) / 528) + ((n + 527) / 528)); ++i) {
             double total = 0.0;
@@ -2310,9 +2306,7 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
                 dx_norm1[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
                 norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
             }
-            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
@@ -3695,7 +3689,6 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         norm2_dweight_part[c + dm*i_part] = 0.0f;
     }
-    __syncthreads();
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 527) / 528); i < (n < i_part*((n + 527) / 528) + ((n + 527) / 528) ? n : i_part*((n + 527) / 528) + ((n + 527) / 528)); ++i) {
             float total = 0.0f;
@@ -3710,9 +3703,7 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
                 dresid_norm2[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
                 norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
             }
-            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
@@ -5121,7 +5112,6 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         norm1_dweight_part[c + dm*i_part] = 0.0f;
     }
-    __syncthreads();
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 527) / 528); i < (n < i_part*((n + 527) / 528) + ((n + 527) / 528) ? n : i_part*((n + 527) / 528) + ((n + 527) / 528)); ++i) {
             float total = 0.0f;
@@ -5136,9 +5126,7 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
                 dx_norm1[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
                 norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
             }
-            __syncthreads();
         }
-        __syncthreads();
     }
 }
 

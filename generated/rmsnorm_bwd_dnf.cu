@@ -84,7 +84,6 @@ __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         dweight_part[c + d*i_part] = 0.0;
     }
-    __syncthreads();
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 527) / 528); i < (n < i_part*((n + 527) / 528) + ((n + 527) / 528) ? n : i_part*((n + 527) / 528) + ((n + 527) / 528)); ++i) {
             double total = 0.0;
@@ -99,9 +98,7 @@ __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
                 dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
                 dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
             }
-            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
@@ -183,7 +180,6 @@ __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         dweight_part[c + d*i_part] = 0.0f;
     }
-    __syncthreads();
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 527) / 528); i < (n < i_part*((n + 527) / 528) + ((n + 527) / 528) ? n : i_part*((n + 527) / 528) + ((n + 527) / 528)); ++i) {
             float total = 0.0f;
@@ -198,9 +194,7 @@ __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
                 dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
                 dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
             }
-            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
