@@ -107,13 +107,16 @@ def _one_pass_backward(parts):
     a block reduction, a thread's dweight partial its own features'), then a thread a
     feature merging the parts: no atomics, the same bits on every run."""
     partials = replace(DWEIGHT_PARTS, parts=parts, rows="dx")
+    merge = GpuThreads(("c",), nest=partials.nest, block=MERGE_THREADS)
     # the GPU's row sums as loops, for the block's threads to share
     return Layers(algorithm=(partials, Hoist()),
                   schedule={"cpu": (), "cuda": (LowerReductions(),)},
                   mapping={"cpu": (Parallel((partials.part,), nest=partials.partial),),
                            "cuda": (GpuBlocks((partials.part,), nest=partials.partial,
-                                              block=PART_THREADS, across="c"),
-                                    GpuThreads(("c",), nest=partials.nest, block=MERGE_THREADS))})
+                                              block=PART_THREADS, across="c"), merge),
+                           # CUDA's parts (OpenACC takes its defaults), a vector lane each
+                           "openacc": (GpuThreads((partials.part,), nest=partials.partial),
+                                       merge)})
 
 
 BACKWARD_VARIANTS = {
