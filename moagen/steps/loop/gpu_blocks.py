@@ -14,7 +14,8 @@ it among them (thread t takes t, t + threads, ...). What the block's threads the
   `__shared__` memory (moagen.targets.cuda.printer, the template's moagen_block_reduce);
 - the printer puts a `__syncthreads()` between two statements of the block where the
   second touches an array the first wrote (thread 0's store, read by all; one thread's
-  elements, read by another), so that each sees the other's writes.
+  elements, read by another), so that each sees the other's writes; not for an array each
+  of whose elements only one thread touches (moagen.targets.cuda.printer.thread_owned).
 
 Sequentially (the ONF interpreter) the mapping changes nothing: one thread takes every
 iteration and its partial is the total. The checks below make the concurrent form mean
