@@ -215,8 +215,10 @@ def thread_owned(stmts) -> frozenset:
                 inner = s if s.across_threads else shared
                 visit(s.body, inner)
                 continue
-            accesses = [(e.array, e.offset) for x in stmt_exprs(s)
-                        for e in S.subexpressions(x) if isinstance(e, S.Load)]
+            # an access by a multi-index (not laid out) is never taken as owned
+            accesses = [(e.array, e.offset if isinstance(e, S.Load) else None)
+                        for x in stmt_exprs(s) for e in S.subexpressions(x)
+                        if isinstance(e, (S.Load, S.Access))]
             if isinstance(s, Store):
                 accesses.append((s.array, s.index[0] if len(s.index) == 1 else None))
             for array, offset in accesses:
