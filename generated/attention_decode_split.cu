@@ -79,21 +79,22 @@ extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
     T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
-/* A block's threads combine a value each, every thread getting the total: a tree over
- * __shared__ memory (blockDim.x a power of two), so the same order on every call. */
+/* A block's threads combine a value each, every thread getting the total: each warp's
+ * lanes by a shuffle butterfly (five steps, no barrier), then one value a warp through
+ * __shared__ memory, combined by every thread in warp order, so the same order on every
+ * call (blockDim.x a multiple of 32: moagen.steps.loop.gpu_blocks). */
 template <typename T, typename Combine>
 __device__ T moagen_block_reduce(T value, Combine combine)
 {
-    MOAGEN_SHARED(T, partial, 1024);
-    const unsigned int t = threadIdx.x;
-    __syncthreads();  /* every thread has read the last reduction's total */
-    partial[t] = value;
+    MOAGEN_SHARED(T, warp_total, 32);
+    for (int lane_mask = 16; lane_mask > 0; lane_mask /= 2)
+        value = combine(value, __shfl_xor_sync(0xffffffffu, value, lane_mask));
+    __syncthreads();  /* every thread has read the last reduction's warp totals */
+    if (threadIdx.x % 32 == 0) warp_total[threadIdx.x / 32] = value;
     __syncthreads();
-    for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] = combine(T(partial[t]), T(partial[t + half]));
-        __syncthreads();
-    }
-    return partial[0];
+    T total = warp_total[0];
+    for (unsigned int w = 1; w < blockDim.x / 32; ++w) total = combine(total, T(warp_total[w]));
+    return total;
 }
 
 struct moagen_sum {
@@ -134,7 +135,6 @@ __global__ void attention_decode_split_f64_heads_partial(
     }
     double row_max = -INFINITY;
     double row_sum = 0.0;
-    __syncthreads();
     const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
         const int64_t K_row = d*(cap*(b*kv_heads + quot) + j);
@@ -154,7 +154,6 @@ __global__ void attention_decode_split_f64_heads_partial(
             O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
         }
         row_max = new_max;
-        __syncthreads();
     }
     if (threadIdx.x == 0) {
         row_max_part[row_max_part_row + j_split] = row_max;
@@ -195,7 +194,6 @@ __global__ void attention_decode_split_f64_heads_merge(
         }
         O[c + d*(b*q_heads + h)] = acc;
     }
-    __syncthreads();
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
     }
@@ -278,7 +276,6 @@ __global__ void attention_decode_split_f32_heads_partial(
     }
     float row_max = -INFINITY;
     float row_sum = 0.0f;
-    __syncthreads();
     const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
         const int64_t K_row = d*(cap*(b*kv_heads + quot) + j);
@@ -298,7 +295,6 @@ __global__ void attention_decode_split_f32_heads_partial(
             O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
         }
         row_max = new_max;
-        __syncthreads();
     }
     if (threadIdx.x == 0) {
         row_max_part[row_max_part_row + j_split] = row_max;
@@ -339,7 +335,6 @@ __global__ void attention_decode_split_f32_heads_merge(
         }
         O[c + d*(b*q_heads + h)] = acc;
     }
-    __syncthreads();
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
     }

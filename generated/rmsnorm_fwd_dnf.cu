@@ -30,21 +30,22 @@ extern __shared__ __align__(16) unsigned char moagen_dynamic_shared[];
     T *const name = reinterpret_cast<T *>(moagen_dynamic_shared + (byte_offset))
 #endif
 
-/* A block's threads combine a value each, every thread getting the total: a tree over
- * __shared__ memory (blockDim.x a power of two), so the same order on every call. */
+/* A block's threads combine a value each, every thread getting the total: each warp's
+ * lanes by a shuffle butterfly (five steps, no barrier), then one value a warp through
+ * __shared__ memory, combined by every thread in warp order, so the same order on every
+ * call (blockDim.x a multiple of 32: moagen.steps.loop.gpu_blocks). */
 template <typename T, typename Combine>
 __device__ T moagen_block_reduce(T value, Combine combine)
 {
-    MOAGEN_SHARED(T, partial, 1024);
-    const unsigned int t = threadIdx.x;
-    __syncthreads();  /* every thread has read the last reduction's total */
-    partial[t] = value;
+    MOAGEN_SHARED(T, warp_total, 32);
+    for (int lane_mask = 16; lane_mask > 0; lane_mask /= 2)
+        value = combine(value, __shfl_xor_sync(0xffffffffu, value, lane_mask));
+    __syncthreads();  /* every thread has read the last reduction's warp totals */
+    if (threadIdx.x % 32 == 0) warp_total[threadIdx.x / 32] = value;
     __syncthreads();
-    for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] = combine(T(partial[t]), T(partial[t + half]));
-        __syncthreads();
-    }
-    return partial[0];
+    T total = warp_total[0];
+    for (unsigned int w = 1; w < blockDim.x / 32; ++w) total = combine(total, T(warp_total[w]));
+    return total;
 }
 
 struct moagen_sum {

@@ -28,8 +28,10 @@ KERNELS = [("attention_fwd", "online"), ("attention_fwd_causal", "dnf"),
 # A thread block per row or per slice of keys (GpuBlocks) runs blocks of 128 or 256 threads
 # whose barriers cost a few ms each on 2 cores (every thread must run once): the declared
 # sizes' hundreds of blocks take 30-40 s a case, left to `make verify-cuda-emulated`. Here
-# few blocks, and rows longer than a block, so that threads take several features each.
+# few blocks, and rows longer than a block, so that threads take several features each; the
+# backward's 528 blocks of 1024 threads (a block a part, whatever the rows) at one size.
 FEW_BLOCKS = {("rmsnorm_fwd", "dnf"): (dict(batch=1, n=3, d=517),),
+              ("rmsnorm_bwd", "dnf"): (dict(batch=2, n=40, d=33),),
               ("attention_decode", "split"): (dict(batch=1, q_heads=2, kv_heads=1, cap=40,
                                                    d=131, n=37),)}
 CASES = [(kernel, variant, "cuda-emulated", dtype, sizes) for kernel, variant in KERNELS

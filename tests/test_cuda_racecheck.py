@@ -430,15 +430,17 @@ def _run_generated(source, stem, racecheck=True):
 
 def test_a_generated_kernel_passes_the_race_check_and_fails_it_with_a_barrier_deleted():
     source = emit(KERNEL, VARIANT, "cuda-emulated")
-    assert "MOAGEN_SHARED(T, partial, 1024);" in source
+    assert "MOAGEN_SHARED(T, warp_total, 32);" in source
     _run_generated(source, "racecheck_rmsnorm")  # no race: returns
-    barrier = "    partial[t] = value;\n    __syncthreads();\n"
+    write = "    if (threadIdx.x % 32 == 0) warp_total[threadIdx.x / 32] = value;\n"
+    barrier = write + "    __syncthreads();\n"
     assert source.count(barrier) == 1
-    broken = source.replace(barrier, "    partial[t] = value;\n")
+    broken = source.replace(barrier, write)
     with pytest.raises(EmulationCheckError,
                        match=r"rmsnorm_fwd_dnf_f64: kernel rmsnorm_fwd_dnf_f64_rows: race on "
-                             r"shared `partial`\[\d+\] in block \(0,0,0\): thread \(\d+,0,0\) "
-                             r"(wrote|read) `partial`\[\d+\] and thread \(\d+,0,0\) (reads|writes) it"):
+                             r"shared `warp_total`\[\d+\] in block \(0,0,0\): thread \(\d+,0,0\) "
+                             r"(wrote|read) `warp_total`\[\d+\] and thread \(\d+,0,0\) "
+                             r"(reads|writes) it"):
         _run_generated(broken, "racecheck_rmsnorm_broken")
 
 

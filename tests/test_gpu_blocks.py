@@ -2,6 +2,8 @@
 refuses, and what the CUDA printer makes of it. That the printed kernels compute the same
 values with a block's threads running at once is checked by the emulation
 (tests/test_cuda_emulation.py runs rmsnorm_fwd dnf and the block that calls it)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import sympy
@@ -54,6 +56,10 @@ def test_the_printer_reduces_across_the_block_and_orders_thread_0s_store():
     positions = [body.index(text) for text in order]
     assert positions == sorted(positions)
     assert body.count("__syncthreads();") == 1  # the reduction brings its own
+    reduction = source[source.index("__device__ T moagen_block_reduce"):]
+    # a warp's lanes by shuffles, then a value a warp through shared memory: two barriers
+    assert "__shfl_xor_sync(0xffffffffu, value, lane_mask)" in reduction
+    assert reduction[:reduction.index("\n}\n")].count("__syncthreads();") == 2
     assert ("MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, dim3((unsigned int)count), "
             "dim3((unsigned int)threads), 0, stream") in source
     assert "__device__ T moagen_block_reduce(T value, Combine combine)" in source
@@ -88,9 +94,27 @@ def test_what_a_block_cannot_share_is_refused(inner, message):
         GpuBlocks(("b",), across="c")(_nest(*inner))
 
 
-def test_a_block_is_a_power_of_two_threads():
-    step = GpuBlocks(("b",), across="c", block=96)
-    with pytest.raises(ScheduleError, match="power of two up to 1024"):
-        step(_nest(GOOD, SCALE))
+@pytest.mark.parametrize("threads", [96, 16, 2048])
+def test_a_block_is_whole_warps_a_power_of_two_threads(threads):
+    with pytest.raises(ScheduleError, match="power of two from 32 to 1024"):
+        GpuBlocks(("b",), across="c", block=threads)(_nest(GOOD, SCALE))
     marked = GpuBlocks(("b",), across="c", block=64)(_nest(GOOD, SCALE))
     assert marked.nests[0].body[0].per_block
+
+
+def test_an_array_each_element_of_which_one_thread_touches_needs_no_barrier():
+    from moagen.targets.cuda.printer import thread_owned
+    partial = onf_of("rmsnorm_bwd", "dnf", target="cuda").nests[0]
+    # dx, the part's dweight partials: offset c + d*(...) in the loops over c; inv_rms a row's
+    assert thread_owned(partial.body) == {"dx", "dweight_part", "dz", "weight", "x"}
+    source = emit_cuda([("float64", onf_of("rmsnorm_bwd", "dnf", target="cuda"))], ["test"])
+    body = source[source.index("const int64_t i_part = blk;"):]
+    assert "__syncthreads();" not in body[:body.index("\n}\n")]  # the reductions' own only
+    forward = onf_of("rmsnorm_fwd", "dnf", target="cuda").nests[0]
+    assert "inv_rms" not in thread_owned(forward.body)  # thread 0's, read by all
+    shared = Loop(c, sympy.Integer(0), C, (), across_threads=True)
+    for offset, owned in ((c + C * b, True), (c + 1 + C * b, False), (c + C * b / 2, False)):
+        store = Store("y", (offset,), S.Num(0.0))
+        assert thread_owned((Loop(b, sympy.Integer(0), B, (replace(shared, body=(store,)),)),)) \
+            == ({"y"} if owned else set())
+    assert thread_owned((Store("y", (c + C * b,), S.Num(0.0)),)) == set()  # not in a shared loop

@@ -60,13 +60,17 @@ def test_c_prints_a_data_region_and_a_compute_construct_per_nest():
     assert "#pragma omp" not in source
     assert ("#pragma acc data copyin(x[0:batch*n*d], weight[0:d], inv_rms[0:batch*n], "
             "dz[0:batch*n*d]) \\\n        copyout(dx[0:batch*n*d], dweight[0:d]) \\\n"
-            "        create(dweight_part[0:16*d])") in source
+            "        create(dweight_part[0:528*d])") in source  # CUDA's parts
     onf = onf_of("rmsnorm_bwd", "dnf", target="openacc")
     assert [n.label for n in onf.nests] == ["dweight.partial", "dweight"]
-    # the parts in parallel, a vector lane each; the sum over the parts in a serial region
+    # the parts in parallel, a vector lane each; the sum over the parts a lane a feature
     assert ("#pragma acc parallel loop gang vector collapse(1) vector_length(128) "
             "present(dweight_part, dz, weight, x, inv_rms, dx)") in source
-    assert "#pragma acc serial present(dweight_part, dweight)" in source
+    assert ("#pragma acc parallel loop gang vector collapse(1) vector_length(32) "
+            "present(dweight_part, dweight)") in source
+    # a nest with no parallel loop: a serial region (naive's merge of its 16 parts)
+    assert "#pragma acc serial present(dweight_part, dweight)" in emit(
+        "rmsnorm_bwd", "naive", "openacc-c", ("float64",))
     assert "double *restrict x" in source
     assert "*restrict" not in emit("rmsnorm_bwd", "dnf", "openacc-c-norestrict")
 
@@ -79,9 +83,11 @@ def test_fortran_prints_the_same_regions_with_its_private_scalars():
     assert ("!$acc parallel loop gang vector collapse(1) vector_length(128) present(dweight_part, "
             "dz, &\n      !$acc& weight, x, inv_rms, dx) private( &\n      !$acc&   c, &\n"
             "      !$acc&   b, &") in source
-    for end in ("!$acc end parallel loop", "!$acc serial present(dweight_part, dweight)",
-                "!$acc end serial", "!$acc end data"):
+    for end in ("!$acc end parallel loop", "!$acc end data"):
         assert end in source
+    naive = emit("rmsnorm_bwd", "naive", "openacc-fortran", ("float64",))
+    for end in ("!$acc serial present(dweight_part, dweight)", "!$acc end serial"):
+        assert end in naive
 
 
 def test_atomic_sums_are_openacc_atomics_in_both_languages():

@@ -317,21 +317,6 @@ def test_a_c_kernel_reads_no_tensor_whose_address_would_mislead_it():
                      torch.ones(8, dtype=torch.float64), eps=1e-5))
 
 
-def test_the_gpus_rms_norm_backward_variant_is_the_cpus_to_rounding():
-    """On CUDA tensors the RMSNorm backward runs its naive variant (a thread per row there);
-    on the CPU its values are dnf's, the CPU's, to float64 rounding."""
-    from moagen.torch_ops.norm_and_mlp import _rows, norm_backward_variant
-    from moagen.torch_ops.native import call
-    assert norm_backward_variant(torch.device("cuda", 0)) == "naive"
-    assert norm_backward_variant(torch.device("cpu")) == "dnf"
-    x, w, dz = (t.detach() for t in (_randn(3, 37, 19), _randn(19), _randn(3, 37, 19)))
-    inv_rms = torch.rsqrt(x.pow(2).mean(-1) + 1e-5)
-    ours = [call("rmsnorm_bwd", variant, "c", _rows(x), w, (inv_rms, (1, inv_rms.numel())),
-                 _rows(dz), out_shapes=(x.shape,)) for variant in ("naive", "dnf")]
-    for naive, dnf in zip(*ours):
-        _close(naive, dnf)
-
-
 def test_cuda_tensors_pass_the_checks_and_mixed_devices_do_not():
     """No GPU is needed to see it: fake CUDA tensors reach the checks and fake
     implementations torch.compile runs while tracing (tests/test_torch_cuda.py runs the

@@ -24,7 +24,7 @@ from moagen.steps.algebra.partials import PartialSums
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.gpu_blocks import GpuBlocks
 from moagen.steps.loop.hoist import Hoist
-from moagen.steps.loop.parallel import Parallel
+from moagen.steps.loop.parallel import GpuThreads, Parallel
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.unroll import rows_together, tiled
 
@@ -91,18 +91,42 @@ FORWARD_VARIANTS = {
     "dnf": Tunable(frozenset(), _one_pass, defaults={"rows": 1}, space=ROW_SPACE),
 }
 PARTS = 16  # dweight's partial sums: fixed, so the result does not depend on the threads
+# on a GPU a block a part: 528 blocks are two full waves of an H200's 132 SMs at 2 blocks of
+# 1024 threads an SM (moagen.cost.gpu), every part 2 rows at the bench's 1024 (16 at 8192)
+GPU_PARTS, PART_THREADS = 528, 1024
+# the merge's thread a feature: blocks of a warp, so that a row of 1024 features is spread
+# over 32 SMs (each thread's part-by-part loads the whole merge's traffic)
+MERGE_THREADS = 32
 DWEIGHT_PARTS = PartialSums("dweight", "i", PARTS)
+
+
+def _one_pass_backward(parts):
+    """One pass over the rows: each part's rows compute their dx and add to the part's
+    dweight while the row is in cache; then dweight the parts' sums, merged in part order.
+    On a GPU a block a part, its threads sharing the features (a row's sum(dz * weight * x)
+    a block reduction, a thread's dweight partial its own features'), then a thread a
+    feature merging the parts: no atomics, the same bits on every run."""
+    partials = replace(DWEIGHT_PARTS, parts=parts, rows="dx")
+    merge = GpuThreads(("c",), nest=partials.nest, block=MERGE_THREADS)
+    # the GPU's row sums as loops, for the block's threads to share
+    return Layers(algorithm=(partials, Hoist()),
+                  schedule={"cpu": (), "cuda": (LowerReductions(),)},
+                  mapping={"cpu": (Parallel((partials.part,), nest=partials.partial),),
+                           "cuda": (GpuBlocks((partials.part,), nest=partials.partial,
+                                              block=PART_THREADS, across="c"), merge),
+                           # CUDA's parts (OpenACC takes its defaults), a vector lane each
+                           "openacc": (GpuThreads((partials.part,), nest=partials.partial),
+                                       merge)})
+
+
 BACKWARD_VARIANTS = {
     # dx row by row, then dweight's partial sums: x and dz are read twice
     "naive": (frozenset(), Layers(algorithm=(DWEIGHT_PARTS, Hoist()),
                                   mapping=cpu(Parallel(ROWS, nest="dx"),
                                               Parallel((DWEIGHT_PARTS.part,),
                                                        nest=DWEIGHT_PARTS.partial)))),
-    # one pass: each part's rows compute their dx and add to the part's dweight while the row
-    # is in cache
-    "dnf": (frozenset(), Layers(algorithm=(replace(DWEIGHT_PARTS, rows="dx"), Hoist()),
-                                mapping=cpu(Parallel((DWEIGHT_PARTS.part,),
-                                                     nest=DWEIGHT_PARTS.partial)))),
+    "dnf": Tunable(frozenset(), _one_pass_backward, defaults={"parts": PARTS}, space={},
+                   cuda={"parts": GPU_PARTS}),
 }
 
 # the forward's scaling alone, from a kept statistic: how a backward recomputes x / r
@@ -117,7 +141,11 @@ APPLY = KernelSpec(
 BACKWARD = _backward("rmsnorm_bwd")
 KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")),
            (BACKWARD, BACKWARD_VARIANTS),
-           (APPLY, {"dnf": (frozenset(), Layers(mapping=cpu(Parallel(ROWS))))})]
+           # on a GPU a block a row, as the forward's (a thread a row reads a row's features
+           # a thread apart, uncoalesced)
+           (APPLY, {"dnf": (frozenset(), Layers(mapping={
+               "cpu": (Parallel(ROWS),),
+               "cuda": (GpuBlocks(ROWS, block=ROW_THREADS, across="c"),)}))})]
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases).
 EPS = 1e-5  # the eps of the checks, and of the statistics a backward is given

@@ -2,8 +2,8 @@
 dimensions; the kernels see them as one batch of rows).
 
     rms_norm    forward rmsnorm_fwd (z and the per-row 1/rms, kept for the backward),
-                backward rmsnorm_bwd (dx, and dweight summed in fixed parts: the same bits
-                on any thread count)
+                backward rmsnorm_bwd (dx, and dweight summed in fixed parts, 16 on a CPU
+                and 528 thread blocks on a GPU: the same bits on any thread count)
     swiglu_mlp  forward mlp_fwd (F, and U = x w_gate and V = x w_up, kept), backward
                 mlp_bwd (H recomputed from U and V); both register tiled ("tiled")
 
@@ -49,17 +49,8 @@ def _rms_norm_fake(x, weight, eps, lang):
 
 def _rms_norm_backward(x: Tensor, weight: Tensor, inv_rms: Tensor, grad_z: Tensor,
                        lang: str) -> tuple[Tensor, Tensor]:
-    return call("rmsnorm_bwd", norm_backward_variant(x.device), lang, _rows(x), weight,
+    return call("rmsnorm_bwd", "dnf", lang, _rows(x), weight,
                 (inv_rms, (1, inv_rms.numel())), _rows(grad_z), out_shapes=(x.shape,))
-
-
-def norm_backward_variant(device) -> str:
-    """The RMSNorm backward's variant for tensors on this device: dnf on a CPU (dx and
-    dweight's parts in one pass over the rows, x and dz read once), naive on a GPU, where
-    dnf's 16 fixed parts would run the whole backward on 16 threads and naive runs dx a
-    thread per row (dweight in 16 fixed parts too: the same bits on any GPU; equal to dnf's
-    to rounding)."""
-    return "naive" if device.type == "cuda" else "dnf"
 
 
 rms_norm_backward_op = Operator(

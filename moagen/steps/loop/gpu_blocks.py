@@ -9,11 +9,13 @@ it among them (thread t takes t, t + threads, ...). What the block's threads the
   read what every thread reads); a store there is made by thread 0 alone;
 - a loop over `across` runs its iterations on their threads: its stores must be indexed by
   the loop (each element written by one thread), and a local it accumulates (`+` or `max`)
-  is each thread's partial, combined after the loop by a block-wide reduction in
-  `__shared__` memory that gives every thread the total (moagen.targets.cuda.printer);
+  is each thread's partial, combined after the loop by a block-wide reduction that gives
+  every thread the total: each warp's by shuffles, then the warps' totals through
+  `__shared__` memory (moagen.targets.cuda.printer, the template's moagen_block_reduce);
 - the printer puts a `__syncthreads()` between two statements of the block where the
   second touches an array the first wrote (thread 0's store, read by all; one thread's
-  elements, read by another), so that each sees the other's writes.
+  elements, read by another), so that each sees the other's writes; not for an array each
+  of whose elements only one thread touches (moagen.targets.cuda.printer.thread_owned).
 
 Sequentially (the ONF interpreter) the mapping changes nothing: one thread takes every
 iteration and its partial is the total. The checks below make the concurrent form mean
@@ -28,8 +30,8 @@ from moagen.onf.loops import Let, Loop, Store, Update, names_read, parallel_chai
 from moagen.steps.loop.parallel import GpuThreads
 from moagen.steps.step import NotApplicable, hidden, shown
 
-# the block-wide reduction is a tree over a power of two of threads, at most CUDA's 1024
-MAX_THREADS = 1024
+# a block reduction's shuffles take whole warps, and its warps' totals one a lane of a warp
+WARP, MAX_THREADS = 32, 1024
 # the accumulations a block reduction combines (the printer's helpers)
 REDUCIBLE = ("+", "max")
 
@@ -40,9 +42,10 @@ class GpuBlocks(GpuThreads):
     across: str = hidden("c")
 
     def rewrite_nest(self, nest, names):
-        if self.block > MAX_THREADS or self.block & (self.block - 1):
-            raise ScheduleError(f"{self}: a block's threads must be a power of two up to "
-                                f"{MAX_THREADS} (its reductions are trees), got {self.block}")
+        if not WARP <= self.block <= MAX_THREADS or self.block & (self.block - 1):
+            raise ScheduleError(f"{self}: a block's threads must be a power of two from {WARP} "
+                                f"to {MAX_THREADS} (its reductions shuffle whole warps), got "
+                                f"{self.block}")
         (head,) = super().rewrite_nest(nest, names)  # the chain's legality, as for a thread each
         chain = parallel_chain(head)
         shared = []

@@ -10,7 +10,8 @@ from moagen.targets.c.printer import CPrinter
 from moagen.targets.printer import Printer, arrays_in, dnf_comment, names_used
 from moagen.targets.cuda.tiled import TiledKernel, is_tiled
 from moagen.templates import render
-from moagen.onf.loops import Let, Loop, Store, Update, arrays_read, parallel_chain, walk
+from moagen.onf.loops import (Let, Loop, Store, Update, arrays_read, parallel_chain,
+                              stmt_exprs, walk)
 
 # threads a block where no mapping says (nests a step made parallel itself: a register
 # tile's panels)
@@ -25,6 +26,7 @@ class CudaPrinter(CPrinter):
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)
         self.block_level = False  # printing what a GpuBlocks block's threads all run
+        self.owned = frozenset()  # the arrays of that block each of whose elements one thread's
         self.block_reductions = False  # whether a kernel calls moagen_block_reduce
         self.tiled = None  # the TiledKernel being printed
 
@@ -47,9 +49,10 @@ class CudaPrinter(CPrinter):
                     "const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;",
                     f"if (tid >= {count}) return;"])
             self.block_level = per_block
+            self.owned = thread_owned(nest.body) if per_block else frozenset()
             # a nest with no parallel loops runs on a single thread
             body = self.loop_body(chain[-1], 1) if chain else self.block(nest.body, 1)
-            self.block_level = False
+            self.block_level, self.owned = False, frozenset()
             threads = chain[0].threads if chain and chain[0].threads else THREADS_PER_BLOCK
             used = names_used(nest.body)
             blocks = extent if per_block else sympy.ceiling(extent / threads)
@@ -133,7 +136,8 @@ class CudaPrinter(CPrinter):
         lines, written, read = [], set(), set()
         guarded = False  # the last lines are thread 0's stores, in their `if`
         for s in stmts:
-            reads, writes = arrays_read([s]), {x.array for x in walk([s]) if isinstance(x, Store)}
+            reads = arrays_read([s]) - self.owned
+            writes = {x.array for x in walk([s]) if isinstance(x, Store)} - self.owned
             if (reads | writes) & written or writes & read:
                 lines.append(self.indent * depth + "__syncthreads();")
                 written, read, guarded = set(), set(), False
@@ -154,7 +158,8 @@ class CudaPrinter(CPrinter):
         if loop.across_threads:
             return self.shared_loop(loop, depth)
         lines = super().loop(loop, depth)
-        if self.block_level and any(isinstance(s, Store) for s in walk(loop.body)):
+        if self.block_level and any(isinstance(s, Store) and s.array not in self.owned
+                                    for s in walk(loop.body)):
             # what one iteration wrote, the next may read on another thread
             lines.insert(-1, self.indent * (depth + 1) + "__syncthreads();")
         return lines
@@ -193,6 +198,49 @@ class CudaPrinter(CPrinter):
     def max_or_min(self, fn, a, b):
         name = "f" + fn + ("f" if self.dtype == "float32" else "")  # one instruction on a GPU
         return f"{name}({a}, {b})"
+
+
+def thread_owned(stmts) -> frozenset:
+    """The arrays of a GpuBlocks block (its statements `stmts`, laid out) each of whose
+    elements only one of its threads touches, so that no barrier need order their accesses:
+    those every access of which lies in a loop the threads share over [0, L), at an offset
+    v + L*R (v the loop's variable, R an integer polynomial free of v). Such an element e
+    is v = e mod L's, thread v mod blockDim.x's, in every loop and at every iteration
+    around it (a part's dweight partials, a row's dx)."""
+    owned, other = set(), set()
+
+    def visit(stmts, shared):
+        for s in stmts:
+            if isinstance(s, Loop):
+                inner = s if s.across_threads else shared
+                visit(s.body, inner)
+                continue
+            # an access by a multi-index (not laid out) is never taken as owned
+            accesses = [(e.array, e.offset if isinstance(e, S.Load) else None)
+                        for x in stmt_exprs(s) for e in S.subexpressions(x)
+                        if isinstance(e, (S.Load, S.Access))]
+            if isinstance(s, Store):
+                accesses.append((s.array, s.index[0] if len(s.index) == 1 else None))
+            for array, offset in accesses:
+                (owned if _owned_offset(offset, shared) else other).add(array)
+
+    visit(stmts, None)
+    return frozenset(owned - other)
+
+
+def _owned_offset(offset, loop) -> bool:
+    """Whether `offset` is v + L*R inside the shared loop `loop` over v in [0, L)."""
+    if loop is None or offset is None or loop.start != 0:
+        return False
+    rest = sympy.cancel((sympy.sympify(offset) - loop.var) / loop.stop)
+    if loop.var in rest.free_symbols:
+        return False
+    if not rest.free_symbols:
+        return rest.is_integer is True
+    if not rest.is_polynomial(*rest.free_symbols) or \
+            not all(v.is_integer for v in rest.free_symbols):
+        return False
+    return all(c.is_integer for c in sympy.Poly(rest, *rest.free_symbols).coeffs())
 
 
 def emit_cuda(onfs_by_dtype, banner):
