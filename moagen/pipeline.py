@@ -31,15 +31,18 @@ def onf_of(kernel: str, variant: str = None, layout: str = "row", params=None,
         return _composed(k, chosen, layout, target, dtype, upto)
     if upto is not None:
         return k.onf(variant, layout, chosen, target, upto, dtype)
-    # A kernel's ONF depends on the dtype through its parameters and the size of its
-    # elements (a tiled nest's shared memory is laid out and checked at it) only
-    return _onf(kernel, variant, layout, param_pairs(chosen), target, DTYPE_BYTES[dtype])
+    # A kernel's ONF depends on the dtype through its parameters and, on a GPU, the size of
+    # its elements (a tiled nest's shared memory is laid out and checked at it) only: a CPU
+    # ONF whose dtypes share their parameters is realized once
+    element_bytes = DTYPE_BYTES[dtype] if target == "cuda" else None
+    return _onf(kernel, variant, layout, param_pairs(chosen), target, element_bytes)
 
 
 @lru_cache(maxsize=None)
 def _onf(kernel, variant, layout, params, target, element_bytes):
+    """element_bytes: None for a target kind with no tiled nests (nothing laid out)."""
     return get_kernel(kernel).onf(variant, layout, dict(params), target=target,
-                                  element_bytes=(element_bytes,))
+                                  element_bytes=element_bytes and (element_bytes,))
 
 
 def _composed(kernel: CompositeKernel, params: dict, layout, target, dtype, upto) -> ONF:
