@@ -165,6 +165,8 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(double, rows_lse_tile, 160, 20);
     MOAGEN_SHARED_AT(double, rows_delta_tile, 0, 20);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 544*MAX_d + 320, 16*MAX_d + 64);
@@ -196,7 +198,7 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, t_block written and read
         for (int e5 = ty; e5 < 64; e5 += 4) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -335,7 +337,7 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int j_piece = 0; j_piece < 4; ++j_piece) {
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
@@ -401,6 +403,7 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, dV_K_tile, 0, 20*MAX_d);
     MOAGEN_SHARED_AT(double, dV_Q_tile, 672*MAX_d + 2592, 68*MAX_d);
     MOAGEN_SHARED_AT(double, dV_lse_tile, 672*MAX_d + 2048, 68);
@@ -423,7 +426,7 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // dV_dO_tile copied after dV_dO_tile copied and read
         for (int e18 = ty; e18 < 64; e18 += 4) {
             for (int e19 = tx; e19 < d; e19 += 16) {
@@ -677,6 +680,8 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(float, rows_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, rows_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 272*MAX_d + 288, 32*MAX_d + 128);
@@ -708,7 +713,7 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_dO_tile copied and read, t_block written and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -847,7 +852,7 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int j_piece = 0; j_piece < 2; ++j_piece) {
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
@@ -913,6 +918,7 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, dV_K_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(float, dV_Q_tile, 400*MAX_d + 1296, 68*MAX_d);
     MOAGEN_SHARED_AT(float, dV_lse_tile, 400*MAX_d + 1024, 68);
@@ -935,7 +941,7 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // dV_dO_tile copied after dV_dO_tile copied and read
         for (int e18 = ty; e18 < 64; e18 += 8) {
             for (int e19 = tx; e19 < d; e19 += 16) {

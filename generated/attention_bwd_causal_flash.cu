@@ -139,6 +139,8 @@ __global__ void attention_bwd_causal_flash_f64_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, dQ_lse_tile, 288, 36);
     MOAGEN_SHARED_AT(double, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(double, dQ_Q_tile, 544*MAX_d + 576, 36*MAX_d);
@@ -169,7 +171,7 @@ __global__ void attention_bwd_causal_flash_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -346,6 +348,8 @@ __global__ void attention_bwd_causal_flash_f64_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, keys_K_tile, 544*MAX_d + 1088, 36*MAX_d);
     MOAGEN_SHARED_AT(double, keys_Q_tile_by_i, 1088, 68*MAX_d);
     MOAGEN_SHARED_AT(double, keys_V_tile, 1088, 36*MAX_d);
@@ -380,7 +384,7 @@ __global__ void attention_bwd_causal_flash_f64_keys(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = quot; i_blk < quot2; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
@@ -701,6 +705,8 @@ __global__ void attention_bwd_causal_flash_f32_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, dQ_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, dQ_Q_tile, 272*MAX_d + 288, 36*MAX_d);
@@ -731,7 +737,7 @@ __global__ void attention_bwd_causal_flash_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -908,6 +914,8 @@ __global__ void attention_bwd_causal_flash_f32_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, keys_K_tile, 272*MAX_d + 544, 36*MAX_d);
     MOAGEN_SHARED_AT(float, keys_Q_tile_by_i, 544, 68*MAX_d);
     MOAGEN_SHARED_AT(float, keys_V_tile, 544, 36*MAX_d);
@@ -942,7 +950,7 @@ __global__ void attention_bwd_causal_flash_f32_keys(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = quot; i_blk < quot2; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);

@@ -166,6 +166,8 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(double, keys_K_tile, 544*MAX_d + 1088, 16*MAX_d + 64);
     MOAGEN_SHARED_AT(double, keys_Q_tile_by_i, 1088, 68*MAX_d);
     MOAGEN_SHARED_AT(double, keys_V_tile, 1088, 20*MAX_d);
@@ -201,7 +203,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e10 = ty * 16 + tx; e10 < 64; e10 += 64) {
             keys_delta_tile[e10] = (e10 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e10 + 64*i_blk + n*(b*heads + h)] : 0.0);
@@ -374,7 +376,7 @@ __global__ void attention_bwd_dq_atomic_f64_keys(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int i_piece = 0; i_piece < 4; ++i_piece) {
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
@@ -567,6 +569,8 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(float, keys_K_tile, 272*MAX_d + 544, 32*MAX_d + 128);
     MOAGEN_SHARED_AT(float, keys_Q_tile_by_i, 544, 68*MAX_d);
     MOAGEN_SHARED_AT(float, keys_V_tile, 544, 36*MAX_d);
@@ -602,7 +606,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read, keys_Q_tile_by_c copied and read
         for (int e10 = ty * 16 + tx; e10 < 64; e10 += 128) {
             keys_delta_tile[e10] = (e10 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e10 + 64*i_blk + n*(b*heads + h)] : 0.0f);
@@ -775,7 +779,7 @@ __global__ void attention_bwd_dq_atomic_f32_keys(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int i_piece = 0; i_piece < 2; ++i_piece) {
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {

@@ -139,6 +139,7 @@ __global__ void attention_bwd_flash_f64_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, dQ_lse_tile, 288, 36);
     MOAGEN_SHARED_AT(double, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(double, dQ_Q_tile, 544*MAX_d + 576, 36*MAX_d);
@@ -169,7 +170,7 @@ __global__ void attention_bwd_flash_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -344,6 +345,7 @@ __global__ void attention_bwd_flash_f64_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, keys_K_tile, 544*MAX_d + 1088, 36*MAX_d);
     MOAGEN_SHARED_AT(double, keys_Q_tile_by_i, 1088, 68*MAX_d);
     MOAGEN_SHARED_AT(double, keys_V_tile, 1088, 36*MAX_d);
@@ -378,7 +380,7 @@ __global__ void attention_bwd_flash_f64_keys(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
@@ -698,6 +700,7 @@ __global__ void attention_bwd_flash_f32_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, dQ_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, dQ_Q_tile, 272*MAX_d + 288, 36*MAX_d);
@@ -728,7 +731,7 @@ __global__ void attention_bwd_flash_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -903,6 +906,7 @@ __global__ void attention_bwd_flash_f32_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, keys_K_tile, 272*MAX_d + 544, 36*MAX_d);
     MOAGEN_SHARED_AT(float, keys_Q_tile_by_i, 544, 68*MAX_d);
     MOAGEN_SHARED_AT(float, keys_V_tile, 544, 36*MAX_d);
@@ -937,7 +941,7 @@ __global__ void attention_bwd_flash_f32_keys(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);

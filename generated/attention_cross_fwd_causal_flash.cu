@@ -116,6 +116,10 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
     const int g_r = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + offset + 1) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
+    const int64_t quot3 = ((32*i_blk + offset + 31) / 64);
+    const int64_t quot4 = ((g_r) / group);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, rows_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, rows_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -131,7 +135,7 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
     double t[4];
     for (int e = ty; e < 32; e += 8) {
         for (int e2 = tx; e2 < d; e2 += 16) {
-            rows_Q_tile[e + 36*e2] = (e + 32*i_blk < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) ? Q[d*(e + 32*i_blk + n_q*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e2] : 0.0);
+            rows_Q_tile[e + 36*e2] = (e + 32*i_blk < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) ? Q[d*(e + 32*i_blk + n_q*(g_r - group*quot4 + group*(b*kv_heads + quot4))) + e2] : 0.0);
         }
     }
     #pragma unroll
@@ -149,11 +153,11 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + offset + 1) / 64) ? ((n + 63) / 64) : ((32*i_blk + offset + 1) / 64)); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot < quot2 ? quot : quot2); ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
-                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e4] : 0.0);
+                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + quot4)) + e4] : 0.0);
             }
         }
         __syncthreads();  // rows_K_tile read after rows_K_tile copied
@@ -254,7 +258,7 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
         __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e7 = ty; e7 < 64; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
-                rows_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e8] : 0.0);
+                rows_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*kv_heads + quot4)) + e8] : 0.0);
             }
         }
         __syncthreads();  // rows_V_tile read after rows_V_tile copied
@@ -279,11 +283,11 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = (((n + 63) / 64) < ((32*i_blk + offset + 1) / 64) ? ((n + 63) / 64) : ((32*i_blk + offset + 1) / 64)); j_blk < (((n + 63) / 64) < ((32*i_blk + offset + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + offset + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = (quot < quot2 ? quot : quot2); j_blk < (quot2 < quot3 + 1 ? quot2 : quot3 + 1); ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_V_tile read and copied, rows_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
-                rows_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0);
+                rows_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + quot4)) + e6] : 0.0);
             }
         }
         __syncthreads();  // rows_K_tile read after rows_K_tile copied
@@ -384,7 +388,7 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
         __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e9 = ty; e9 < 64; e9 += 8) {
             for (int e10 = tx; e10 < d; e10 += 16) {
-                rows_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e10] : 0.0);
+                rows_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + quot4)) + e10] : 0.0);
             }
         }
         __syncthreads();  // rows_V_tile read after rows_V_tile copied
@@ -422,13 +426,13 @@ __global__ void attention_cross_fwd_causal_flash_f64_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && c < d) O[c + d*(i + n_q*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)))] = O_reg[s_i][s_c];
+            if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && c < d) O[c + d*(i + n_q*(g_r - group*quot4 + group*(b*kv_heads + quot4)))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-        if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32)) lse[i + n_q*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] = row_max[s_i] + log(row_sum[s_i]);
+        if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32)) lse[i + n_q*(g_r - group*quot4 + group*(b*kv_heads + quot4))] = row_max[s_i] + log(row_sum[s_i]);
     }
 }
 
@@ -501,6 +505,10 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
     const int g_r = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((offset + 1) / 64);
+    const int64_t quot3 = ((offset + 63) / 64);
+    const int64_t quot4 = ((g_r) / group);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -516,7 +524,7 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
     float t[4];
     for (int e = ty; e < 64; e += 16) {
         for (int e2 = tx; e2 < d; e2 += 16) {
-            rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) ? Q[d*(e + 64*i_blk + n_q*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e2] : 0.0f);
+            rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) ? Q[d*(e + 64*i_blk + n_q*(g_r - group*quot4 + group*(b*kv_heads + quot4))) + e2] : 0.0f);
         }
     }
     #pragma unroll
@@ -534,11 +542,11 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < i_blk + ((offset + 1) / 64) ? ((n + 63) / 64) : i_blk + ((offset + 1) / 64)); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot < i_blk + quot2 ? quot : i_blk + quot2); ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
-                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e4] : 0.0f);
+                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + quot4)) + e4] : 0.0f);
             }
         }
         __syncthreads();  // rows_K_tile read after rows_K_tile copied
@@ -639,7 +647,7 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
         __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e7 = ty; e7 < 64; e7 += 16) {
             for (int e8 = tx; e8 < d; e8 += 16) {
-                rows_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e8] : 0.0f);
+                rows_V_tile[e7*(MAX_d + 4) + e8] = (e7 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e7 + 64*j_blk + n*(b*kv_heads + quot4)) + e8] : 0.0f);
             }
         }
         __syncthreads();  // rows_V_tile read after rows_V_tile copied
@@ -664,11 +672,11 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = (((n + 63) / 64) < i_blk + ((offset + 1) / 64) ? ((n + 63) / 64) : i_blk + ((offset + 1) / 64)); j_blk < (((n + 63) / 64) < i_blk + ((offset + 63) / 64) + 1 ? ((n + 63) / 64) : i_blk + ((offset + 63) / 64) + 1); ++j_blk) {
+    for (int j_blk = (quot < i_blk + quot2 ? quot : i_blk + quot2); j_blk < (quot < i_blk + quot3 + 1 ? quot : i_blk + quot3 + 1); ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_V_tile read and copied, rows_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
-                rows_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0f);
+                rows_K_tile[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + quot4)) + e6] : 0.0f);
             }
         }
         __syncthreads();  // rows_K_tile read after rows_K_tile copied
@@ -769,7 +777,7 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
         __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e9 = ty; e9 < 64; e9 += 16) {
             for (int e10 = tx; e10 < d; e10 += 16) {
-                rows_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e10] : 0.0f);
+                rows_V_tile[e10 + e9*(MAX_d + 4)] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + quot4)) + e10] : 0.0f);
             }
         }
         __syncthreads();  // rows_V_tile read after rows_V_tile copied
@@ -807,13 +815,13 @@ __global__ void attention_cross_fwd_causal_flash_f32_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) && c < d) O[c + d*(i + n_q*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)))] = O_reg[s_i][s_c];
+            if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) && c < d) O[c + d*(i + n_q*(g_r - group*quot4 + group*(b*kv_heads + quot4)))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-        if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) lse[i + n_q*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] = row_max[s_i] + logf(row_sum[s_i]);
+        if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) lse[i + n_q*(g_r - group*quot4 + group*(b*kv_heads + quot4))] = row_max[s_i] + logf(row_sum[s_i]);
     }
 }
 

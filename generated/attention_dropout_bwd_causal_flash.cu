@@ -178,6 +178,9 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
     const int g_r = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
+    const int64_t quot3 = ((g_r) / group);
     MOAGEN_SHARED_AT(double, dQ_lse_tile, 288, 36);
     MOAGEN_SHARED_AT(double, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(double, dQ_Q_tile, 544*MAX_d + 576, 36*MAX_d);
@@ -196,10 +199,10 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
     double t[4][4];
     double t_1[4];
     for (int e2 = ty * 16 + tx; e2 < 32; e2 += 128) {
-        dQ_delta_tile[e2] = (e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? delta[e2 + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] : 0.0);
+        dQ_delta_tile[e2] = (e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? delta[e2 + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))] : 0.0);
     }
     for (int e = ty * 16 + tx; e < 32; e += 128) {
-        dQ_lse_tile[e] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] : 0.0);
+        dQ_lse_tile[e] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))] : 0.0);
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
@@ -208,16 +211,16 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
-                dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0);
+                dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + quot3)) + e6] : 0.0);
             }
         }
         for (int e3 = ty; e3 < 32; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
-                dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e4] : 0.0);
+                dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))) + e4] : 0.0);
             }
         }
         __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
@@ -249,12 +252,12 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
         __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
-                dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e8] : 0.0);
+                dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))) + e8] : 0.0);
             }
         }
         for (int e9 = ty; e9 < 64; e9 += 8) {
             for (int e10 = tx; e10 < d; e10 += 16) {
-                dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e10] : 0.0);
+                dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + quot3)) + e10] : 0.0);
             }
         }
         __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
@@ -314,7 +317,7 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                t[s_i][s_j] = scale * exp((i >= j ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0) - dQ_delta_tile_at[s_i]);
+                t[s_i][s_j] = scale * exp((i >= j ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] * (moagen_keep(i + n*(g_r - group*quot3 + group*(b*kv_heads + quot3)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0) - dQ_delta_tile_at[s_i]);
             }
         }
         #pragma unroll
@@ -328,7 +331,7 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
         }
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
-                dQ_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e12] : 0.0);
+                dQ_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*kv_heads + quot3)) + e12] : 0.0);
             }
         }
         __syncthreads();  // t_block read after t_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
@@ -354,7 +357,7 @@ __global__ void attention_dropout_bwd_causal_flash_f64_dQ(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < d) dQ[c + d*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)))] = dQ_reg[s_i][s_c];
+            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < d) dQ[c + d*(i + n*(g_r - group*quot3 + group*(b*kv_heads + quot3)))] = dQ_reg[s_i][s_c];
         }
     }
 }
@@ -388,6 +391,8 @@ __global__ void attention_dropout_bwd_causal_flash_f64_keys(
     const int g = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, keys_K_tile, 544*MAX_d + 1088, 36*MAX_d);
     MOAGEN_SHARED_AT(double, keys_Q_tile_by_i, 1088, 68*MAX_d);
     MOAGEN_SHARED_AT(double, keys_V_tile, 1088, 36*MAX_d);
@@ -425,7 +430,7 @@ __global__ void attention_dropout_bwd_causal_flash_f64_keys(
         }
     }
     for (int r = 0; r < group; ++r) {
-        for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+        for (int i_blk = quot; i_blk < quot2; ++i_blk) {
             __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
             for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
                 keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(group*(b*kv_heads + g) + r)] : 0.0);
@@ -772,6 +777,9 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
     const int g_r = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
+    const int64_t quot3 = ((g_r) / group);
     MOAGEN_SHARED_AT(float, dQ_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, dQ_Q_tile, 272*MAX_d + 288, 36*MAX_d);
@@ -790,10 +798,10 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
     float t[4][4];
     float t_1[4];
     for (int e2 = ty * 16 + tx; e2 < 32; e2 += 128) {
-        dQ_delta_tile[e2] = (e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? delta[e2 + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] : 0.0f);
+        dQ_delta_tile[e2] = (e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? delta[e2 + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))] : 0.0f);
     }
     for (int e = ty * 16 + tx; e < 32; e += 128) {
-        dQ_lse_tile[e] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] : 0.0f);
+        dQ_lse_tile[e] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? lse[e + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))] : 0.0f);
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
@@ -802,16 +810,16 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t_block written and read, dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
-                dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0f);
+                dQ_K_tile_by_j[e5 + 68*e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e5 + 64*j_blk + n*(b*kv_heads + quot3)) + e6] : 0.0f);
             }
         }
         for (int e3 = ty; e3 < 32; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
-                dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e4] : 0.0f);
+                dQ_Q_tile[e3 + 36*e4] = (e3 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e3 + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))) + e4] : 0.0f);
             }
         }
         __syncthreads();  // dQ_Q_tile read after dQ_Q_tile copied; dQ_K_tile_by_j read after dQ_K_tile_by_j copied
@@ -843,12 +851,12 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
         __syncthreads();  // dQ_dO_tile copied after dQ_K_tile_by_j read
         for (int e7 = ty; e7 < 32; e7 += 8) {
             for (int e8 = tx; e8 < d; e8 += 16) {
-                dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e8] : 0.0f);
+                dQ_dO_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dO[d*(e7 + 32*i_blk + n*(g_r - group*quot3 + group*(b*kv_heads + quot3))) + e8] : 0.0f);
             }
         }
         for (int e9 = ty; e9 < 64; e9 += 8) {
             for (int e10 = tx; e10 < d; e10 += 16) {
-                dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e10] : 0.0f);
+                dQ_V_tile[68*e10 + e9] = (e9 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e9 + 64*j_blk + n*(b*kv_heads + quot3)) + e10] : 0.0f);
             }
         }
         __syncthreads();  // dQ_dO_tile read after dQ_dO_tile copied; dQ_V_tile read after dQ_V_tile copied
@@ -908,7 +916,7 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                t[s_i][s_j] = scale * expf((i >= j ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f) - dQ_delta_tile_at[s_i]);
+                t[s_i][s_j] = scale * expf((i >= j ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] * (moagen_keep(i + n*(g_r - group*quot3 + group*(b*kv_heads + quot3)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f) - dQ_delta_tile_at[s_i]);
             }
         }
         #pragma unroll
@@ -922,7 +930,7 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
         }
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
-                dQ_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e12] : 0.0f);
+                dQ_K_tile_by_c[e11*(MAX_d + 4) + e12] = (e11 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e11 + 64*j_blk + n*(b*kv_heads + quot3)) + e12] : 0.0f);
             }
         }
         __syncthreads();  // t_block read after t_block written; dQ_K_tile_by_c read after dQ_K_tile_by_c copied
@@ -948,7 +956,7 @@ __global__ void attention_dropout_bwd_causal_flash_f32_dQ(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < d) dQ[c + d*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)))] = dQ_reg[s_i][s_c];
+            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < d) dQ[c + d*(i + n*(g_r - group*quot3 + group*(b*kv_heads + quot3)))] = dQ_reg[s_i][s_c];
         }
     }
 }
@@ -982,6 +990,8 @@ __global__ void attention_dropout_bwd_causal_flash_f32_keys(
     const int g = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, keys_K_tile, 272*MAX_d + 544, 36*MAX_d);
     MOAGEN_SHARED_AT(float, keys_Q_tile_by_i, 544, 68*MAX_d);
     MOAGEN_SHARED_AT(float, keys_V_tile, 544, 36*MAX_d);
@@ -1019,7 +1029,7 @@ __global__ void attention_dropout_bwd_causal_flash_f32_keys(
         }
     }
     for (int r = 0; r < group; ++r) {
-        for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+        for (int i_blk = quot; i_blk < quot2; ++i_blk) {
             __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
             for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
                 keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e22 + 64*i_blk + n*(group*(b*kv_heads + g) + r)] : 0.0f);

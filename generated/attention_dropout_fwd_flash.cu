@@ -153,6 +153,8 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
     const int g_r = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((g_r) / group);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, rows_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, rows_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -168,7 +170,7 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
     double t[4];
     for (int e = ty; e < 32; e += 8) {
         for (int e2 = tx; e2 < d; e2 += 16) {
-            rows_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e + 32*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e2] : 0.0);
+            rows_Q_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? Q[d*(e + 32*i_blk + n*(g_r - group*quot2 + group*(b*kv_heads + quot2))) + e2] : 0.0);
         }
     }
     #pragma unroll
@@ -186,11 +188,11 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
-                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e4] : 0.0);
+                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + quot2)) + e4] : 0.0);
             }
         }
         __syncthreads();  // rows_K_tile read after rows_K_tile copied
@@ -287,7 +289,7 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 32*i_blk + 36*j - 2304*j_blk] = probs[i - 32*i_blk + 36*j - 2304*j_blk] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
+                if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 32*i_blk + 36*j - 2304*j_blk] = probs[i - 32*i_blk + 36*j - 2304*j_blk] * (moagen_keep(i + n*(g_r - group*quot2 + group*(b*kv_heads + quot2)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
             }
         }
         #pragma unroll
@@ -300,7 +302,7 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
         __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
-                rows_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0);
+                rows_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*kv_heads + quot2)) + e6] : 0.0);
             }
         }
         __syncthreads();  // rows_V_tile read after rows_V_tile copied
@@ -338,13 +340,13 @@ __global__ void attention_dropout_fwd_flash_f64_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < d) O[c + d*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)))] = O_reg[s_i][s_c];
+            if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && c < d) O[c + d*(i + n*(g_r - group*quot2 + group*(b*kv_heads + quot2)))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-        if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) lse[i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] = row_max[s_i] + log(row_sum[s_i]);
+        if (i < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) lse[i + n*(g_r - group*quot2 + group*(b*kv_heads + quot2))] = row_max[s_i] + log(row_sum[s_i]);
     }
 }
 
@@ -417,6 +419,8 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
     const int g_r = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((g_r) / group);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -432,7 +436,7 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
     float t[4];
     for (int e = ty; e < 64; e += 16) {
         for (int e2 = tx; e2 < d; e2 += 16) {
-            rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e + 64*i_blk + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))) + e2] : 0.0f);
+            rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? Q[d*(e + 64*i_blk + n*(g_r - group*quot2 + group*(b*kv_heads + quot2))) + e2] : 0.0f);
         }
     }
     #pragma unroll
@@ -450,11 +454,11 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
-                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e4] : 0.0f);
+                rows_K_tile[e3 + 68*e4] = (e3 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? K[d*(e3 + 64*j_blk + n*(b*kv_heads + quot2)) + e4] : 0.0f);
             }
         }
         __syncthreads();  // rows_K_tile read after rows_K_tile copied
@@ -551,7 +555,7 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
+                if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = probs[i - 64*i_blk + 68*j - 4352*j_blk] * (moagen_keep(i + n*(g_r - group*quot2 + group*(b*kv_heads + quot2)), ((j) / 8), j - 8*((j) / 8), seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
             }
         }
         #pragma unroll
@@ -564,7 +568,7 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
         __syncthreads();  // rows_V_tile copied after rows_K_tile read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
-                rows_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*kv_heads + ((g_r) / group))) + e6] : 0.0f);
+                rows_V_tile[e5*(MAX_d + 4) + e6] = (e5 + 64*j_blk < (n < 64*j_blk + 64 ? n : 64*j_blk + 64) ? V[d*(e5 + 64*j_blk + n*(b*kv_heads + quot2)) + e6] : 0.0f);
             }
         }
         __syncthreads();  // rows_V_tile read after rows_V_tile copied
@@ -602,13 +606,13 @@ __global__ void attention_dropout_fwd_flash_f32_rows(
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
             const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < d) O[c + d*(i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group)))] = O_reg[s_i][s_c];
+            if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) && c < d) O[c + d*(i + n*(g_r - group*quot2 + group*(b*kv_heads + quot2)))] = O_reg[s_i][s_c];
         }
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-        if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) lse[i + n*(g_r + group*(b*kv_heads + ((g_r) / group)) - group*((g_r) / group))] = row_max[s_i] + logf(row_sum[s_i]);
+        if (i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64)) lse[i + n*(g_r - group*quot2 + group*(b*kv_heads + quot2))] = row_max[s_i] + logf(row_sum[s_i]);
     }
 }
 

@@ -113,6 +113,9 @@ __global__ void attention_fwd_causal_flash_f64_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 1) / 64);
+    const int64_t quot2 = ((32*i_blk + 31) / 64);
+    const int64_t quot3 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, rows_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, rows_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -146,7 +149,7 @@ __global__ void attention_fwd_causal_flash_f64_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((32*i_blk + 1) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -276,7 +279,7 @@ __global__ void attention_fwd_causal_flash_f64_rows(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = ((32*i_blk + 1) / 64); j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = quot; j_blk < (quot3 < quot2 + 1 ? quot3 : quot2 + 1); ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_V_tile read and copied, rows_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -492,6 +495,7 @@ __global__ void attention_fwd_causal_flash_f32_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -655,7 +659,7 @@ __global__ void attention_fwd_causal_flash_f32_rows(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
+    for (int j_blk = i_blk; j_blk < (quot < i_blk + 1 ? quot : i_blk + 1); ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_V_tile read and copied, rows_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {

@@ -117,6 +117,7 @@ __global__ void attention_fwd_flash_f64_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, rows_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, rows_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -150,7 +151,7 @@ __global__ void attention_fwd_flash_f64_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -366,6 +367,7 @@ __global__ void attention_fwd_flash_f32_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, rows_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -399,7 +401,7 @@ __global__ void attention_fwd_flash_f32_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile copied after rows_K_tile copied and read, rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {

@@ -151,6 +151,7 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, forward_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, forward_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, forward_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -185,7 +186,7 @@ __global__ void attention_fwdbwd_atomic_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -433,6 +434,8 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(double, rows_lse_tile, 160, 20);
     MOAGEN_SHARED_AT(double, rows_delta_tile, 0, 20);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 544*MAX_d + 320, 16*MAX_d + 64);
@@ -468,7 +471,7 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_V_tile copied and read, t3_block written and read, t2_block written and read, rows_dO_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 4) {
             for (int e12 = tx; e12 < d; e12 += 16) {
@@ -657,7 +660,7 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int j_piece = 0; j_piece < 4; ++j_piece) {
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
@@ -809,6 +812,7 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, forward_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -843,7 +847,7 @@ __global__ void attention_fwdbwd_atomic_f32_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -1091,6 +1095,8 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(float, rows_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, rows_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 272*MAX_d + 288, 32*MAX_d + 128);
@@ -1126,7 +1132,7 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_V_tile copied and read, t3_block written and read, t2_block written and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
@@ -1316,7 +1322,7 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int j_piece = 0; j_piece < 2; ++j_piece) {
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {

@@ -145,6 +145,9 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 1) / 64);
+    const int64_t quot2 = ((32*i_blk + 31) / 64);
+    const int64_t quot3 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, forward_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, forward_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, forward_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -179,7 +182,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((32*i_blk + 1) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -309,7 +312,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = ((32*i_blk + 1) / 64); j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = quot; j_blk < (quot3 < quot2 + 1 ? quot3 : quot2 + 1); ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -557,6 +560,8 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(double, rows_lse_tile, 160, 20);
     MOAGEN_SHARED_AT(double, rows_delta_tile, 0, 20);
     MOAGEN_SHARED_AT(double, rows_Q_tile, 544*MAX_d + 320, 16*MAX_d + 64);
@@ -592,7 +597,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_V_tile copied and read, t3_block written and read, t2_block written and read, rows_dO_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 4) {
             for (int e16 = tx; e16 < d; e16 += 16) {
@@ -783,7 +788,7 @@ __global__ void attention_fwdbwd_causal_atomic_f64_rows(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int j_piece = 0; j_piece < 4; ++j_piece) {
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {
@@ -935,6 +940,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, forward_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -1099,7 +1105,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
+    for (int j_blk = i_blk; j_blk < (quot < i_blk + 1 ? quot : i_blk + 1); ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -1347,6 +1353,8 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
+    const int64_t quot2 = ((d + 63) / 64);
     MOAGEN_SHARED_AT(float, rows_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, rows_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, rows_Q_tile, 272*MAX_d + 288, 32*MAX_d + 128);
@@ -1382,7 +1390,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // rows_K_tile_by_j copied after rows_K_tile_by_j copied and read, rows_V_tile copied and read, t3_block written and read, t2_block written and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
@@ -1574,7 +1582,7 @@ __global__ void attention_fwdbwd_causal_atomic_f32_rows(
                 }
             }
         }
-        for (int c_piece = 0; c_piece < ((d + 63) / 64); ++c_piece) {
+        for (int c_piece = 0; c_piece < quot2; ++c_piece) {
             for (int j_piece = 0; j_piece < 2; ++j_piece) {
                 #pragma unroll
                 for (int s_j = 0; s_j < 4; ++s_j) {

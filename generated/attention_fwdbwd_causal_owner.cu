@@ -143,6 +143,9 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 1) / 64);
+    const int64_t quot2 = ((32*i_blk + 31) / 64);
+    const int64_t quot3 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, forward_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, forward_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, forward_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -177,7 +180,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((32*i_blk + 1) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -307,7 +310,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = ((32*i_blk + 1) / 64); j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = quot; j_blk < (quot3 < quot2 + 1 ? quot3 : quot2 + 1); ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -508,6 +511,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, dQ_lse_tile, 288, 36);
     MOAGEN_SHARED_AT(double, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(double, dQ_Q_tile, 544*MAX_d + 576, 36*MAX_d);
@@ -538,7 +543,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
@@ -715,6 +720,8 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, keys_K_tile, 544*MAX_d + 1088, 36*MAX_d);
     MOAGEN_SHARED_AT(double, keys_Q_tile_by_i, 1088, 68*MAX_d);
     MOAGEN_SHARED_AT(double, keys_V_tile, 1088, 36*MAX_d);
@@ -749,7 +756,7 @@ __global__ void attention_fwdbwd_causal_owner_f64_keys(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = quot; i_blk < quot2; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e32 = ty * 16 + tx; e32 < 64; e32 += 128) {
             keys_delta_tile[e32] = (e32 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e32 + 64*i_blk + n*(b*heads + h)] : 0.0);
@@ -1054,6 +1061,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, forward_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -1218,7 +1226,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_forward(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
+    for (int j_blk = i_blk; j_blk < (quot < i_blk + 1 ? quot : i_blk + 1); ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_V_tile read and copied, forward_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < d; e6 += 16) {
@@ -1419,6 +1427,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, dQ_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, dQ_Q_tile, 272*MAX_d + 288, 36*MAX_d);
@@ -1449,7 +1459,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e15 = ty; e15 < 64; e15 += 8) {
             for (int e16 = tx; e16 < d; e16 += 16) {
@@ -1626,6 +1636,8 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, keys_K_tile, 272*MAX_d + 544, 36*MAX_d);
     MOAGEN_SHARED_AT(float, keys_Q_tile_by_i, 544, 68*MAX_d);
     MOAGEN_SHARED_AT(float, keys_V_tile, 544, 36*MAX_d);
@@ -1660,7 +1672,7 @@ __global__ void attention_fwdbwd_causal_owner_f32_keys(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = quot; i_blk < quot2; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e32 = ty * 16 + tx; e32 < 64; e32 += 128) {
             keys_delta_tile[e32] = (e32 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e32 + 64*i_blk + n*(b*heads + h)] : 0.0f);

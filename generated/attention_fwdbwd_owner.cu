@@ -149,6 +149,7 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, forward_Q_tile, 0, 36*MAX_d);
     MOAGEN_SHARED_AT(double, forward_K_tile, 288*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(double, forward_V_tile, 288*MAX_d, 64*MAX_d + 256);
@@ -183,7 +184,7 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -384,6 +385,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, dQ_lse_tile, 288, 36);
     MOAGEN_SHARED_AT(double, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(double, dQ_Q_tile, 544*MAX_d + 576, 36*MAX_d);
@@ -414,7 +416,7 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
@@ -589,6 +591,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, keys_K_tile, 544*MAX_d + 1088, 36*MAX_d);
     MOAGEN_SHARED_AT(double, keys_Q_tile_by_i, 1088, 68*MAX_d);
     MOAGEN_SHARED_AT(double, keys_V_tile, 1088, 36*MAX_d);
@@ -623,7 +626,7 @@ __global__ void attention_fwdbwd_owner_f64_keys(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e28 = ty * 16 + tx; e28 < 64; e28 += 128) {
             keys_delta_tile[e28] = (e28 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e28 + 64*i_blk + n*(b*heads + h)] : 0.0);
@@ -927,6 +930,7 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, forward_Q_tile, 0, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_K_tile, 272*MAX_d, 68*MAX_d);
     MOAGEN_SHARED_AT(float, forward_V_tile, 272*MAX_d, 64*MAX_d + 256);
@@ -961,7 +965,7 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // forward_K_tile copied after forward_K_tile copied and read, forward_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < d; e4 += 16) {
@@ -1162,6 +1166,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, dQ_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, dQ_Q_tile, 272*MAX_d + 288, 36*MAX_d);
@@ -1192,7 +1197,7 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // dQ_K_tile_by_j copied after dQ_K_tile_by_j copied and read, dQ_dO_tile copied and read, dQ_V_tile copied and read, t2_block written and read, dQ_K_tile_by_c copied and read
         for (int e11 = ty; e11 < 64; e11 += 8) {
             for (int e12 = tx; e12 < d; e12 += 16) {
@@ -1367,6 +1372,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, keys_K_tile, 272*MAX_d + 544, 36*MAX_d);
     MOAGEN_SHARED_AT(float, keys_Q_tile_by_i, 544, 68*MAX_d);
     MOAGEN_SHARED_AT(float, keys_V_tile, 544, 36*MAX_d);
@@ -1401,7 +1407,7 @@ __global__ void attention_fwdbwd_owner_f32_keys(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = 0; i_blk < quot; ++i_blk) {
         __syncthreads();  // keys_delta_tile copied after keys_delta_tile copied and read
         for (int e28 = ty * 16 + tx; e28 < 64; e28 += 128) {
             keys_delta_tile[e28] = (e28 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? delta[e28 + 64*i_blk + n*(b*heads + h)] : 0.0f);

@@ -1208,6 +1208,8 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, attn_dQ_lse_tile, 288, 36);
     MOAGEN_SHARED_AT(double, attn_dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(double, attn_dQ_Q_tile, 544*MAX_dh + 576, 36*MAX_dh);
@@ -1238,7 +1240,7 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
             dQ_reg[s_i][s_c] = 0.0;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // attn_dQ_K_tile_by_j copied after attn_dQ_K_tile_by_j copied and read, attn_dQ_dO_tile copied and read, attn_dQ_V_tile copied and read, attn_t_block written and read, attn_dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
@@ -1415,6 +1417,8 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, attn_keys_K_tile, 544*MAX_dh + 1088, 36*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_keys_Q_tile_by_i, 1088, 68*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_keys_V_tile, 1088, 36*MAX_dh);
@@ -1449,7 +1453,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys(
             dV_reg[s_j][s_c] = 0.0;
         }
     }
-    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = quot; i_blk < quot2; ++i_blk) {
         __syncthreads();  // attn_keys_delta_tile copied after attn_keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0);
@@ -4031,6 +4035,8 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 31) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, attn_dQ_lse_tile, 144, 36);
     MOAGEN_SHARED_AT(float, attn_dQ_delta_tile, 0, 36);
     MOAGEN_SHARED_AT(float, attn_dQ_Q_tile, 272*MAX_dh + 288, 36*MAX_dh);
@@ -4061,7 +4067,7 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
             dQ_reg[s_i][s_c] = 0.0f;
         }
     }
-    for (int j_blk = 0; j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = 0; j_blk < (quot2 < quot + 1 ? quot2 : quot + 1); ++j_blk) {
         __syncthreads();  // attn_dQ_K_tile_by_j copied after attn_dQ_K_tile_by_j copied and read, attn_dQ_dO_tile copied and read, attn_dQ_V_tile copied and read, attn_t_block written and read, attn_dQ_K_tile_by_c copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
@@ -4238,6 +4244,8 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*j_blk) / 64);
+    const int64_t quot2 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, attn_keys_K_tile, 272*MAX_dh + 544, 36*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_keys_Q_tile_by_i, 544, 68*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_keys_V_tile, 544, 36*MAX_dh);
@@ -4272,7 +4280,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys(
             dV_reg[s_j][s_c] = 0.0f;
         }
     }
-    for (int i_blk = ((32*j_blk) / 64); i_blk < ((n + 63) / 64); ++i_blk) {
+    for (int i_blk = quot; i_blk < quot2; ++i_blk) {
         __syncthreads();  // attn_keys_delta_tile copied after attn_keys_delta_tile copied and read
         for (int e22 = ty * 16 + tx; e22 < 64; e22 += 128) {
             attn_keys_delta_tile[e22] = (e22 + 64*i_blk < (n < 64*i_blk + 64 ? n : 64*i_blk + 64) ? attn_delta[e22 + 64*i_blk + n*(b*heads + h)] : 0.0f);

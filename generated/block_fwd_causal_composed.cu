@@ -501,6 +501,9 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((32*i_blk + 1) / 64);
+    const int64_t quot2 = ((32*i_blk + 31) / 64);
+    const int64_t quot3 = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, attn_rows_Q_tile, 0, 36*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_rows_K_tile, 288*MAX_dh, 68*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_rows_V_tile, 288*MAX_dh, 64*MAX_dh + 256);
@@ -534,7 +537,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((32*i_blk + 1) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // attn_rows_K_tile copied after attn_rows_K_tile copied and read, attn_rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < dh; e4 += 16) {
@@ -664,7 +667,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = ((32*i_blk + 1) / 64); j_blk < (((n + 63) / 64) < ((32*i_blk + 31) / 64) + 1 ? ((n + 63) / 64) : ((32*i_blk + 31) / 64) + 1); ++j_blk) {
+    for (int j_blk = quot; j_blk < (quot3 < quot2 + 1 ? quot3 : quot2 + 1); ++j_blk) {
         __syncthreads();  // attn_rows_K_tile copied after attn_rows_V_tile read and copied, attn_rows_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 8) {
             for (int e6 = tx; e6 < dh; e6 += 16) {
@@ -1978,6 +1981,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, attn_rows_Q_tile, 0, 68*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_rows_K_tile, 272*MAX_dh, 68*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_rows_V_tile, 272*MAX_dh, 64*MAX_dh + 256);
@@ -2141,7 +2145,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
             row_max[s_i] = new_max[s_i];
         }
     }
-    for (int j_blk = i_blk; j_blk < (i_blk + 1 < ((n + 63) / 64) ? i_blk + 1 : ((n + 63) / 64)); ++j_blk) {
+    for (int j_blk = i_blk; j_blk < (quot < i_blk + 1 ? quot : i_blk + 1); ++j_blk) {
         __syncthreads();  // attn_rows_K_tile copied after attn_rows_V_tile read and copied, attn_rows_K_tile copied and read
         for (int e5 = ty; e5 < 64; e5 += 16) {
             for (int e6 = tx; e6 < dh; e6 += 16) {

@@ -505,6 +505,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(double, attn_rows_Q_tile, 0, 36*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_rows_K_tile, 288*MAX_dh, 68*MAX_dh);
     MOAGEN_SHARED_AT(double, attn_rows_V_tile, 288*MAX_dh, 64*MAX_dh + 256);
@@ -538,7 +539,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // attn_rows_K_tile copied after attn_rows_K_tile copied and read, attn_rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 8) {
             for (int e4 = tx; e4 < dh; e4 += 16) {
@@ -1852,6 +1853,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t quot = ((n + 63) / 64);
     MOAGEN_SHARED_AT(float, attn_rows_Q_tile, 0, 68*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_rows_K_tile, 272*MAX_dh, 68*MAX_dh);
     MOAGEN_SHARED_AT(float, attn_rows_V_tile, 272*MAX_dh, 64*MAX_dh + 256);
@@ -1885,7 +1887,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
     for (int s_i = 0; s_i < 4; ++s_i) {
         row_sum[s_i] = 0.0f;
     }
-    for (int j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int j_blk = 0; j_blk < quot; ++j_blk) {
         __syncthreads();  // attn_rows_K_tile copied after attn_rows_K_tile copied and read, attn_rows_V_tile copied and read
         for (int e3 = ty; e3 < 64; e3 += 16) {
             for (int e4 = tx; e4 < dh; e4 += 16) {

@@ -63,12 +63,15 @@ def run(capsys, *argv):
 
 def tiny_sizes(kernel, variant):
     sizes = TINY.get(kernel, ATTENTION)
-    tiled = "64 divides n" in model.predict(kernel, variant).assumptions  # online's key blocks
-    if not (tiled and kernel in ATTENTION_KERNELS):
+    # online's key blocks (64 divides n), decode grouped's blocks of slices (128)
+    tiles = [int(a.split()[0]) for a in model.predict(kernel, variant).assumptions
+             if a.endswith(" divides n") and a.split()[0].isdigit()]
+    if not (tiles and kernel in ATTENTION_KERNELS):
         return sizes
-    # one head; decode: a cache of 64 rows
-    fewer = {size: value for size, value in (("heads", 1), ("cap", 64)) if size in sizes}
-    return dict(sizes, n=64, d=2, **fewer)
+    # one head; decode: a cache of n rows
+    n = max(tiles)
+    fewer = {size: value for size, value in (("heads", 1), ("cap", n)) if size in sizes}
+    return dict(sizes, n=n, d=2, **fewer)
 
 
 # ---- the model against every iteration, walked ------------------------------------------

@@ -18,7 +18,7 @@ def _decode_inputs(batch=2, q_heads=6, kv_heads=2, cap=13, d=5):
             RNG.standard_normal((batch, kv_heads, cap, d)))
 
 
-@pytest.mark.parametrize("variant", ["dnf", "online", "split"])
+@pytest.mark.parametrize("variant", ["dnf", "online", "split", "grouped"])
 @pytest.mark.parametrize("n", [1, 3, 9])  # fewer valid rows than slices, and a full cache
 def test_every_rewrite_of_decode_keeps_the_value(variant, n):
     """Each schedule step (OnlineSoftmax, SplitKeys included), run by the interpreter; the

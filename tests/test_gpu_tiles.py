@@ -81,7 +81,7 @@ def _flash(dtype):
     (ThreadTiles("i", 4, "y", nest="rows"), "no grid"),
     (Stage("O", at="j_blk", nest="rows"), "O is not an input of attention_fwd or an array"),
     (SharedScratch("Q", fastest="i", nest="rows"), "not a scratch array"),
-    (RegisterTile("Q", nest="rows"), "not an output"),
+    (RegisterTile("Q", nest="rows"), "is no output or scratch"),
     (UnrollInner("c", 1, nest="rows"), "a factor of at least 2"),
     (UnrollInner("c", 4, nest="rows"), "no loop over c a thread runs itself"),  # no threads yet
 ])
@@ -171,14 +171,21 @@ def test_gqa_flash_on_cuda_folds_a_group_s_query_heads_into_one_grid_axis():
     assert kernel["block"] == (16, 16, 1)
 
 
-def test_block_tiles_refuse_to_fold_loops_that_do_not_start_at_0():
+def test_block_tiles_fold_loops_that_start_past_0_from_their_start():
+    """A folded loop over [start, stop) is recovered as start + its part of the grid loop
+    (decode's edge: the query heads past a group's last whole tile, a block each)."""
     onf = onf_of("attention_gqa_fwd", VARIANT, target="cuda", dtype="float64", upto=5)
     nest = _rows(onf)
     r = perfect_chain(nest.body, 3)[-1]  # the loop over r, the group's query heads
     shifted = replace(nest, body=_with_stmt(nest.body, r, replace(r, start=r.start + 1)))
     onf = replace(onf, nests=tuple(shifted if n is nest else n for n in onf.nests))
-    with pytest.raises(ScheduleError, match="g, r do not all start at 0: they cannot be folded"):
-        BlockTiles(("b", "g", "r", "i"), rows=64, nest="rows")(onf)
+    folded = BlockTiles(("b", "g", "r", "i"), rows=64, nest="rows")(onf)
+    grid = [lp for lp in walk(_rows(folded).body) if is_grid(lp)]
+    assert [str(lp.stop) for lp in grid[:2]] == ["batch", "kv_heads*(group - 1)"]
+    # r, read in Q's index, is 1 + the remainder of g_r by group - 1
+    q = {str(x.index) for s in walk(_rows(folded).body) for e in stmt_exprs(s)
+         for x in S.subexpressions(e) if isinstance(x, S.Access) and x.array == "Q"}
+    assert any("idiv(g_r, group - 1)" in i and "+ 1" in i for i in q), q
 
 
 def _with_stmt(stmts, old, new):

@@ -7,7 +7,7 @@ kv_heads = 1. The query is the newest position, so it sees every valid row: deco
 causal by construction.
 """
 from moagen import reference
-from moagen.kernels.attention import KEY_BLOCK, softmax_scale
+from moagen.kernels.attention import HEAD_DIM_BOUNDS, KEY_BLOCK, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
@@ -15,6 +15,8 @@ from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, re
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.splitkeys import SplitKeys
+from moagen.steps.gpu.blocks import WARP, BlockTiles, ThreadTiles
+from moagen.steps.gpu.staging import RegisterTile
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.gpu_blocks import GpuBlocks
@@ -106,6 +108,51 @@ def _split(heads):
                                     GpuBlocks(HEADS, nest=split.merge, block=HEAD_THREADS))})
 
 
+def _grouped(heads):
+    """Flash-decoding on a GPU, a block a group: the valid rows cut into slices of
+    WARP_KEYS rows (their count from n, so that a long cache fills the GPU), merged by
+    their logsumexp; a thread block per (batch, KV head, SLICE_WARPS slices) computing
+    `heads` query heads of the group together, so that each K and V row is read once for
+    them (a group of more heads: a block per `heads` of them; the heads past the last whole
+    `heads` a block each, the edge). A warp a slice, walking its keys with a running max,
+    sum and output row per query head in registers; its lanes across d (4 consecutive
+    features a lane), each dot product summed over the lanes by warp shuffles: no barrier
+    and no shared memory. CPU: a thread per slice of a query head."""
+    split = SplitKeys("heads", over=HEADS, var="j",
+                      splits=SLICE_WARPS * idiv(sym("n") + SLICE_WARPS * WARP_KEYS - 1,
+                                                SLICE_WARPS * WARP_KEYS), rows=WARP_KEYS)
+    groups = SplitLoop(split.partial, "h", outer="kv_heads", inner=GROUP)
+    together = rows_together(split.partial, groups.members, heads)
+    edge = gpu_grouped(together[0].edge, split, groups.groups, groups.members) \
+        if together else ()
+    return Layers(algorithm=ROW + (OnlineSoftmax("heads"), split, LowerReductions()),
+                  schedule={"cpu": (), "cuda": (groups, *together)},
+                  mapping={"cpu": (Parallel(("b", "h", split.slices), nest=split.partial),
+                                   Parallel(HEADS, nest=split.merge)),
+                           "cuda": (*gpu_grouped(split.partial, split, groups.groups,
+                                                 tiled(groups.members, heads)), *edge,
+                                    GpuBlocks(HEADS, nest=split.merge, block=HEAD_THREADS))})
+
+
+WARP_KEYS = 32  # keys a warp walks: at n 32768, 8 KV heads, 2048 blocks of 4 warps (2 waves)
+SLICE_WARPS = 4  # warps a block, each its own slice
+LANE_FEATURES = 4  # consecutive features of d a lane takes: 128 at d = 128 for a warp
+
+
+def gpu_grouped(nest, split, groups, members):
+    """The mapping of `nest`, slices of a group's query heads (SplitKeys `split`'s partial
+    or its edge, the group split by SplitLoop into `groups` and `members`): a block per
+    (b, group, `members`, SLICE_WARPS slices); a warp a slice (axis y); a warp's lanes
+    across d (axis x, each LANE_FEATURES of it; d at most 64 or 128 compiled); each
+    slice's output rows (O_part, SplitKeys' name for O's) in the registers of the lanes
+    that own them, stored once after its keys."""
+    return (BlockTiles(("b", groups, members, split.slices), rows=SLICE_WARPS,
+                       bounds=HEAD_DIM_BOUNDS, nest=nest),
+            ThreadTiles(split.slices, 1, "y", threads=SLICE_WARPS, nest=nest),
+            ThreadTiles("c", LANE_FEATURES, "x", threads=WARP, nest=nest),
+            RegisterTile("O_part", nest=nest))
+
+
 HEAD_SPACE = {"heads": (1, 2, 4, 8)}
 VARIANTS = {
     # three passes over the valid rows (max, sum, weighted sum)
@@ -116,6 +163,9 @@ VARIANTS = {
     # a GPU's block takes one query head's slice: its threads are the head's features
     "split": Tunable(frozenset(), _split, defaults={"heads": 4}, space=HEAD_SPACE,
                      cuda={"heads": 1}),
+    # a GPU's block takes a group's query heads (4 of them) over slices of the cache, a
+    # warp a slice: each K and V row read once for the 4
+    "grouped": Tunable(frozenset(), _grouped, defaults={"heads": 4}, space=HEAD_SPACE),
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]

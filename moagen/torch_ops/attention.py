@@ -17,7 +17,7 @@ Queries and keys of different lengths (or the bottom-right mask) take attention_
 queries than keys, bottom-right, the first n_q - n rows see no key, and get SDPA's zeros
 (no gradient), the others being top-left attention over n rows. One query against several
 keys where no gradient is taken, not causal or bottom-right, is decoding: the
-attention_decode kernel (`split`) over all the keys.
+attention_decode kernel (`split`; `grouped` on a GPU) over all the keys.
 
 An attn_mask (SDPA's: boolean, True where a key is seen, or float, added to the scores;
 broadcastable to (batch, heads, n_q, n)) takes attention_cross's masked `flash` kernels,

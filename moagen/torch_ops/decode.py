@@ -2,7 +2,8 @@
 (batch, kv_heads, capacity, d) and the number n of valid rows; `append` writes the new
 position's rows in place (kv_append, O(d) per head), `attend` runs one query position
 against the n valid rows (attention_decode, `split`: the rows cut into slices run in
-parallel, merged by their logsumexp). Grouped-query attention by indexing: query head h
+parallel, merged by their logsumexp; on a GPU `grouped`, a thread block a group of query
+heads and slice, where d <= 128). Grouped-query attention by indexing: query head h
 reads KV head h // (q_heads / kv_heads), with no copy of the cache.
 
 Inference only: the operators have no autograd formula, so `append` and `attend` refuse a
@@ -15,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from moagen.kernels.attention import HEAD_DIM_BOUNDS
 from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
 from moagen.torch_ops.operator import Operator
 
@@ -32,8 +34,16 @@ kv_append_op = Operator("moagen::kv_append", _kv_append, lambda *args: None,
 def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, n: int, scale: float,
                       lang: str) -> Tensor:
     """O (batch, q_heads, d) of q (batch, q_heads, d) against the caches' first n rows."""
-    out, _lse = call("attention_decode", "split", lang, q, k_cache, v_cache, scale=scale, n=n)
+    out, _lse = call("attention_decode", _variant(q), lang, q, k_cache, v_cache, scale=scale,
+                     n=n)
     return out
+
+
+def _variant(q: Tensor) -> str:
+    """On a GPU `grouped` (a block a KV head's group of query heads, each K and V row read
+    once for them) where its compiled head dims allow; else `split`."""
+    (_, compiled), = HEAD_DIM_BOUNDS
+    return "grouped" if q.is_cuda and q.shape[-1] <= max(compiled) else "split"
 
 
 attention_decode_op = Operator("moagen::attention_decode", _attention_decode,

@@ -13,7 +13,7 @@ The merge is the logsumexp rule: each slice's partial results rescaled to the gl
 An empty slice (more slices than rows) has m = -inf, l = 0, X = 0 and weighs nothing.
 """
 from dataclasses import dataclass, replace
-from typing import Tuple
+from typing import Optional, Tuple, Union
 
 import sympy
 
@@ -23,7 +23,7 @@ from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, loop_vars,
                               map_stmt_exprs, perfect_chain, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
-from moagen.steps.step import Step, shown
+from moagen.steps.step import Step, option, shown
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,10 @@ class SplitKeys(Step):
     nest: str
     over: Tuple[str, ...] = shown("over=({over})")  # the loops outside the split (batch, head)
     var: str  # the loop over keys
-    splits: int
+    splits: Union[int, sympy.Expr]  # a count, or one from the sizes (the keys': n)
+    # rows a slice (None: the rows shared evenly); then splits must be k ceil(extent / (k
+    # rows)), enough whole slices for the rows, k of them at a time
+    rows: Optional[int] = option("{rows} rows a slice", None)
 
     @property
     def slices(self) -> str:
@@ -55,8 +58,10 @@ class SplitKeys(Step):
         if chain is None or [lp.var.name for lp in chain] != list(self.over):
             raise ScheduleError(f"{self}: no nest {self.nest} starting with loops "
                                 f"{', '.join(self.over)}")
-        if self.splits < 1:
-            raise ScheduleError(f"{self}: the number of splits must be at least 1")
+        splits = sympy.sympify(self.splits)
+        if splits.is_Integer and splits < 1 or not splits.free_symbols <= set(onf.sizes):
+            raise ScheduleError(f"{self}: the number of splits must be at least 1, a count "
+                                "or an expression of the kernel's sizes")
         body = list(chain[-1].body)
         jpos = next((k for k, s in enumerate(body) if isinstance(s, Loop)
                      and s.var.name == self.var), None)
@@ -72,8 +77,8 @@ class SplitKeys(Step):
         extents = tuple(lp.stop - lp.start for lp in chain)
         shapes = {b.name: b.shape for b in onf.outputs + onf.temps}
         part = {x: names.claim(names.new(f"{x}_part")) for x in [m, l] + rows}
-        temps = tuple(Buffer(part[x], extents + (self.splits,)) for x in (m, l)) + tuple(
-            Buffer(part[x], extents + (self.splits,) + shapes[x][len(chain):]) for x in rows)
+        temps = tuple(Buffer(part[x], extents + (splits,)) for x in (m, l)) + tuple(
+            Buffer(part[x], extents + (splits,) + shapes[x][len(chain):]) for x in rows)
 
         def to_part(e):  # X[heads.., tail..] -> X_part[heads.., s, tail..]
             if isinstance(e, S.Access) and e.array in rows:
@@ -87,13 +92,13 @@ class SplitKeys(Step):
                 st = replace(st, array=part[st.array], index=heads + (s,) + st.index[len(heads):])
             return st
 
-        chunk = idiv(loop.stop - loop.start + self.splits - 1, self.splits)
+        chunk = self._chunk(loop.stop - loop.start, splits)
         first = loop.start + s * chunk
         sliced = replace(loop, start=first, stop=sympy.Min(loop.stop, first + chunk))
         keep = [Store(part[x], heads + (s,), S.Local(x)) for x in (m, l)]
         partial_body = [stmt_to_part(st) for st in body[:jpos] + [sliced]] + keep
         partial = Nest(nest.target, enclose(chain, (Loop(s, sympy.Integer(0),
-                                                         sympy.Integer(self.splits),
+                                                         splits,
                                                          tuple(partial_body)),)),
                        nest.origin, self.partial)
         merge = Nest(nest.target, enclose(chain, tuple(self._merge(m, l, rows, part, heads, s,
@@ -103,6 +108,18 @@ class SplitKeys(Step):
         for n in onf.nests:
             nests += [partial, merge] if n is nest else [n]
         return replace(onf.with_nests(nests, str(self)), temps=onf.temps + temps)
+
+    def _chunk(self, extent, splits):
+        """The rows of a slice; refused: `rows` with a count of slices that is not k whole
+        slices' worth of the extent, k at a time."""
+        if self.rows is None:
+            return idiv(extent + splits - 1, splits)
+        k = splits.as_coeff_Mul()[0]
+        if self.rows < 1 or not k.is_Integer or \
+                splits != k * idiv(extent + k * self.rows - 1, k * self.rows):
+            raise ScheduleError(f"{self}: with {self.rows} rows a slice the slices must be "
+                                f"k ceil(({extent}) / ({self.rows} k)) for an integer k")
+        return sympy.Integer(self.rows)
 
     def _state(self, loop):
         """The running max m and sum l: the locals the loop assigns, m in max(m, score)."""
@@ -133,13 +150,14 @@ class SplitKeys(Step):
         """The logsumexp rule, combining the slices' partial results."""
         m_s = S.Access(part[m], heads + (s,))
         weight = S.Un("exp", S.Bin("-", m_s, S.Local(m)))
-        out = [Let(m, S.Reduction("max", s, sympy.Integer(self.splits), m_s, m)),
-               Let(l, S.Reduction("+", s, sympy.Integer(self.splits),
+        splits = sympy.sympify(self.splits)
+        out = [Let(m, S.Reduction("max", s, splits, m_s, m)),
+               Let(l, S.Reduction("+", s, splits,
                                   S.Bin("*", S.Access(part[l], heads + (s,)), weight), l))]
         for x in rows:
             store, loops = next((st, lps) for st, lps in _stores(loop.body, ()) if st.array == x)
             tail = store.index[len(heads):]
-            value = S.Reduction("+", s, sympy.Integer(self.splits),
+            value = S.Reduction("+", s, splits,
                                 S.Bin("*", S.Access(part[x], heads + (s,) + tail), weight), "acc")
             out.append(enclose(loops, (Store(x, store.index, value),))[0])
         return out

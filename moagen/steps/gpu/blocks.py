@@ -30,7 +30,7 @@ class BlockTiles(Step):
     loop over them has a compile-time count of iterations a thread (its register tile).
     A CUDA grid has 3 axes: where there are more loops, those between the first and the
     last fold into one grid loop over the product of their extents (each variable its
-    quotient and remainder: g_r over kv_heads * group, g = g_r / group).
+    quotient and remainder past its start: g_r over kv_heads * group, g = g_r / group).
     Refused: a nest with a loop mapped already, and bounds for more than one size."""
     vars: Tuple[str, ...]
     rows: int = shown("{rows} rows a block")
@@ -57,10 +57,17 @@ class BlockTiles(Step):
                                 "hold at least one row")
         tile = claim_loop(names, loop_role(last.var.name, "blk"), {lp.var.name for lp in chain},
                           self)
+        # an extent of whole tiles (a multiple of rows: every term of stop / rows an integer
+        # coefficient times sizes): no tile is partial
+        whole = all(term.as_coeff_Mul()[0].is_Integer
+                    for term in sympy.Add.make_args(sympy.expand(last.stop / self.rows)))
+        end = self.rows * tile + self.rows
         rows = replace(last, start=self.rows * tile,
-                       stop=sympy.Min(last.stop, self.rows * tile + self.rows))
+                       stop=end if whole else sympy.Min(last.stop, end))
         outer, rows = self._fold(chain[:-1], rows, names)
-        body = (Loop(tile, sympy.Integer(0), idiv(last.stop + self.rows - 1, self.rows), (rows,),
+        tiles = sympy.expand(last.stop / self.rows) if whole else \
+            idiv(last.stop + self.rows - 1, self.rows)
+        body = (Loop(tile, sympy.Integer(0), tiles, (rows,),
                      gpu=Grid(bounds=tuple(self.bounds))),)
         for lp in reversed(outer):
             body = (replace(lp, body=body, gpu=Grid()),)
@@ -73,17 +80,14 @@ class BlockTiles(Step):
         if len(outer) <= 2:
             return outer, rows
         folded = outer[1:]
-        if any(lp.start != 0 for lp in folded):
-            raise ScheduleError(f"{self}: {len(outer) + 1} grid loops for a CUDA grid's 3 axes, "
-                                f"and the loops over {', '.join(lp.var.name for lp in folded)} "
-                                "do not all start at 0: they cannot be folded into one")
         flat = claim_loop(names, folded_loop([lp.var.name for lp in folded]),
                           {lp.var.name for lp in outer} | {rows.var.name}, self)
         at, inside = {}, sympy.Integer(1)  # inside: the iterations of the folded loops within
         for k, lp in reversed(list(enumerate(folded))):
-            quotient = idiv(flat, inside)
-            at[lp.var] = quotient if k == 0 else quotient - lp.stop * idiv(flat, inside * lp.stop)
-            inside *= lp.stop
+            extent, quotient = lp.stop - lp.start, idiv(flat, inside)
+            at[lp.var] = lp.start + (quotient if k == 0 else
+                                     quotient - extent * idiv(flat, inside * extent))
+            inside *= extent
         return (outer[0], Loop(flat, sympy.Integer(0), inside, ())), subs_stmts((rows,), at)[0]
 
 

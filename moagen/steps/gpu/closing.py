@@ -9,10 +9,12 @@ import sympy
 
 from moagen.cuda_archs import tightest_shared_limit
 from moagen.errors import ScheduleError
+from moagen.moa.expr import simplified
 from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, SharedArray,
                               SharedLayout, Update, bound_symbol, enclose, grid_chain,
                               is_block_copy, is_grid, is_thread_loop, loop_key, walk)
 from moagen.onf.shared import shared_accesses
+from moagen.steps.gpu.blocks import WARP
 from moagen.onf.signature import DTYPE_BYTES
 
 
@@ -27,18 +29,35 @@ def close_tiled(onf: ONF, element_bytes=None) -> ONF:
 # mapping steps have run: every statement inside a nest's grid runs on the block's threads
 # (inside a thread loop, or a block's copy), and every loop there is uniform across the
 # block's threads (its bounds read no thread's row or column), so that each thread reaches
-# every barrier and warp shuffle the printer puts in it. BlockTiles and ThreadTiles check
-# what they can as they run; these properties hold only of the finished mapping.
+# every barrier and warp shuffle the printer puts in it. One exception: a loop whose
+# bounds read only thread loops along y, in a nest whose x threads fill a warp and that
+# touches no shared memory, is uniform across each warp (a warp's own slice of the keys in
+# decode): it holds warp shuffles and no barrier. BlockTiles and ThreadTiles check what they
+# can as they run; these properties hold only of the finished mapping.
 
 def check_block_form(onf: ONF):
     """ScheduleError naming the nest and the statement where a tiled nest breaks the
     above."""
     for nest in onf.nests:
         if any(map(is_grid, walk(nest.body))):
-            _check(nest.label, nest.body, threads=(), in_grid=False)
+            _check(nest.label, nest.body, threads=(), in_grid=False,
+                   warp_rows=_warp_rows(nest, onf))
 
 
-def _check(label, stmts, threads, in_grid):
+def _warp_rows(nest, onf):
+    """The thread loops along y (their variables) whose warps a loop's bounds may read:
+    those of one row a thread (their extent their threads: no thread past the range), where
+    the nest's x threads are whole warps and it has no shared array; else none."""
+    loops = [lp for lp in walk(nest.body) if is_thread_loop(lp)]
+    widths = {lp.gpu.threads for lp in loops if lp.gpu.axis == "x"}
+    if widths != {WARP} or any(is_block_copy(lp) for lp in walk(nest.body)) or any(
+            True for s in nest.body for _ in shared_accesses(s, {b.name for b in onf.shared})):
+        return frozenset()
+    return frozenset(lp.var for lp in loops if lp.gpu.axis == "y" and lp.gpu.tile == 1
+                     and simplified(lp.stop - lp.start) == lp.gpu.threads)
+
+
+def _check(label, stmts, threads, in_grid, warp_rows=frozenset()):
     for s in stmts:
         if not isinstance(s, Loop):
             if in_grid and not threads:
@@ -51,12 +70,12 @@ def _check(label, stmts, threads, in_grid):
                 raise ScheduleError(f"nest {label}: a block's copy over {s.var} has bounds "
                                     f"that read the thread loops' {sorted(map(str, bound_by))}")
             continue  # its threads are the whole block's
-        if bound_by and not is_thread_loop(s):
+        if bound_by and not is_thread_loop(s) and not bound_by <= warp_rows:
             raise ScheduleError(f"nest {label}: the loop over {s.var} has bounds that read the "
                                 f"thread loops' {sorted(map(str, bound_by))}: its threads would "
                                 "not all reach a barrier inside")
         inner = threads + ((s.var,) if is_thread_loop(s) else ())
-        _check(label, s.body, inner, in_grid or is_grid(s))
+        _check(label, s.body, inner, in_grid or is_grid(s), warp_rows)
 
 
 # ---- Shared memory ---------------------------------------------------------------

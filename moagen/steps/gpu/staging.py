@@ -338,28 +338,26 @@ def _local_index(e, span):
 
 @dataclass(frozen=True)
 class RegisterTile(Step):
-    """An output's elements in the registers of the thread that owns them, from its first
-    write to its last: every access inside the thread loops whose variables index it (the
-    same loops in every access), the other positions indexed by grid loops (or parts of a
-    folded one). The first write becomes a local per iteration of those thread loops (a
-    thread's tile), the accesses
-    until the last write that local, the last write a store of it. Where the last write
-    adds into it (dQ += dS K over every block of keys), it is an addition into the local
-    too, and the store of the local follows the outermost loop around it that is not
-    around the first write, over the first write's thread loops."""
+    """An output's (or a scratch array's) elements in the registers of the thread that owns
+    them, from its first write to its last: every access inside the thread loops whose
+    variables index it (the same loops in every access), the other positions indexed by
+    grid loops (or parts of a folded one). Each element a thread's iteration touches (one,
+    or one per jammed copy: a GQA group's query heads, each its own output row) is a
+    register of its own: its first write becomes a local per iteration of those thread
+    loops (a thread's tile), the accesses until the last write that local, the last write
+    a store of it. Where the last write lies inside loops the first does not (dQ += dS K
+    over every block of keys; a slice's rescaled row over its keys), the store of the
+    local follows the outermost of them, over the first write's thread loops: one store,
+    not one per key."""
     array: str
     nest: Optional[str] = None
     layer = "mapping"
 
     def __call__(self, onf: ONF) -> ONF:
-        if self.array not in {b.name for b in onf.outputs}:
-            raise ScheduleError(f"{self}: {self.array} is not an output of {onf.name}")
+        if self.array not in {b.name for b in onf.outputs + onf.temps}:
+            raise ScheduleError(f"{self}: {self.array} is no output or scratch of {onf.name}")
         nest = self.nest_called(onf)
         accesses = list(_accesses(nest.body, self.array))
-        stores = [a for a, _ in accesses if isinstance(a, Store)]
-        if len(stores) < 2 or stores[0].accumulate is not None:
-            raise ScheduleError(f"{self}: {self.array} is not written first by a plain store "
-                                "and then again")
         for access, around in accesses:
             scope = {lp.var: lp for lp in around}
             grid = {lp.var for lp in around if is_grid(lp)}
@@ -368,38 +366,42 @@ class RegisterTile(Step):
                 if (lp is None or lp.gpu is None) and not _of_block(e, scope, grid):
                     raise ScheduleError(f"{self}: {self.array}[{', '.join(map(str, access.index))}]"
                                         f": {e} is no grid or thread loop's variable")
+        elements = {}  # an element's index -> its accesses
+        for access, around in accesses:
+            elements.setdefault(_element(access.index), []).append(access)
         names = kernel_names(onf)
-        local = names.claim(names.new(f"{self.array}_reg"))
-        first, last = stores[0], stores[-1]
-        tail = None  # (the statement the store of the local follows, that store's loops)
-        if last.accumulate is not None:
-            a, b = ancestors(nest.body, first), ancestors(nest.body, last)
-            m = 0
-            while m < min(len(a), len(b)) and a[m] is b[m]:
-                m += 1
-            if m >= len(b):
-                raise ScheduleError(f"{self}: {self.array}'s last addition is inside the loops "
-                                    "of its first write")
-            chain = a[m:]
-            if not all(map(is_thread_loop, chain)):
-                raise ScheduleError(f"{self}: the loops of {self.array}'s first write inside "
-                                    "those of its last are not all thread loops")
-            tail = (b[m], chain)
+        local, firsts, lasts, tails = {}, set(), {}, {}
+        for element, touched in elements.items():
+            stores = [a for a in touched if isinstance(a, Store)]
+            if len(stores) < 2 or stores[0].accumulate is not None:
+                raise ScheduleError(f"{self}: {self.array} is not written first by a plain "
+                                    "store and then again")
+            local[element] = names.claim(names.new(f"{self.array}_reg"))
+            first, last = stores[0], stores[-1]
+            firsts.add(id(first))
+            store = Store(self.array, first.index, S.Local(local[element]))
+            tail = self._tail(nest.body, first, last)
+            if tail is None:
+                lasts[id(last)] = store
+            else:
+                tails.setdefault(id(tail[0]), (tail[1], []))[1].append(store)
 
         def stmt(s):
             if isinstance(s, Loop):
                 return replace(s, body=block(s.body))
-            return _to_local(s, self.array, local, first)
+            return _to_local(s, self.array, lambda index: local[_element(index)],
+                             lambda st: id(st) in firsts)
 
         def block(stmts):
             out = []
             for s in stmts:
                 out.append(stmt(s))
-                if s is last and tail is None:  # the local keeps what is stored: read after
-                    out.append(Store(self.array, last.index, S.Local(local)))
-                if tail is not None and s is tail[0]:
-                    body = (Store(self.array, first.index, S.Local(local)),)
-                    for lp in reversed(tail[1]):
+                if id(s) in lasts:  # the local keeps what is stored: read after
+                    out.append(lasts[id(s)])
+                if id(s) in tails:
+                    chain, stores = tails[id(s)]
+                    body = tuple(stores)
+                    for lp in reversed(chain):
                         body = (replace(lp, body=body),)
                     out += body
             return tuple(out)
@@ -407,6 +409,29 @@ class RegisterTile(Step):
         body = block(nest.body)
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
         return onf.with_nests(nests, str(self))
+
+    def _tail(self, body, first, last):
+        """(the statement the store of the local follows, that store's loops), or None where
+        the last write lies in the first's loops and the store follows it."""
+        a, b = ancestors(body, first), ancestors(body, last)
+        m = 0
+        while m < min(len(a), len(b)) and a[m] is b[m]:
+            m += 1
+        if m >= len(b):
+            if last.accumulate is not None:
+                raise ScheduleError(f"{self}: {self.array}'s last addition is inside the loops "
+                                    "of its first write")
+            return None
+        chain = a[m:]
+        if not all(map(is_thread_loop, chain)):
+            raise ScheduleError(f"{self}: the loops of {self.array}'s first write inside "
+                                "those of its last are not all thread loops")
+        return b[m], chain
+
+
+def _element(index):
+    """An access's index as a key: the accesses to one element of a thread's alike."""
+    return tuple(sympy.expand(sympy.sympify(e)) for e in index)
 
 
 @dataclass(frozen=True)
@@ -459,7 +484,7 @@ class RegisterScratch(Step):
         def stmt(s):
             if isinstance(s, Loop):
                 return replace(s, body=tuple(stmt(b) for b in s.body))
-            return _to_local(s, self.array, local, first)
+            return _to_local(s, self.array, lambda index: local, lambda st: st is first)
 
         body = tuple(stmt(s) for s in nest.body)
         temps = tuple(b for b in onf.temps if b.name != self.array)
@@ -478,18 +503,17 @@ def _scratch_nest(step, onf):
     return nest
 
 
-def _to_local(s, array, local, first, kept=None):
-    """Statement s with array's elements as the local: its reads, `first` (a store) the
-    local's definition, its other stores updates of it; `kept`, a store, stays a store (of
-    what the local holds then)."""
+def _to_local(s, array, local, is_first):
+    """Statement s with array's elements as locals (local(index): an element's): its reads,
+    a first store (is_first) the local's definition, its other stores updates of it."""
     def expr(e):
         if isinstance(e, S.Access) and e.array == array:
-            return S.Local(local)
+            return S.Local(local(e.index))
         return S.map_children(e, expr)
 
     value = expr(s.value)
-    if s is first:
-        return Let(local, value)
-    if s is not kept and isinstance(s, Store) and s.array == array:
-        return Update(local, s.accumulate or "=", value)
+    if isinstance(s, Store) and s.array == array:
+        if is_first(s):
+            return Let(local(s.index), value)
+        return Update(local(s.index), s.accumulate or "=", value)
     return replace(s, value=value)

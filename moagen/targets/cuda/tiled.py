@@ -17,10 +17,11 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.moa.expr import simplified
-from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Unrolled, Update, bound_symbol,
-                              grid_chain, is_block_copy, is_thread_loop, loop_key,
-                              most_iterations, walk)
+from moagen.moa.expr import idiv, simplified
+from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Store, Unrolled, Update,
+                              bound_symbol, grid_chain, is_block_copy, is_thread_loop, loop_key,
+                              most_iterations, stmt_exprs, subs_stmts, walk)
+from moagen.onf.names import kernel_names
 from moagen.onf.signature import DTYPE_BYTES
 from moagen.targets.printer import arrays_in, names_used
 
@@ -37,7 +38,10 @@ class TiledKernel:
     def __init__(self, printer, nest):
         self.p, self.nest = printer, nest
         self.grid, body = grid_chain(nest)
-        self.body = _distinct_locals(body)
+        self.quotients = _block_quotients(body, {lp.var for lp in self.grid},
+                                          kernel_names(printer.onf))
+        self.body = _distinct_locals(subs_stmts(body, {q: sympy.Symbol(name, integer=True)
+                                                       for q, name in self.quotients.items()}))
         self.bounds = dict(self.grid[-1].gpu.bounds)
         # BlockTiles' and ThreadTiles' preconditions: at most 3 grid loops, bounds for one
         # size, one count of threads an axis
@@ -87,6 +91,10 @@ class TiledKernel:
             start = "" if lp.start == 0 else f"{self.p.index(lp.start)} + "
             lines.append(f"{pad}const int {lp.var} = {start}blockIdx.{axis};")
         lines.append(f"{pad}const int tx = threadIdx.x, ty = threadIdx.y;")
+        inner = {}
+        for q, name in self.quotients.items():
+            lines.append(f"{pad}const int64_t {name} = {self.p.index(q.xreplace(inner))};")
+            inner[q] = sympy.Symbol(name, integer=True)
         for a in self.layout.arrays:
             lines.append(f"{pad}MOAGEN_SHARED_AT({self.p.real}, {a.name}, "
                          f"{self.p.index(a.offset)}, {self.p.index(a.count)});")
@@ -139,7 +147,19 @@ class TiledKernel:
         return lines
 
     def loop(self, loop, depth):
-        # uniform across the block's threads (check_block_form)
+        # uniform across the block's threads, or across a warp's lanes where its bounds read
+        # the warp's row (check_block_form): that row declared first, in a scope of its own
+        rows = [lp for lp in self.ctx
+                if lp.var in loop.start.free_symbols | loop.stop.free_symbols]
+        if rows:
+            pad = self.p.indent * depth
+            declared = [f"{pad}{self.p.indent}const int {lp.var} = {self.position(lp, '0')};"
+                        for lp in rows]
+            return [pad + "{  // this warp's row: the loop below is uniform across its lanes",
+                    *declared, *self.loop_lines(loop, depth + 1), pad + "}"]
+        return self.loop_lines(loop, depth)
+
+    def loop_lines(self, loop, depth):
         pad, v = self.p.indent * depth, loop.var
         body = self.block(loop.body, depth + 1)
         # a tile's loops count within a head: int, as the offsets into shared memory
@@ -194,10 +214,10 @@ class TiledKernel:
             lines.append(pad * level + "}")
         return lines
 
-    def position(self, loop):
-        """The iteration of slot s_<var> of this thread."""
+    def position(self, loop, slot=None):
+        """The iteration of slot s_<var> (or `slot`) of this thread."""
         lane = "t" + loop.gpu.axis
-        slot, threads, tile = f"s_{loop.var}", loop.gpu.threads, loop.gpu.tile
+        slot, threads, tile = slot or f"s_{loop.var}", loop.gpu.threads, loop.gpu.tile
         start = "" if loop.start == 0 else f"{self.p.index(loop.start)} + "
         if tile == 1:
             return f"{start}{slot} * {threads} + {lane}"
@@ -255,6 +275,23 @@ class TiledKernel:
             lines = self.leaf(s, depth)
         self.ctx = saved
         return lines
+
+
+def _block_quotients(stmts, grid, names) -> dict:
+    """{quotient: its name} of the integer divisions in the nest's indices and loop bounds
+    that read no loop inside the grid (a folded grid loop's parts, a slice's length): the
+    same for the whole block, so computed once. nvcc keeps a 64-bit division where it is
+    written, a call a load in the loop over keys."""
+    inside = {lp.var for lp in walk(stmts) if isinstance(lp, Loop)} - grid
+    exprs = [e for lp in walk(stmts) if isinstance(lp, Loop) for e in (lp.start, lp.stop)]
+    exprs += [sympy.sympify(i) for s in walk(stmts) if isinstance(s, Store) for i in s.index]
+    exprs += [x.offset for s in walk(stmts) if not isinstance(s, Loop) for e in stmt_exprs(s)
+              for x in S.subexpressions(e) if isinstance(x, S.Load)]
+    found = dict.fromkeys(q for e in exprs for q in sorted(e.atoms(idiv), key=str)
+                          if not q.free_symbols & inside)
+    # the inner first, each computed from those inside it
+    return {q: names.claim(names.new("quot"))
+            for q in sorted(found, key=lambda q: len(q.atoms(idiv)))}
 
 
 def _distinct_locals(stmts):

@@ -30,10 +30,11 @@
  * fit in the buffer, or is misaligned for T, fails the launch.
  *
  * Warps. __shfl_sync, __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync (any type of up to 8
- * bytes; width a power of two up to 32) and __syncwarp exchange through barriers over the
- * whole team, so they must be convergent over the block: every thread of the block calls
- * the same shuffles in the same order (a thread that has returned, or skipped one in a
- * branch, deadlocks the team or fails the launch). Their mask must name every lane of the
+ * bytes; width a power of two up to 32) exchange through barriers over the caller's warp, so
+ * they must be convergent over the warp: every lane of a warp calls the same shuffles in the
+ * same order (a lane that has returned, or skipped one in a branch, deadlocks the warp or
+ * fails the launch); warps may run different numbers of them (a warp's own slice of keys).
+ * __syncwarp is a barrier over the whole team. Their mask must name every lane of the
  * calling warp that exists (0xffffffff for full warps): partial-warp shuffles are not
  * emulated, and reading a lane beyond the block fails the launch.
  *
@@ -55,6 +56,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -171,11 +173,25 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 
-/* ---- warp shuffles: through the team, all of its threads at each call ------------------ */
+/* ---- warp shuffles: through the warp, all of its lanes at each call -------------------- */
 
 static unsigned char moagen_lanes[1024][8];  /* a value a thread */
 static unsigned int moagen_lane_calls[1024];  /* which shuffle each thread is at */
 static thread_local unsigned int moagen_shuffles;  /* shuffles this thread has made in this block */
+static unsigned int moagen_warp_arrived[32], moagen_warp_generation[32];  /* a warp's barrier */
+
+/* Waits for the `lanes` lanes of `warp`: the last to arrive opens the next generation. */
+static void moagen_warp_barrier(unsigned int warp, unsigned int lanes)
+{
+    const unsigned int generation = __atomic_load_n(&moagen_warp_generation[warp], __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&moagen_warp_arrived[warp], 1u, __ATOMIC_ACQ_REL) == lanes) {
+        __atomic_store_n(&moagen_warp_arrived[warp], 0u, __ATOMIC_RELAXED);
+        __atomic_store_n(&moagen_warp_generation[warp], generation + 1, __ATOMIC_RELEASE);
+    } else {
+        while (__atomic_load_n(&moagen_warp_generation[warp], __ATOMIC_ACQUIRE) == generation)
+            sched_yield();
+    }
+}
 
 /* `value` of the lane `source` of the caller's warp (or its own where source < 0) */
 template <typename T>
@@ -196,17 +212,17 @@ static T moagen_shuffle(const char *what, unsigned int mask, T value, int source
     const unsigned int call = ++moagen_shuffles;
     memcpy(moagen_lanes[t], &value, sizeof(T));
     moagen_lane_calls[t] = call;
-#pragma omp barrier
+    moagen_warp_barrier(warp, lanes);
     T result = value;
     if (source >= 0 && source < (int)lanes) {
         const unsigned int from = warp * 32 + source;
         if (moagen_lane_calls[from] != call)
             moagen_fail("%s: thread %s is at its shuffle %u, the lane it reads at its shuffle %u: "
-                        "shuffles must be convergent over the block here", what,
+                        "shuffles must be convergent over the warp", what,
                         moagen_thread_name(t, name), call, moagen_lane_calls[from]);
         memcpy(&result, moagen_lanes[from], sizeof(T));
     }
-#pragma omp barrier
+    moagen_warp_barrier(warp, lanes);
     return result;
 }
 

@@ -1,0 +1,120 @@
+"""Decode on a GPU, a block a group (attention_decode's grouped variant): a thread block per
+(batch, KV head, 4 slices of the cache) computing 4 query heads of the group, each K and V
+row read once for them; a warp a slice, its lanes across d, each dot product summed by warp
+shuffles with no barrier and no shared memory; what the steps refuse; the emulated kernel
+against numpy where the warps of a block walk different numbers of keys."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import sympy
+
+from moagen import reference
+from moagen.emit import emit
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv, sym
+from moagen.onf.loops import Barrier, LaneReduce, Loop, is_grid, is_thread_loop, stmt_exprs, walk
+from moagen.pipeline import onf_of
+from moagen.request import resolve
+from moagen.steps.algebra.splitkeys import SplitKeys
+from moagen.steps.gpu.closing import check_block_form
+from moagen.steps.gpu.staging import RegisterTile
+from moagen.targets.cuda import emulated
+from moagen.targets.cuda.build import build_cuda_emulated
+
+KERNEL, VARIANT = "attention_decode", "grouped"
+
+
+def _nest(onf, label="heads.partial"):
+    return next(n for n in onf.nests if n.label == label)
+
+
+def _reads(nest, array):
+    return [x for s in walk(nest.body) for e in stmt_exprs(s) for x in S.subexpressions(e)
+            if isinstance(x, S.Load) and x.array == array]
+
+
+def test_a_block_is_a_group_s_heads_over_slices_a_warp_each():
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    partial = _nest(onf)
+    loops = [lp for lp in walk(partial.body) if isinstance(lp, Loop) and lp.gpu]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "g_r_tile", "j_split_blk"]
+    assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile)
+            for lp in loops if is_thread_loop(lp)} == {("y", "j_split", 4, 1), ("x", "c", 32, 4)}
+    # the slices' count from the cache's valid rows: 32 keys a warp
+    assert str(dict((b.name, b.shape) for b in onf.temps)["O_part"][2]) == \
+        "4*idiv(n + 127, 128)"
+    # dot products by shuffles, no barrier, no shared memory
+    assert not any(isinstance(s, Barrier) for s in walk(partial.body)) and onf.shared == ()
+    assert {s.name for s in walk(partial.body) if isinstance(s, LaneReduce)} == \
+        {"qk_0", "qk_1", "qk_2", "qk_3"}
+
+
+def test_each_k_and_v_row_is_read_once_for_the_group_s_four_heads():
+    """The 4 heads' dot products read K at one index, their output rows V at one: one load
+    a key for the 4 (the compiler's common subexpression); O_part stored once a slice."""
+    partial = _nest(onf_of(KERNEL, VARIANT, target="cuda", dtype="float32"))
+    for array in ("K", "V"):
+        reads = _reads(partial, array)
+        assert len(reads) == 4 and len({sympy.expand(r.offset) for r in reads}) == 1
+    keys = next(lp for lp in walk(partial.body) if isinstance(lp, Loop) and lp.var.name == "j")
+    assert not [s for s in walk(keys.body) if getattr(s, "array", None) == "O_part"]
+    assert not _reads(partial, "O_part")
+
+
+def test_a_loop_reading_a_warp_s_row_needs_whole_warps_across_d():
+    """The keys' loop reads the warp's slice: uniform across a warp only where its lanes
+    are a whole warp; with 16 threads across d two slices would share a warp."""
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    partial = _nest(onf)
+
+    def narrow(stmts):
+        return tuple(replace(s, body=narrow(s.body),
+                             gpu=replace(s.gpu, threads=16) if is_thread_loop(s)
+                             and s.gpu.axis == "x" else s.gpu)
+                     if isinstance(s, Loop) else s for s in stmts)
+    onf = replace(onf, nests=tuple(replace(n, body=narrow(n.body)) if n is partial else n
+                                   for n in onf.nests))
+    with pytest.raises(ScheduleError, match="loop over j has bounds that read the thread loops"):
+        check_block_form(onf)
+
+
+def test_split_keys_refuses_a_count_of_slices_from_no_size():
+    onf = onf_of(KERNEL, "dnf", upto=4)
+    with pytest.raises(ScheduleError, match="an expression of the kernel's sizes"):
+        SplitKeys("heads", over=("b", "h"), var="j", splits=sympy.Symbol("slices"))(onf)
+
+
+def test_a_register_tile_is_of_an_output_or_a_scratch_array():
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=11)
+    with pytest.raises(ScheduleError, match="K is no output or scratch"):
+        RegisterTile("K", nest="heads.partial")(onf)
+
+
+@pytest.mark.parametrize("sizes", [dict(batch=1, q_heads=8, kv_heads=2, cap=700, d=128, n=601),
+                                   dict(batch=2, q_heads=6, kv_heads=2, cap=40, d=64, n=33)])
+def test_the_emulated_kernel_is_numpy_s_where_warps_walk_different_key_counts(sizes):
+    """n = 601: a block's last warps have fewer keys or none (32 a warp); 3 heads a group
+    run on the edge's blocks, one head each."""
+    rng = np.random.default_rng(3)
+    n = sizes.pop("n")
+    b, qh, kvh, cap, d = (sizes[k] for k in ("batch", "q_heads", "kv_heads", "cap", "d"))
+    q = rng.standard_normal((b, qh, d))
+    K, V = rng.standard_normal((2, b, kvh, cap, d))
+    request = resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False)
+    fn = emulated.bind(build_cuda_emulated(emit(KERNEL, VARIANT, "cuda-emulated"),
+                                           f"decode_grouped_{d}"), request.signature())
+    O, lse = fn(q, K, V, scale=0.3, n=n)
+    want_O, want_lse = reference.attention_decode_numpy(q, K, V, 0.3, n)
+    np.testing.assert_allclose(O, want_O, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+
+
+def test_split_keys_refuses_slices_of_rows_that_do_not_cover_the_keys():
+    """32 rows a slice over n rows needs k ceil(n / 32k) slices; 4 ceil(n / 64) would leave
+    half of them unread."""
+    onf = onf_of(KERNEL, "split", upto=4)  # after OnlineSoftmax
+    n = sym("n")
+    with pytest.raises(ScheduleError, match="32 rows a slice the slices must be"):
+        SplitKeys("heads", over=("b", "h"), var="j", splits=4 * idiv(n + 63, 64), rows=32)(onf)
