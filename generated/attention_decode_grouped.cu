@@ -139,398 +139,218 @@ __global__ void attention_decode_grouped_f64_heads_partial(
     const int64_t quot2 = ((q_heads) / kv_heads);
     const int64_t quot3 = ((quot2) / 4);
     const int64_t quot4 = ((g_r_tile) / quot3);
-    double O_part_reg[1][((MAX_d + 127) / 128) * 4];
-    double O_part_reg2[1][((MAX_d + 127) / 128) * 4];
-    double O_part_reg3[1][((MAX_d + 127) / 128) * 4];
-    double O_part_reg4[1][((MAX_d + 127) / 128) * 4];
-    double row_max_0[1];
-    double row_max_1[1];
-    double row_max_2[1];
-    double row_max_3[1];
-    double row_sum_0[1];
-    double row_sum_1[1];
-    double row_sum_2[1];
-    double row_sum_3[1];
-    double qk_0[1];
-    double qk_1[1];
-    double qk_2[1];
-    double qk_3[1];
-    double score_0[1];
-    double score_1[1];
-    double score_2[1];
-    double score_3[1];
-    double new_max_0[1];
-    double new_max_1[1];
-    double new_max_2[1];
-    double new_max_3[1];
-    double exp_gap_0[1];
-    double exp_gap_1[1];
-    double exp_gap_2[1];
-    double exp_gap_3[1];
-    double rescale_0[1];
-    double rescale_1[1];
-    double rescale_2[1];
-    double rescale_3[1];
-    double p_0[1];
-    double p_1[1];
-    double p_2[1];
-    double p_3[1];
+    double O_part_reg[((MAX_d + 127) / 128) * 4];
+    double O_part_reg2[((MAX_d + 127) / 128) * 4];
+    double O_part_reg3[((MAX_d + 127) / 128) * 4];
+    double O_part_reg4[((MAX_d + 127) / 128) * 4];
+    double row_max_0;
+    double row_max_1;
+    double row_max_2;
+    double row_max_3;
+    double row_sum_0;
+    double row_sum_1;
+    double row_sum_2;
+    double row_sum_3;
+    double qk_0;
+    double qk_1;
+    double qk_2;
+    double qk_3;
+    double score_0;
+    double score_1;
+    double score_2;
+    double score_3;
+    double new_max_0;
+    double new_max_1;
+    double new_max_2;
+    double new_max_3;
+    double exp_gap_0;
+    double exp_gap_1;
+    double exp_gap_2;
+    double exp_gap_3;
+    double rescale_0;
+    double rescale_1;
+    double rescale_2;
+    double rescale_3;
+    double p_0;
+    double p_1;
+    double p_2;
+    double p_3;
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg[s_j_split][s_c] = 0.0;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg[s_c] = 0.0;
     }
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg2[s_j_split][s_c] = 0.0;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg2[s_c] = 0.0;
     }
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg3[s_j_split][s_c] = 0.0;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg3[s_c] = 0.0;
     }
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg4[s_j_split][s_c] = 0.0;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg4[s_c] = 0.0;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_0[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_1[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_2[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_3[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_0[s_j_split] = 0.0;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_1[s_j_split] = 0.0;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_2[s_j_split] = 0.0;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_3[s_j_split] = 0.0;
-    }
+    row_max_0 = -INFINITY;
+    row_max_1 = -INFINITY;
+    row_max_2 = -INFINITY;
+    row_max_3 = -INFINITY;
+    row_sum_0 = 0.0;
+    row_sum_1 = 0.0;
+    row_sum_2 = 0.0;
+    row_sum_3 = 0.0;
     {  // this warp's row: the loop below is uniform across its lanes
-        const int j_split = 4*j_split_blk + 0 * 4 + ty;
+        const int j_split = 4*j_split_blk + ty;
         for (int j = 32*j_split; j < (n < 32*j_split + 32 ? n : 32*j_split + 32); ++j) {
+            qk_0 = 0.0;
+            qk_1 = 0.0;
+            qk_2 = 0.0;
+            qk_3 = 0.0;
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_0[s_j_split] = 0.0;
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_0 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_1[s_j_split] = 0.0;
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_1 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_2[s_j_split] = 0.0;
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_2 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_3[s_j_split] = 0.0;
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_0[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_1[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_2[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_3[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)];
-                }
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_3 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)];
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_0[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_0[s_j_split], o);
-                }
+                qk_0 += __shfl_xor_sync(0xffffffffu, qk_0, o);
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_1[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_1[s_j_split], o);
-                }
+                qk_1 += __shfl_xor_sync(0xffffffffu, qk_1, o);
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_2[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_2[s_j_split], o);
-                }
+                qk_2 += __shfl_xor_sync(0xffffffffu, qk_2, o);
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_3[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_3[s_j_split], o);
-                }
+                qk_3 += __shfl_xor_sync(0xffffffffu, qk_3, o);
+            }
+            score_0 = scale * qk_0;
+            score_1 = scale * qk_1;
+            score_2 = scale * qk_2;
+            score_3 = scale * qk_3;
+            new_max_0 = fmax(row_max_0, score_0);
+            new_max_1 = fmax(row_max_1, score_1);
+            new_max_2 = fmax(row_max_2, score_2);
+            new_max_3 = fmax(row_max_3, score_3);
+            exp_gap_0 = exp(fmin(row_max_0, score_0) - new_max_0);
+            exp_gap_1 = exp(fmin(row_max_1, score_1) - new_max_1);
+            exp_gap_2 = exp(fmin(row_max_2, score_2) - new_max_2);
+            exp_gap_3 = exp(fmin(row_max_3, score_3) - new_max_3);
+            rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0);
+            rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0);
+            rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0);
+            rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0);
+            p_0 = (score_0 > row_max_0 ? 1.0 : exp_gap_0);
+            p_1 = (score_1 > row_max_1 ? 1.0 : exp_gap_1);
+            p_2 = (score_2 > row_max_2 ? 1.0 : exp_gap_2);
+            p_3 = (score_3 > row_max_3 ? 1.0 : exp_gap_3);
+            row_sum_0 = row_sum_0 * rescale_0 + p_0;
+            row_sum_1 = row_sum_1 * rescale_1 + p_1;
+            row_sum_2 = row_sum_2 * rescale_2 + p_2;
+            row_sum_3 = row_sum_3 * rescale_3 + p_3;
+            #pragma unroll
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg[s_c] = O_part_reg[s_c] * rescale_0 + p_0 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_0[s_j_split] = scale * qk_0[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg2[s_c] = O_part_reg2[s_c] * rescale_1 + p_1 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_1[s_j_split] = scale * qk_1[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg3[s_c] = O_part_reg3[s_c] * rescale_2 + p_2 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_2[s_j_split] = scale * qk_2[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg4[s_c] = O_part_reg4[s_c] * rescale_3 + p_3 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_3[s_j_split] = scale * qk_3[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_0[s_j_split] = fmax(row_max_0[s_j_split], score_0[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_1[s_j_split] = fmax(row_max_1[s_j_split], score_1[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_2[s_j_split] = fmax(row_max_2[s_j_split], score_2[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_3[s_j_split] = fmax(row_max_3[s_j_split], score_3[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_0[s_j_split] = exp(fmin(row_max_0[s_j_split], score_0[s_j_split]) - new_max_0[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_1[s_j_split] = exp(fmin(row_max_1[s_j_split], score_1[s_j_split]) - new_max_1[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_2[s_j_split] = exp(fmin(row_max_2[s_j_split], score_2[s_j_split]) - new_max_2[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_3[s_j_split] = exp(fmin(row_max_3[s_j_split], score_3[s_j_split]) - new_max_3[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_0[s_j_split] = (score_0[s_j_split] > row_max_0[s_j_split] ? exp_gap_0[s_j_split] : 1.0);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_1[s_j_split] = (score_1[s_j_split] > row_max_1[s_j_split] ? exp_gap_1[s_j_split] : 1.0);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_2[s_j_split] = (score_2[s_j_split] > row_max_2[s_j_split] ? exp_gap_2[s_j_split] : 1.0);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_3[s_j_split] = (score_3[s_j_split] > row_max_3[s_j_split] ? exp_gap_3[s_j_split] : 1.0);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_0[s_j_split] = (score_0[s_j_split] > row_max_0[s_j_split] ? 1.0 : exp_gap_0[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_1[s_j_split] = (score_1[s_j_split] > row_max_1[s_j_split] ? 1.0 : exp_gap_1[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_2[s_j_split] = (score_2[s_j_split] > row_max_2[s_j_split] ? 1.0 : exp_gap_2[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_3[s_j_split] = (score_3[s_j_split] > row_max_3[s_j_split] ? 1.0 : exp_gap_3[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_0[s_j_split] = row_sum_0[s_j_split] * rescale_0[s_j_split] + p_0[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_1[s_j_split] = row_sum_1[s_j_split] * rescale_1[s_j_split] + p_1[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_2[s_j_split] = row_sum_2[s_j_split] * rescale_2[s_j_split] + p_2[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_3[s_j_split] = row_sum_3[s_j_split] * rescale_3[s_j_split] + p_3[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg[s_j_split][s_c] = O_part_reg[s_j_split][s_c] * rescale_0[s_j_split] + p_0[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg2[s_j_split][s_c] = O_part_reg2[s_j_split][s_c] * rescale_1[s_j_split] + p_1[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg3[s_j_split][s_c] = O_part_reg3[s_j_split][s_c] * rescale_2[s_j_split] + p_2[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg4[s_j_split][s_c] = O_part_reg4[s_j_split][s_c] * rescale_3[s_j_split] + p_3[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_0[s_j_split] = new_max_0[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_1[s_j_split] = new_max_1[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_2[s_j_split] = new_max_2[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_3[s_j_split] = new_max_3[s_j_split];
-            }
+            row_max_0 = new_max_0;
+            row_max_1 = new_max_1;
+            row_max_2 = new_max_2;
+            row_max_3 = new_max_3;
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4))] = O_part_reg[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4))] = O_part_reg[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1))] = O_part_reg2[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1))] = O_part_reg2[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2))] = O_part_reg3[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2))] = O_part_reg3[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3))] = O_part_reg4[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3))] = O_part_reg4[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_max_0[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_max_0;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_max_1[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_max_1;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_max_2[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_max_2;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_max_3[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_max_3;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_sum_0[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_sum_0;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_sum_1[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_sum_1;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_sum_2[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_sum_2;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_sum_3[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_sum_3;
     }
 }
 
@@ -562,107 +382,62 @@ __global__ void attention_decode_grouped_f64_heads_partial_edge(
     const int64_t quot2 = ((q_heads) / kv_heads);
     const int64_t quot3 = ((quot2) / 4);
     const int64_t quot4 = ((g_r) / (quot2 - 4*quot3));
-    double O_part_reg5[1][((MAX_d + 127) / 128) * 4];
-    double row_max[1];
-    double row_sum[1];
-    double qk[1];
-    double score[1];
-    double new_max[1];
-    double exp_gap[1];
-    double rescale[1];
-    double p[1];
+    double O_part_reg5[((MAX_d + 127) / 128) * 4];
+    double row_max;
+    double row_sum;
+    double qk;
+    double score;
+    double new_max;
+    double exp_gap;
+    double rescale;
+    double p;
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg5[s_j_split][s_c] = 0.0;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg5[s_c] = 0.0;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum[s_j_split] = 0.0;
-    }
+    row_max = -INFINITY;
+    row_sum = 0.0;
     {  // this warp's row: the loop below is uniform across its lanes
-        const int j_split = 4*j_split_blk + 0 * 4 + ty;
+        const int j_split = 4*j_split_blk + ty;
         for (int j = 32*j_split; j < (n < 32*j_split + 32 ? n : 32*j_split + 32); ++j) {
+            qk = 0.0;
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk[s_j_split] = 0.0;
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))];
-                }
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))];
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk[s_j_split] += __shfl_xor_sync(0xffffffffu, qk[s_j_split], o);
-                }
+                qk += __shfl_xor_sync(0xffffffffu, qk, o);
             }
+            score = scale * qk;
+            new_max = fmax(row_max, score);
+            exp_gap = exp(fmin(row_max, score) - new_max);
+            rescale = (score > row_max ? exp_gap : 1.0);
+            p = (score > row_max ? 1.0 : exp_gap);
+            row_sum = row_sum * rescale + p;
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score[s_j_split] = scale * qk[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg5[s_c] = O_part_reg5[s_c] * rescale + p * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max[s_j_split] = fmax(row_max[s_j_split], score[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap[s_j_split] = exp(fmin(row_max[s_j_split], score[s_j_split]) - new_max[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale[s_j_split] = (score[s_j_split] > row_max[s_j_split] ? exp_gap[s_j_split] : 1.0);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p[s_j_split] = (score[s_j_split] > row_max[s_j_split] ? 1.0 : exp_gap[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum[s_j_split] = row_sum[s_j_split] * rescale[s_j_split] + p[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg5[s_j_split][s_c] = O_part_reg5[s_j_split][s_c] * rescale[s_j_split] + p[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max[s_j_split] = new_max[s_j_split];
-            }
+            row_max = new_max;
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3)))] = O_part_reg5[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3)))] = O_part_reg5[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_max[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_max;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_sum[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_sum;
     }
 }
 
@@ -811,398 +586,218 @@ __global__ void attention_decode_grouped_f32_heads_partial(
     const int64_t quot2 = ((q_heads) / kv_heads);
     const int64_t quot3 = ((quot2) / 4);
     const int64_t quot4 = ((g_r_tile) / quot3);
-    float O_part_reg[1][((MAX_d + 127) / 128) * 4];
-    float O_part_reg2[1][((MAX_d + 127) / 128) * 4];
-    float O_part_reg3[1][((MAX_d + 127) / 128) * 4];
-    float O_part_reg4[1][((MAX_d + 127) / 128) * 4];
-    float row_max_0[1];
-    float row_max_1[1];
-    float row_max_2[1];
-    float row_max_3[1];
-    float row_sum_0[1];
-    float row_sum_1[1];
-    float row_sum_2[1];
-    float row_sum_3[1];
-    float qk_0[1];
-    float qk_1[1];
-    float qk_2[1];
-    float qk_3[1];
-    float score_0[1];
-    float score_1[1];
-    float score_2[1];
-    float score_3[1];
-    float new_max_0[1];
-    float new_max_1[1];
-    float new_max_2[1];
-    float new_max_3[1];
-    float exp_gap_0[1];
-    float exp_gap_1[1];
-    float exp_gap_2[1];
-    float exp_gap_3[1];
-    float rescale_0[1];
-    float rescale_1[1];
-    float rescale_2[1];
-    float rescale_3[1];
-    float p_0[1];
-    float p_1[1];
-    float p_2[1];
-    float p_3[1];
+    float O_part_reg[((MAX_d + 127) / 128) * 4];
+    float O_part_reg2[((MAX_d + 127) / 128) * 4];
+    float O_part_reg3[((MAX_d + 127) / 128) * 4];
+    float O_part_reg4[((MAX_d + 127) / 128) * 4];
+    float row_max_0;
+    float row_max_1;
+    float row_max_2;
+    float row_max_3;
+    float row_sum_0;
+    float row_sum_1;
+    float row_sum_2;
+    float row_sum_3;
+    float qk_0;
+    float qk_1;
+    float qk_2;
+    float qk_3;
+    float score_0;
+    float score_1;
+    float score_2;
+    float score_3;
+    float new_max_0;
+    float new_max_1;
+    float new_max_2;
+    float new_max_3;
+    float exp_gap_0;
+    float exp_gap_1;
+    float exp_gap_2;
+    float exp_gap_3;
+    float rescale_0;
+    float rescale_1;
+    float rescale_2;
+    float rescale_3;
+    float p_0;
+    float p_1;
+    float p_2;
+    float p_3;
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg[s_j_split][s_c] = 0.0f;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg[s_c] = 0.0f;
     }
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg2[s_j_split][s_c] = 0.0f;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg2[s_c] = 0.0f;
     }
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg3[s_j_split][s_c] = 0.0f;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg3[s_c] = 0.0f;
     }
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg4[s_j_split][s_c] = 0.0f;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg4[s_c] = 0.0f;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_0[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_1[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_2[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max_3[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_0[s_j_split] = 0.0f;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_1[s_j_split] = 0.0f;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_2[s_j_split] = 0.0f;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum_3[s_j_split] = 0.0f;
-    }
+    row_max_0 = -INFINITY;
+    row_max_1 = -INFINITY;
+    row_max_2 = -INFINITY;
+    row_max_3 = -INFINITY;
+    row_sum_0 = 0.0f;
+    row_sum_1 = 0.0f;
+    row_sum_2 = 0.0f;
+    row_sum_3 = 0.0f;
     {  // this warp's row: the loop below is uniform across its lanes
-        const int j_split = 4*j_split_blk + 0 * 4 + ty;
+        const int j_split = 4*j_split_blk + ty;
         for (int j = 32*j_split; j < (n < 32*j_split + 32 ? n : 32*j_split + 32); ++j) {
+            qk_0 = 0.0f;
+            qk_1 = 0.0f;
+            qk_2 = 0.0f;
+            qk_3 = 0.0f;
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_0[s_j_split] = 0.0f;
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_0 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_1[s_j_split] = 0.0f;
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_1 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_2[s_j_split] = 0.0f;
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_2 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk_3[s_j_split] = 0.0f;
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_0[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_1[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_2[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk_3[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)];
-                }
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk_3 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)];
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_0[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_0[s_j_split], o);
-                }
+                qk_0 += __shfl_xor_sync(0xffffffffu, qk_0, o);
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_1[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_1[s_j_split], o);
-                }
+                qk_1 += __shfl_xor_sync(0xffffffffu, qk_1, o);
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_2[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_2[s_j_split], o);
-                }
+                qk_2 += __shfl_xor_sync(0xffffffffu, qk_2, o);
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk_3[s_j_split] += __shfl_xor_sync(0xffffffffu, qk_3[s_j_split], o);
-                }
+                qk_3 += __shfl_xor_sync(0xffffffffu, qk_3, o);
+            }
+            score_0 = scale * qk_0;
+            score_1 = scale * qk_1;
+            score_2 = scale * qk_2;
+            score_3 = scale * qk_3;
+            new_max_0 = fmaxf(row_max_0, score_0);
+            new_max_1 = fmaxf(row_max_1, score_1);
+            new_max_2 = fmaxf(row_max_2, score_2);
+            new_max_3 = fmaxf(row_max_3, score_3);
+            exp_gap_0 = expf(fminf(row_max_0, score_0) - new_max_0);
+            exp_gap_1 = expf(fminf(row_max_1, score_1) - new_max_1);
+            exp_gap_2 = expf(fminf(row_max_2, score_2) - new_max_2);
+            exp_gap_3 = expf(fminf(row_max_3, score_3) - new_max_3);
+            rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0f);
+            rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0f);
+            rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0f);
+            rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0f);
+            p_0 = (score_0 > row_max_0 ? 1.0f : exp_gap_0);
+            p_1 = (score_1 > row_max_1 ? 1.0f : exp_gap_1);
+            p_2 = (score_2 > row_max_2 ? 1.0f : exp_gap_2);
+            p_3 = (score_3 > row_max_3 ? 1.0f : exp_gap_3);
+            row_sum_0 = row_sum_0 * rescale_0 + p_0;
+            row_sum_1 = row_sum_1 * rescale_1 + p_1;
+            row_sum_2 = row_sum_2 * rescale_2 + p_2;
+            row_sum_3 = row_sum_3 * rescale_3 + p_3;
+            #pragma unroll
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg[s_c] = O_part_reg[s_c] * rescale_0 + p_0 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_0[s_j_split] = scale * qk_0[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg2[s_c] = O_part_reg2[s_c] * rescale_1 + p_1 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_1[s_j_split] = scale * qk_1[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg3[s_c] = O_part_reg3[s_c] * rescale_2 + p_2 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_2[s_j_split] = scale * qk_2[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg4[s_c] = O_part_reg4[s_c] * rescale_3 + p_3 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score_3[s_j_split] = scale * qk_3[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_0[s_j_split] = fmaxf(row_max_0[s_j_split], score_0[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_1[s_j_split] = fmaxf(row_max_1[s_j_split], score_1[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_2[s_j_split] = fmaxf(row_max_2[s_j_split], score_2[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max_3[s_j_split] = fmaxf(row_max_3[s_j_split], score_3[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_0[s_j_split] = expf(fminf(row_max_0[s_j_split], score_0[s_j_split]) - new_max_0[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_1[s_j_split] = expf(fminf(row_max_1[s_j_split], score_1[s_j_split]) - new_max_1[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_2[s_j_split] = expf(fminf(row_max_2[s_j_split], score_2[s_j_split]) - new_max_2[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap_3[s_j_split] = expf(fminf(row_max_3[s_j_split], score_3[s_j_split]) - new_max_3[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_0[s_j_split] = (score_0[s_j_split] > row_max_0[s_j_split] ? exp_gap_0[s_j_split] : 1.0f);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_1[s_j_split] = (score_1[s_j_split] > row_max_1[s_j_split] ? exp_gap_1[s_j_split] : 1.0f);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_2[s_j_split] = (score_2[s_j_split] > row_max_2[s_j_split] ? exp_gap_2[s_j_split] : 1.0f);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale_3[s_j_split] = (score_3[s_j_split] > row_max_3[s_j_split] ? exp_gap_3[s_j_split] : 1.0f);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_0[s_j_split] = (score_0[s_j_split] > row_max_0[s_j_split] ? 1.0f : exp_gap_0[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_1[s_j_split] = (score_1[s_j_split] > row_max_1[s_j_split] ? 1.0f : exp_gap_1[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_2[s_j_split] = (score_2[s_j_split] > row_max_2[s_j_split] ? 1.0f : exp_gap_2[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p_3[s_j_split] = (score_3[s_j_split] > row_max_3[s_j_split] ? 1.0f : exp_gap_3[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_0[s_j_split] = row_sum_0[s_j_split] * rescale_0[s_j_split] + p_0[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_1[s_j_split] = row_sum_1[s_j_split] * rescale_1[s_j_split] + p_1[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_2[s_j_split] = row_sum_2[s_j_split] * rescale_2[s_j_split] + p_2[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum_3[s_j_split] = row_sum_3[s_j_split] * rescale_3[s_j_split] + p_3[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg[s_j_split][s_c] = O_part_reg[s_j_split][s_c] * rescale_0[s_j_split] + p_0[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg2[s_j_split][s_c] = O_part_reg2[s_j_split][s_c] * rescale_1[s_j_split] + p_1[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg3[s_j_split][s_c] = O_part_reg3[s_j_split][s_c] * rescale_2[s_j_split] + p_2[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg4[s_j_split][s_c] = O_part_reg4[s_j_split][s_c] * rescale_3[s_j_split] + p_3[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_0[s_j_split] = new_max_0[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_1[s_j_split] = new_max_1[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_2[s_j_split] = new_max_2[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max_3[s_j_split] = new_max_3[s_j_split];
-            }
+            row_max_0 = new_max_0;
+            row_max_1 = new_max_1;
+            row_max_2 = new_max_2;
+            row_max_3 = new_max_3;
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4))] = O_part_reg[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4))] = O_part_reg[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1))] = O_part_reg2[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1))] = O_part_reg2[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2))] = O_part_reg3[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2))] = O_part_reg3[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3))] = O_part_reg4[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3))] = O_part_reg4[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_max_0[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_max_0;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_max_1[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_max_1;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_max_2[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_max_2;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_max_3[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_max_3;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_sum_0[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4)] = row_sum_0;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_sum_1[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 1)] = row_sum_1;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_sum_2[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 2)] = row_sum_2;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_sum_3[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + 4*g_r_tile + quot2*quot4 - 4*quot3*quot4 + 3)] = row_sum_3;
     }
 }
 
@@ -1234,107 +829,62 @@ __global__ void attention_decode_grouped_f32_heads_partial_edge(
     const int64_t quot2 = ((q_heads) / kv_heads);
     const int64_t quot3 = ((quot2) / 4);
     const int64_t quot4 = ((g_r) / (quot2 - 4*quot3));
-    float O_part_reg5[1][((MAX_d + 127) / 128) * 4];
-    float row_max[1];
-    float row_sum[1];
-    float qk[1];
-    float score[1];
-    float new_max[1];
-    float exp_gap[1];
-    float rescale[1];
-    float p[1];
+    float O_part_reg5[((MAX_d + 127) / 128) * 4];
+    float row_max;
+    float row_sum;
+    float qk;
+    float score;
+    float new_max;
+    float exp_gap;
+    float rescale;
+    float p;
     #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        #pragma unroll
-        for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-            O_part_reg5[s_j_split][s_c] = 0.0f;
-        }
+    for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+        O_part_reg5[s_c] = 0.0f;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_max[s_j_split] = -INFINITY;
-    }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        row_sum[s_j_split] = 0.0f;
-    }
+    row_max = -INFINITY;
+    row_sum = 0.0f;
     {  // this warp's row: the loop below is uniform across its lanes
-        const int j_split = 4*j_split_blk + 0 * 4 + ty;
+        const int j_split = 4*j_split_blk + ty;
         for (int j = 32*j_split; j < (n < 32*j_split + 32 ? n : 32*j_split + 32); ++j) {
+            qk = 0.0f;
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                qk[s_j_split] = 0.0f;
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) qk[s_j_split] += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))];
-                }
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) qk += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))];
             }
             for (int o = 16; o > 0; o /= 2) {
-                #pragma unroll
-                for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                    qk[s_j_split] += __shfl_xor_sync(0xffffffffu, qk[s_j_split], o);
-                }
+                qk += __shfl_xor_sync(0xffffffffu, qk, o);
             }
+            score = scale * qk;
+            new_max = fmaxf(row_max, score);
+            exp_gap = expf(fminf(row_max, score) - new_max);
+            rescale = (score > row_max ? exp_gap : 1.0f);
+            p = (score > row_max ? 1.0f : exp_gap);
+            row_sum = row_sum * rescale + p;
             #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                score[s_j_split] = scale * qk[s_j_split];
+            for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
+                const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
+                if (c < d) O_part_reg5[s_c] = O_part_reg5[s_c] * rescale + p * V[c + d*(cap*(b*kv_heads + quot4) + j)];
             }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                new_max[s_j_split] = fmaxf(row_max[s_j_split], score[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                exp_gap[s_j_split] = expf(fminf(row_max[s_j_split], score[s_j_split]) - new_max[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                rescale[s_j_split] = (score[s_j_split] > row_max[s_j_split] ? exp_gap[s_j_split] : 1.0f);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                p[s_j_split] = (score[s_j_split] > row_max[s_j_split] ? 1.0f : exp_gap[s_j_split]);
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_sum[s_j_split] = row_sum[s_j_split] * rescale[s_j_split] + p[s_j_split];
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                #pragma unroll
-                for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
-                    const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-                    if (c < d) O_part_reg5[s_j_split][s_c] = O_part_reg5[s_j_split][s_c] * rescale[s_j_split] + p[s_j_split] * V[c + d*(cap*(b*kv_heads + quot4) + j)];
-                }
-            }
-            #pragma unroll
-            for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-                row_max[s_j_split] = new_max[s_j_split];
-            }
+            row_max = new_max;
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
+    {
+        const int j_split = 4*j_split_blk + ty;
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 127) / 128) * 4; ++s_c) {
             const int c = (s_c / 4 * 32 + tx) * 4 + s_c % 4;
-            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3)))] = O_part_reg5[s_j_split][s_c];
+            if (c < d) O_part[c + d*(j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3)))] = O_part_reg5[s_c];
         }
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_max_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_max[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_max_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_max;
     }
-    #pragma unroll
-    for (int s_j_split = 0; s_j_split < 1; ++s_j_split) {
-        const int j_split = 4*j_split_blk + s_j_split * 4 + ty;
-        row_sum_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_sum[s_j_split];
+    {
+        const int j_split = 4*j_split_blk + ty;
+        row_sum_part[j_split + 4*quot*(b*q_heads + g_r + quot2*quot4 + 4*quot3 - quot4*(quot2 - 4*quot3))] = row_sum;
     }
 }
 

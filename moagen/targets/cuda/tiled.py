@@ -99,7 +99,8 @@ class TiledKernel:
             lines.append(f"{pad}MOAGEN_SHARED_AT({self.p.real}, {a.name}, "
                          f"{self.p.index(a.offset)}, {self.p.index(a.count)});")
         for name, dims in self.locals.items():
-            lines.append(f"{pad}{self.p.real} {name}{''.join(f'[{self.slots(lp)}]' for lp in dims)};")
+            slots = "".join(f"[{self.slots(lp)}]" for lp in dims if not self.single(lp))
+            lines.append(f"{pad}{self.p.real} {name}{slots};")
         return lines
 
     # ---- slots: the iterations of a thread loop one thread takes ----------------------
@@ -116,6 +117,11 @@ class TiledKernel:
         if tiles.isdigit():
             return str(int(tiles) * loop.gpu.tile)
         return tiles if loop.gpu.tile == 1 else f"{tiles} * {loop.gpu.tile}"
+
+    def single(self, loop) -> bool:
+        """Whether a thread takes one slot of the loop: printed with no slot loop, its
+        locals without that index."""
+        return self.slots(loop) == "1"
 
     def exact(self, loop) -> bool:
         """Whether the loop's threads take every slot at every size: a constant extent, a
@@ -198,6 +204,12 @@ class TiledKernel:
         used = self.coordinates_used(s, guarded)
         lines, level = [], depth
         for lp in self.ctx:
+            if self.single(lp):  # one slot: its coordinate in a scope of its own, if used
+                if lp.var in used:
+                    lines += [pad * level + "{",
+                              pad * (level + 1) + f"const int {lp.var} = {self.position(lp, '0')};"]
+                    level += 1
+                continue
             slot = f"s_{lp.var}"
             lines.append(pad * level + "#pragma unroll")
             lines.append(pad * level + f"for (int {slot} = 0; {slot} < {self.slots(lp)}; ++{slot}) {{")
@@ -219,6 +231,8 @@ class TiledKernel:
         lane = "t" + loop.gpu.axis
         slot, threads, tile = slot or f"s_{loop.var}", loop.gpu.threads, loop.gpu.tile
         start = "" if loop.start == 0 else f"{self.p.index(loop.start)} + "
+        if slot == "0":  # the first slot: the lane's own tile
+            return f"{start}{lane}" if tile == 1 else f"{start}{lane} * {tile}"
         if tile == 1:
             return f"{start}{slot} * {threads} + {lane}"
         return f"{start}({slot} / {tile} * {threads} + {lane}) * {tile} + {slot} % {tile}"
@@ -254,7 +268,7 @@ class TiledKernel:
         # across a thread loop is a register array declared outside it (RegisterScratch)
         keys = {loop_key(lp) for lp in self.ctx}
         assert all(loop_key(lp) in keys for lp in dims), f"{name} read outside its loops"
-        return name + "".join(f"[s_{lp.var}]" for lp in dims)
+        return name + "".join(f"[s_{lp.var}]" for lp in dims if not self.single(lp))
 
     def lane_reduction(self, s, depth):
         """A LaneReduce as its butterfly shuffles, over the slots of the thread loops its
