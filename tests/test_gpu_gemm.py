@@ -1,0 +1,138 @@
+"""The MLP forward's products on CUDA as tiled SIMT GEMMs (moagen.kernels.gemm): a block per
+output tile of rows x columns (BlockTiles with cols), the sum cut into chunks whose two
+operand tiles the block stages in shared memory (Split, Stage), each thread a 4 x 4
+register tile held over the whole sum; what the steps refuse; the barriers each needed;
+the emulated kernel against numpy at sizes that cut every tile."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from moagen import reference_block
+from moagen.emit import emit
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import Barrier, Let, Loop, Store, is_block_copy, is_grid, \
+    is_thread_loop, stmt_exprs, walk
+from moagen.pipeline import onf_of
+from moagen.request import resolve
+from moagen.steps.gpu.blocks import BlockTiles
+from moagen.steps.gpu.staging import Stage
+from moagen.targets.cuda import emulated
+from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.cuda.loader import EmulationCheckError
+
+KERNEL, VARIANT = "mlp_fwd", "tiled"
+# each product: (its columns' loop, the loop over its sum's chunks, its operands' tiles)
+PRODUCTS = {"U": ("e", "c_blk", {"U_X_tile", "U_Wg_tile"}),
+            "V": ("e", "c_blk", {"V_X_tile", "V_Wu_tile"}),
+            "F": ("c", "e_blk", {"F_H_tile", "F_Wd_tile"})}
+
+
+def _nest(onf, label):
+    return next(n for n in onf.nests if n.label == label)
+
+
+def _reads(stmt):
+    return {x.array for e in stmt_exprs(stmt) for x in S.subexpressions(e)
+            if isinstance(x, (S.Access, S.Load))}  # Load: after the layout (flat offsets)
+
+
+@pytest.mark.parametrize("label", PRODUCTS)
+def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
+    cols, chunks, tiles = PRODUCTS[label]
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    nest = _nest(onf, label)
+    loops = [s for s in walk(nest.body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", f"{cols}_blk"]
+    assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile)
+            for lp in loops if is_thread_loop(lp)} == {("y", "i", 8, 4), ("x", cols, 16, 4)}
+    # the accumulator (a thread's 4 x 4 registers) defined before the chunks, stored after
+    threads = next(lp for lp in loops if is_thread_loop(lp) and lp.gpu.axis == "x")
+    first, loop, store = threads.body
+    assert isinstance(first, Let) and isinstance(store, Store) and loop.var.name == chunks
+    # each chunk: both operands' tiles copied by the block, a barrier, then the product,
+    # which reads shared memory only (no global load in the innermost loop)
+    copies = [s for s in loop.body if is_block_copy(s)]
+    assert {c.body[0].body[0].array for c in copies} == tiles
+    product = loop.body[-1]
+    assert isinstance(loop.body[-2], Barrier) and _reads(product.body[0]) == tiles
+    assert {b.name for b in onf.shared} >= tiles and [b.name for b in onf.temps] == ["H"]
+
+
+def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
+    from moagen.targets.cuda.printer import CudaPrinter
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    kernels = {k["name"].rsplit("_", 1)[1]: k for k in CudaPrinter(onf, "float32").kernels()
+               if k["tiled"]}
+    assert set(kernels) == set(PRODUCTS)
+    assert kernels["U"]["block"] == (16, 8, 1)
+    assert [str(g) for g in kernels["U"]["grid"]] == ["idiv(dff + 63, 64)", "idiv(n + 31, 32)",
+                                                      "batch"]
+    # two tiles of 16 steps of the sum, the rows' 32 and the columns' 64, each padded by 4
+    (_, _, shared), = kernels["F"]["launches"]
+    assert int(shared) == 4 * 16 * (36 + 68)
+
+
+def _upto_schedule():
+    """The forward's ONF after its CUDA schedule (the sums lowered and cut into chunks)."""
+    return onf_of(KERNEL, VARIANT, target="cuda", dtype="float64", upto=4)
+
+
+@pytest.mark.parametrize("step, message", [
+    (BlockTiles(("b", "i", "e"), rows=32, cols=-1, nest="U"), "a block hold at least one"),
+    (Stage("X", at="e_blk", nest="U"), "nest U has no loop over e_blk"),
+    (Stage("U", at="c_blk", nest="U"), "U is not an input of mlp_fwd"),
+])
+def test_the_gemm_steps_refuse_what_they_cannot_do(step, message):
+    with pytest.raises(ScheduleError, match=message):
+        step(_upto_schedule())
+
+
+def test_block_tiles_over_rows_and_columns_need_both_loops_from_0():
+    onf = _upto_schedule()
+    nest = _nest(onf, "U")
+    batch = nest.body[0]
+    rows = batch.body[0]  # the loop over i, started at 1
+    shifted = replace(nest, body=(replace(batch, body=(replace(rows, start=rows.start + 1),)),))
+    with pytest.raises(ScheduleError, match="over i, e must start at 0"):
+        BlockTiles(("b", "i", "e"), rows=32, cols=64, nest="U")(
+            onf.with_nests([shifted if n is nest else n for n in onf.nests], "shifted"))
+
+
+SIZES = dict(batch=2, n=37, dm=19, dff=70)  # a partial row tile, chunk and column tile
+
+
+def _run(source, stem):
+    request = resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False)
+    fn = emulated.bind(build_cuda_emulated(source, stem, racecheck=True), request.signature())
+    rng = np.random.default_rng(5)
+    shapes = dict(X=(SIZES["batch"], SIZES["n"], SIZES["dm"]), Wg=(SIZES["dm"], SIZES["dff"]),
+                  Wu=(SIZES["dm"], SIZES["dff"]), Wd=(SIZES["dff"], SIZES["dm"]))
+    arrays = {name: rng.standard_normal(shape) for name, shape in shapes.items()}
+    got = fn(*arrays.values())
+    for value, want in zip(got, reference_block.mlp_fwd_numpy(*arrays.values())):
+        assert np.abs(value - want).max() < 1e-12 * max(1.0, np.abs(want).max())
+
+
+def _float64_kernel(source, label):
+    start = source.index(f"__global__ void mlp_fwd_tiled_f64_{label}(")
+    return start, source.index("\n}\n", start)
+
+
+def test_the_emulated_gemms_match_numpy_and_pass_the_race_check():
+    _run(emit(KERNEL, VARIANT, "cuda-emulated"), "gemm_race")
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_each_barrier_of_a_chunk_is_needed(which):
+    """1: a chunk's copies wait for the last chunk's reads; 2: its reads for its copies."""
+    source = emit(KERNEL, VARIANT, "cuda-emulated")
+    start, end = _float64_kernel(source, "U")
+    kernel = source[start:end]
+    barriers = [k for k in range(len(kernel)) if kernel.startswith("__syncthreads();", k)]
+    assert len(barriers) == 2
+    cut = start + barriers[which - 1]
+    broken = source[:cut] + source[cut + len("__syncthreads();"):]
+    with pytest.raises(EmulationCheckError, match=r"race on shared `U_(X|Wg)_tile`"):
+        _run(broken, f"gemm_race_without_{which}")
