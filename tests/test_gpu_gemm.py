@@ -1,8 +1,9 @@
-"""The MLP forward's products on CUDA as tiled SIMT GEMMs (moagen.kernels.gemm): a block per
-output tile of rows x columns (BlockTiles with cols), the sum cut into chunks whose two
-operand tiles the block stages in shared memory (Split, Stage), each thread a 4 x 4
-register tile held over the whole sum; what the steps refuse; the barriers each needed;
-the emulated kernel against numpy at sizes that cut every tile."""
+"""The MLP's row products on CUDA as tiled SIMT GEMMs (moagen.kernels.gemm): a block per
+output tile of rows x columns (BlockTiles with cols), the sum cut into chunks whose operand
+tiles the block stages in shared memory (Split, Stage), each thread a 4 x 4 register tile
+held over the whole sum; the backward's dX, two sums, as one adding a term at a time
+(MergeSums, AddTermwise); what the steps refuse; the barriers each needed; the emulated
+kernel against numpy at sizes that cut every tile."""
 from dataclasses import replace
 
 import numpy as np
@@ -11,22 +12,29 @@ import pytest
 from moagen import reference_block
 from moagen.emit import emit
 from moagen.errors import ScheduleError
+from moagen.onf.interpret import run_onf
 from moagen.moa import scalar as S
-from moagen.onf.loops import Barrier, Let, Loop, Store, is_block_copy, is_grid, \
+from moagen.onf.loops import Barrier, Let, Loop, Store, Update, is_block_copy, is_grid, \
     is_thread_loop, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.gpu.blocks import BlockTiles
 from moagen.steps.gpu.staging import Stage
+from moagen.steps.loop.merge_sums import AddTermwise, MergeSums
+from moagen.steps.loop.reductions import LowerReductions
 from moagen.targets.cuda import emulated
 from moagen.targets.cuda.build import build_cuda_emulated
 from moagen.targets.cuda.loader import EmulationCheckError
 
 KERNEL, VARIANT = "mlp_fwd", "tiled"
-# each product: (its columns' loop, the loop over its sum's chunks, its operands' tiles)
-PRODUCTS = {"U": ("e", "c_blk", {"U_X_tile", "U_Wg_tile"}),
-            "V": ("e", "c_blk", {"V_X_tile", "V_Wu_tile"}),
-            "F": ("c", "e_blk", {"F_H_tile", "F_Wd_tile"})}
+# each product: (its kernel, its columns' loop, the loop over its sum's chunks, its
+# operands' tiles)
+PRODUCTS = {"U": ("mlp_fwd", "e", "c_blk", {"U_X_tile", "U_Wg_tile"}),
+            "V": ("mlp_fwd", "e", "c_blk", {"V_X_tile", "V_Wu_tile"}),
+            "F": ("mlp_fwd", "c", "e_blk", {"F_H_tile", "F_Wd_tile"}),
+            "dH": ("mlp_bwd", "e", "c_blk", {"dH_dF_tile", "dH_WdT_tile"}),
+            "dX": ("mlp_bwd", "c", "e_blk", {"dX_dU_tile", "dX_WgT_tile", "dX_dV_tile",
+                                              "dX_WuT_tile"})}
 
 
 def _nest(onf, label):
@@ -40,8 +48,8 @@ def _reads(stmt):
 
 @pytest.mark.parametrize("label", PRODUCTS)
 def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
-    cols, chunks, tiles = PRODUCTS[label]
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    kernel, cols, chunks, tiles = PRODUCTS[label]
+    onf = onf_of(kernel, VARIANT, target="cuda", dtype="float32")
     nest = _nest(onf, label)
     loops = [s for s in walk(nest.body) if isinstance(s, Loop)]
     assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", f"{cols}_blk"]
@@ -56,8 +64,12 @@ def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
     copies = [s for s in loop.body if is_block_copy(s)]
     assert {c.body[0].body[0].array for c in copies} == tiles
     product = loop.body[-1]
-    assert isinstance(loop.body[-2], Barrier) and _reads(product.body[0]) == tiles
-    assert {b.name for b in onf.shared} >= tiles and [b.name for b in onf.temps] == ["H"]
+    assert isinstance(loop.body[-2], Barrier)
+    assert set().union(*map(_reads, product.body)) == tiles
+    # a step of the sum an FMA an operand pair: dX's two products added one at a time
+    assert [type(s) for s in product.body] == [Update] * (len(tiles) // 2)
+    assert {b.name for b in onf.shared} >= tiles
+    assert not any(b.name.startswith(label + "_") for b in onf.temps)  # no panels
 
 
 def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
@@ -65,7 +77,7 @@ def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
     onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
     kernels = {k["name"].rsplit("_", 1)[1]: k for k in CudaPrinter(onf, "float32").kernels()
                if k["tiled"]}
-    assert set(kernels) == set(PRODUCTS)
+    assert set(kernels) == {"U", "V", "F"}
     assert kernels["U"]["block"] == (16, 8, 1)
     assert [str(g) for g in kernels["U"]["grid"]] == ["idiv(dff + 63, 64)", "idiv(n + 31, 32)",
                                                       "batch"]
@@ -87,6 +99,31 @@ def _upto_schedule():
 def test_the_gemm_steps_refuse_what_they_cannot_do(step, message):
     with pytest.raises(ScheduleError, match=message):
         step(_upto_schedule())
+
+
+def test_merge_sums_and_add_termwise_refuse_a_nest_with_nothing_to_do():
+    backward = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64", upto=0)
+    with pytest.raises(ScheduleError, match="nest dH adds no sums over one extent"):
+        MergeSums(nest="dH")(backward)
+    with pytest.raises(ScheduleError, match="nest dX adds no sum of terms into a local"):
+        AddTermwise(nest="dX")(backward)  # its sums not yet merged nor lowered
+
+
+def test_merged_sums_keep_dx_s_value():
+    """dX = dU Wg^T + dV Wu^T, merged into one sum, lowered and added a term at a time,
+    interpreted against the two sums as the spec states them."""
+    backward = onf_of("mlp_bwd", "naive", target="cpu", dtype="float64", upto=0)
+    steps = (MergeSums(nest="dX"), LowerReductions(), AddTermwise(nest="dX"))
+    merged = backward
+    for step in steps:
+        merged = step(merged)
+    rng = np.random.default_rng(7)
+    sizes = dict(batch=2, n=5, dm=3, dff=7)
+    shapes = dict(X=("batch", "n", "dm"), Wg=("dm", "dff"), Wu=("dm", "dff"), Wd=("dff", "dm"),
+                  U=("batch", "n", "dff"), V=("batch", "n", "dff"), dF=("batch", "n", "dm"))
+    arrays = {k: rng.standard_normal(tuple(sizes[d] for d in v)) for k, v in shapes.items()}
+    want, got = (run_onf(onf, arrays, {}) for onf in (backward, merged))
+    assert np.allclose(got["dX"], want["dX"], rtol=1e-13, atol=1e-13)
 
 
 def test_block_tiles_over_rows_and_columns_need_both_loops_from_0():

@@ -1,34 +1,45 @@
-"""A row product's GPU form: a tiled SIMT GEMM, from the mapping steps attention's flash
-form uses (moagen.kernels.attention.gpu_flash).
+"""Row products' GPU form: tiled SIMT GEMMs, from the mapping steps attention's flash form
+uses (moagen.kernels.attention.gpu_flash).
 
-    out[b, i, j] = sum_k A[b, i, k] B[k, j]
+    out[b, i, j] = sum_k A[b, i, k] B[k, j]  (+ sum_k A'[b, i, k] B'[k, j] ...)
 
 A thread block per block_rows x block_cols output tile (BlockTiles over rows and columns);
-the sum cut into chunks of `chunk` (Split), each chunk's tiles of both operands staged in
-shared memory by the whole block (Stage: A's laid out with the rows last, B's with the
-columns last, so that a thread reads its register tile's mr rows and nr columns of a step
-of the sum as consecutive numbers: 128-bit shared loads); each thread an mr x nr register
-tile of accumulators (ThreadTiles along y over the rows, x over the columns) held over the
-whole sum, its loop unrolled so that a back-edge carries 4 steps of it (UnrollInner). The
+the sum cut into chunks of `chunk` (Split; several sums over one extent merged into one
+first, MergeSums, its step adding a term at a time, AddTermwise: an FMA each), each chunk's tiles of every operand staged in shared memory by the whole
+block (Stage: a row operand's laid out with the rows last, a column operand's with the
+columns last, so that a thread reads its register tile's rows and columns of a step of the
+sum as consecutive numbers: 128-bit shared loads); each thread an mr x nr register tile of
+accumulators (ThreadTiles along y over the rows, x over the columns) held over the whole
+sum, its loop unrolled so that a back-edge carries 4 steps of it (UnrollInner). The
 barriers between a chunk's copies and its reads are derived (moagen.steps.gpu.closing)."""
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
 from moagen.steps.gpu.staging import Stage
+from moagen.steps.loop.merge_sums import AddTermwise, MergeSums
+from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.split import Split
 
 # the steps of the sum a back-edge of its loop carries: 4 x the tile's FMA
 UNROLL = 4
 
 
-def gemm(label, cols, summed, operands, outer, mr, nr, block_rows, block_cols, chunk):
-    """(its schedule step, its mapping steps) for the row product `label` over the loops
-    outer + (i, cols), summing over `summed` (a loop: after LowerReductions) its row
-    operand and its column operand (`operands`)."""
-    rows_operand, cols_operand = operands
-    chunks = Split(summed, chunk, nest=label)
-    return chunks, (
-        BlockTiles(outer + ("i", cols), rows=block_rows, cols=block_cols, nest=label),
-        ThreadTiles("i", mr, "y", nest=label),
-        ThreadTiles(cols, nr, "x", nest=label),
-        Stage(rows_operand, at=chunks.blocks, nest=label),
-        Stage(cols_operand, at=chunks.blocks, nest=label),
-        UnrollInner(summed, UNROLL, nest=label))
+def gemm_schedule(products, chunk):
+    """The schedule of the products (label -> (the axis summed, the operands staged)): a
+    product of several sums (more than two operands) as one adding a term at a time, the
+    sums as loops, each cut into chunks of `chunk`."""
+    merged = [label for label, (_, operands) in products.items() if len(operands) > 2]
+    return (*(MergeSums(nest=label) for label in merged),
+            LowerReductions(),
+            *(AddTermwise(nest=label) for label in merged),
+            *(Split(summed, chunk, nest=label) for label, (summed, _) in products.items()))
+
+
+def gemm_mapping(label, outer, cols, summed, operands, mr, nr, block_rows, block_cols,
+                 chunk):
+    """The mapping of the product `label` over its loops outer + (i, cols), summing over
+    `summed` in chunks of `chunk` (gemm_schedule) the arrays `operands`."""
+    chunks = Split(summed, chunk, nest=label).blocks
+    return (BlockTiles(outer + ("i", cols), rows=block_rows, cols=block_cols, nest=label),
+            ThreadTiles("i", mr, "y", nest=label),
+            ThreadTiles(cols, nr, "x", nest=label),
+            *(Stage(operand, at=chunks, nest=label) for operand in operands),
+            UnrollInner(summed, UNROLL, nest=label))

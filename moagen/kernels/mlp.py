@@ -22,7 +22,7 @@ from dataclasses import replace
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import gemm
+from moagen.kernels.gemm import gemm_mapping, gemm_schedule
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -31,8 +31,7 @@ from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.hoist import Hoist
-from moagen.steps.loop.parallel import GpuThreads, Parallel
-from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.parallel import Parallel
 from moagen.steps.loop.tiling import RegisterTile
 
 X = array("X", "batch", "n", "dm")
@@ -103,9 +102,10 @@ ELEMENTWISE = "dU_dV_H"  # the tiled backward's fused elementwise nest
 # per-batch transposes of row operands (their rows)
 FORWARD = {"rows": {"U": "e", "V": "e", "F": "c"}, "weights": {}, "elementwise": ("H",),
            "transposes": {}, "row_transposes": {}}
-# a row product's operands on a GPU, staged in shared memory (the row operand's, the column
-# operand's tiles: moagen.kernels.gemm); the axis it sums over, given its columns'
-GEMM_OPERANDS = {"U": ("X", "Wg"), "V": ("X", "Wu"), "F": ("H", "Wd")}
+# a row product's operands on a GPU, each chunk's tiles of them staged in shared memory
+# (moagen.kernels.gemm); the axis it sums over, given its columns'
+GEMM_OPERANDS = {"U": ("X", "Wg"), "V": ("X", "Wu"), "F": ("H", "Wd"), "dH": ("dF", "WdT"),
+                 "dX": ("dU", "WgT", "dV", "WuT")}
 SUMMED = {"e": "c", "c": "e"}
 BACKWARD = {"rows": {"dH": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
@@ -146,7 +146,9 @@ def _tiled(nests, mr, nr, row_block):
         mapping += [Parallel((tile.col_tiles,), nest=label), Parallel((rows,), nest=tile.edge)]
         tiles[label] = tile.tiles
     elementwise = nests["elementwise"]
-    if len(elementwise) > 1:
+    if len(elementwise) == 1:  # a GPU thread an element: a thread a row leaves too few
+        tiles[elementwise[0]] = B + ROW_E
+    else:
         # one pass over the rows for all of them: the operands they share (dH, U, V) read
         # once, and the sigmoid of U they all take computed once (Hoist shares it)
         schedule.append(FuseNests(elementwise, over=ROWS, name=ELEMENTWISE))
@@ -156,23 +158,23 @@ def _tiled(nests, mr, nr, row_block):
                   mapping=threads_per_tile((*mapping, *_transposes(nests)), tiles))
 
 
-def _gemms(nests, mr, nr, block_rows, block_cols, chunk, **cpu):
-    """The forward on a GPU: each row product a tiled SIMT GEMM (moagen.kernels.gemm) of
-    mr x nr register tiles in block_rows x block_cols blocks, summing in chunks of `chunk`;
-    the elementwise nests a thread per element. The CPU's
-    layers and OpenACC's (cpu: mr, nr, row_block) are _tiled's."""
-    layers = _tiled(nests, mr, nr, **cpu)
-    splits, mapping = [], []
-    for label, cols in nests["rows"].items():
-        split, steps = gemm(label, cols, SUMMED[cols], GEMM_OPERANDS[label], ("b",), mr, nr,
-                            block_rows, block_cols, chunk)
-        splits.append(split)
-        mapping += steps
-    # a thread an element (a thread a row would leave 2048 threads at the bench's n 2048)
-    mapping += [GpuThreads(B + ROW_E, nest=n) for n in nests["elementwise"]]
+def _gemms(nests, mr, nr, row_block, block_rows, block_cols, chunk, thread_rows,
+           thread_cols):
+    """_tiled's layers, but on a GPU each row product a tiled SIMT GEMM
+    (moagen.kernels.gemm) of thread_rows x thread_cols register tiles in block_rows x
+    block_cols blocks, summing in chunks of `chunk`; the rest as _tiled runs it there (a
+    thread per mr x nr tile of a weight gradient, per element of an elementwise nest)."""
+    layers = _tiled(nests, mr, nr, row_block)
+    rest = _tiled(dict(nests, rows={}), mr, nr, row_block=0)
+    products = {label: (SUMMED[cols], GEMM_OPERANDS[label])
+                for label, cols in nests["rows"].items()}
+    mapping = [step for label, cols in nests["rows"].items()
+               for step in gemm_mapping(label, ("b",), cols, *products[label], thread_rows,
+                                        thread_cols, block_rows, block_cols, chunk)]
     return replace(layers, schedule={"cpu": layers.schedule_for("cpu"),
-                                     "cuda": (LowerReductions(), *splits)},
-                   mapping={**layers.mapping, "cuda": tuple(mapping)})
+                                     "cuda": rest.schedule_for("cuda")
+                                     + gemm_schedule(products, chunk)},
+                   mapping={**layers.mapping, "cuda": rest.mapping["cuda"] + tuple(mapping)})
 
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64, AVX2); 96 rows of a
@@ -192,7 +194,7 @@ TILE_AVX512 = {"float64": {"mr": 8, "nr": 16, "row_block": 64},
                "float32": {"mr": 8, "nr": 32, "row_block": 64}}
 
 
-def _whole_tiles(mr, nr, row_block):
+def _whole_tiles(mr, nr, row_block, **gemm):
     """A row block holds whole tiles of mr rows."""
     return row_block % mr == 0
 
@@ -200,33 +202,29 @@ def _whole_tiles(mr, nr, row_block):
 # a GPU: a thread per 2 x 4 tile and no row blocks (the CPU's cache blocking), so that
 # even the tiny LM's 1024 x 160 products run 20480 threads; not yet timed on a GPU
 TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
-# the forward's GEMMs on a GPU (_gemms): a thread's 4 x 4 tile takes 16 FMA a step of the
+# the row products on a GPU (_gemms): a thread's 4 x 4 tile takes 16 FMA a step of the
 # sum for two 128-bit shared loads (float32); blocks of 32 x 64 (128 threads), so that the
 # model's 512 x 512 product (bench n 512) still has 128 blocks; chunks of 16 of the sum:
-# two tiles of 16 x (64 + 4) numbers, 8.7 KB (float32) of shared memory a block
-GEMM_CUDA = {"mr": 4, "nr": 4, "row_block": 0, "block_rows": 32, "block_cols": 64,
-             "chunk": 16}
+# tiles of 16 x (32 + 4) and 16 x (64 + 4) numbers, 6.5 KB (float32) of shared memory a
+# block. mr x nr stay TILE_CUDA's: the weight gradients' tiles (a thread each), OpenACC's
+GEMM = {"block_rows": 32, "block_cols": 64, "chunk": 16, "thread_rows": 4, "thread_cols": 4}
 
 
-def _tunable(temps, layers, cuda):
-    return Tunable(temps, layers, TILE_DEFAULTS, TILE_SPACE, cuda=cuda,
-                   dtypes=TILE_DTYPE_DEFAULTS, avx512=TILE_AVX512, accepts=_whole_tiles)
-
-
-def _forward_tiled(mr, nr, row_block, block_rows=GEMM_CUDA["block_rows"],
-                   block_cols=GEMM_CUDA["block_cols"], chunk=GEMM_CUDA["chunk"]):
-    """The CPU takes no GPU blocks: the GPU's defaults stand there (unused)."""
-    return _gemms(FORWARD, mr, nr, block_rows, block_cols, chunk, row_block=row_block)
+def _tunable(temps, nests):
+    """The CPU takes no GEMM blocks: the GPU's defaults stand there (unused)."""
+    return Tunable(temps, lambda **params: _gemms(nests, **{**GEMM, **params}), TILE_DEFAULTS,
+                   TILE_SPACE, cuda={**TILE_CUDA, **GEMM}, dtypes=TILE_DTYPE_DEFAULTS,
+                   avx512=TILE_AVX512, accepts=_whole_tiles)
 
 
 FORWARD_VARIANTS = {
     # dot products along the model axis, as plain triple loops
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),
-    "tiled": _tunable(FORWARD_TEMPS, _forward_tiled, GEMM_CUDA),
+    "tiled": _tunable(FORWARD_TEMPS, FORWARD),
 }
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
-    "tiled": _tunable(BACKWARD_TEMPS, lambda **params: _tiled(BACKWARD, **params), TILE_CUDA),
+    "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
 }
 
 SPECS = (forward_spec(), backward_spec())
