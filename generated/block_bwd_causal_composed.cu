@@ -445,85 +445,11 @@ __global__ void block_bwd_causal_composed_f64_mlp_XT(
     }
 }
 
-/* mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
- * for e_tile (parallel) / b / i / lane (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dWg_pack_dU(
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_dU_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)) return;
-    const int64_t e_tile = tid;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dU_panel_row = 4*i + 4*n*(b + batch*e_tile);
-            const int64_t mlp_dU_row = dff*(b*n + i) + 4*e_tile;
-            for (int64_t lane = 0; lane < 4; ++lane) {
-                mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
-            }
-        }
-    }
-}
-
-/* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
- * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
+/* mlp.dWg: writes mlp_dWg_dU_tile, mlp_dWg_XT_tile, dWg; scratch mlp_dU, mlp_XT
+ * for c_blk / e_blk / c / e / b / i_blk / e16, e14, i (simd) / e17 (simd), e15 (simd)
  */
 __global__ void block_bwd_causal_composed_f64_mlp_dWg(
     double *__restrict__ dWg,
-    double *__restrict__ mlp_XT,
-    double *__restrict__ mlp_dU_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
-    const int64_t c_tile = tid % (((dm + 1) / 2));
-    const int64_t e_tile = (tid / (((dm + 1) / 2)));
-    double acc_0_0 = 0.0;
-    double acc_0_1 = 0.0;
-    double acc_0_2 = 0.0;
-    double acc_0_3 = 0.0;
-    double acc_1_0 = 0.0;
-    double acc_1_1 = 0.0;
-    double acc_1_2 = 0.0;
-    double acc_1_3 = 0.0;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
-        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
-        for (int64_t i = 0; i < n; ++i) {
-            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-        }
-    }
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
-}
-
-/* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
- * for c (parallel) / e / b / i (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dWg_edge(
-    double *__restrict__ dWg,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_XT,
     int64_t batch,
@@ -532,101 +458,78 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWg_edge(
     int64_t dff
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= dm) return;
-    const int64_t c = tid;
-    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
-        double over_b = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; ++i) {
-                acc += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
-            }
-            over_b += acc;
+    const int e_blk = blockIdx.x;
+    const int c_blk = blockIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(double, mlp_dWg_XT_tile, 8704, 576);
+    MOAGEN_SHARED_AT(double, mlp_dWg_dU_tile, 0, 1088);
+    double over_b[4][4];
+    double acc[4][4];
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            over_b[s_c][s_e] = 0.0;
         }
-        dWg[c*dff + e] = over_b;
+    }
+    for (int b = 0; b < batch; ++b) {
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                acc[s_c][s_e] = 0.0;
+            }
+        }
+        for (int i_blk = 0; i_blk < ((n + 15) / 16); ++i_blk) {
+            __syncthreads();  // mlp_dWg_dU_tile copied after mlp_dWg_dU_tile copied and read
+            for (int e16 = ty; e16 < 16; e16 += 8) {
+                for (int e17 = tx; e17 < 64; e17 += 16) {
+                    mlp_dWg_dU_tile[68*e16 + e17] = (e16 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e17 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dU[dff*(b*n + e16 + 16*i_blk) + e17 + 64*e_blk] : 0.0);
+                }
+            }
+            for (int e14 = ty; e14 < 32; e14 += 8) {
+                for (int e15 = tx; e15 < 16; e15 += 16) {
+                    mlp_dWg_XT_tile[e14 + 36*e15] = (32*c_blk + e14 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e15 + 16*i_blk + n*(b*dm + 32*c_blk + e14)] : 0.0);
+                }
+            }
+            __syncthreads();  // mlp_dWg_XT_tile read after mlp_dWg_XT_tile copied; mlp_dWg_dU_tile read after mlp_dWg_dU_tile copied
+            #pragma unroll 4
+            for (int i = 16*i_blk, i_stop = (int)((n < 16*i_blk + 16 ? n : 16*i_blk + 16)); i < i_stop; ++i) {
+                #pragma unroll
+                for (int s_c = 0; s_c < 4; ++s_c) {
+                    const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+                    #pragma unroll
+                    for (int s_e = 0; s_e < 4; ++s_e) {
+                        const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+                        acc[s_c][s_e] += mlp_dWg_XT_tile[c - 32*c_blk + 36*i - 576*i_blk] * mlp_dWg_dU_tile[e - 64*e_blk + 68*i - 1088*i_blk];
+                    }
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                over_b[s_c][s_e] += acc[s_c][s_e];
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+            if (c < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) dWg[c*dff + e] = over_b[s_c][s_e];
+        }
     }
 }
 
-/* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
- * for e_tile (parallel) / b / i / lane (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dWu_pack_dV(
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)) return;
-    const int64_t e_tile = tid;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dV_panel_row = 4*i + 4*n*(b + batch*e_tile);
-            const int64_t mlp_dV_row = dff*(b*n + i) + 4*e_tile;
-            for (int64_t lane = 0; lane < 4; ++lane) {
-                mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
-            }
-        }
-    }
-}
-
-/* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
- * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
+/* mlp.dWu: writes mlp_dWu_dV_tile, mlp_dWu_XT_tile, dWu; scratch mlp_dV, mlp_XT
+ * for c_blk / e_blk / c / e / b / i_blk / e20, e18, i (simd) / e21 (simd), e19 (simd)
  */
 __global__ void block_bwd_causal_composed_f64_mlp_dWu(
     double *__restrict__ dWu,
-    double *__restrict__ mlp_XT,
-    double *__restrict__ mlp_dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
-    const int64_t c_tile = tid % (((dm + 1) / 2));
-    const int64_t e_tile = (tid / (((dm + 1) / 2)));
-    double acc_0_0 = 0.0;
-    double acc_0_1 = 0.0;
-    double acc_0_2 = 0.0;
-    double acc_0_3 = 0.0;
-    double acc_1_0 = 0.0;
-    double acc_1_1 = 0.0;
-    double acc_1_2 = 0.0;
-    double acc_1_3 = 0.0;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
-        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
-        for (int64_t i = 0; i < n; ++i) {
-            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-        }
-    }
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
-}
-
-/* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
- * for c (parallel) / e / b / i (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dWu_edge(
-    double *__restrict__ dWu,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_XT,
     int64_t batch,
@@ -635,19 +538,70 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWu_edge(
     int64_t dff
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= dm) return;
-    const int64_t c = tid;
-    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
-        double over_b = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; ++i) {
-                acc += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
-            }
-            over_b += acc;
+    const int e_blk = blockIdx.x;
+    const int c_blk = blockIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(double, mlp_dWu_XT_tile, 8704, 576);
+    MOAGEN_SHARED_AT(double, mlp_dWu_dV_tile, 0, 1088);
+    double over_b[4][4];
+    double acc[4][4];
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            over_b[s_c][s_e] = 0.0;
         }
-        dWu[c*dff + e] = over_b;
+    }
+    for (int b = 0; b < batch; ++b) {
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                acc[s_c][s_e] = 0.0;
+            }
+        }
+        for (int i_blk = 0; i_blk < ((n + 15) / 16); ++i_blk) {
+            __syncthreads();  // mlp_dWu_dV_tile copied after mlp_dWu_dV_tile copied and read
+            for (int e20 = ty; e20 < 16; e20 += 8) {
+                for (int e21 = tx; e21 < 64; e21 += 16) {
+                    mlp_dWu_dV_tile[68*e20 + e21] = (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dV[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk] : 0.0);
+                }
+            }
+            for (int e18 = ty; e18 < 32; e18 += 8) {
+                for (int e19 = tx; e19 < 16; e19 += 16) {
+                    mlp_dWu_XT_tile[e18 + 36*e19] = (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)] : 0.0);
+                }
+            }
+            __syncthreads();  // mlp_dWu_XT_tile read after mlp_dWu_XT_tile copied; mlp_dWu_dV_tile read after mlp_dWu_dV_tile copied
+            #pragma unroll 4
+            for (int i = 16*i_blk, i_stop = (int)((n < 16*i_blk + 16 ? n : 16*i_blk + 16)); i < i_stop; ++i) {
+                #pragma unroll
+                for (int s_c = 0; s_c < 4; ++s_c) {
+                    const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+                    #pragma unroll
+                    for (int s_e = 0; s_e < 4; ++s_e) {
+                        const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+                        acc[s_c][s_e] += mlp_dWu_XT_tile[c - 32*c_blk + 36*i - 576*i_blk] * mlp_dWu_dV_tile[e - 64*e_blk + 68*i - 1088*i_blk];
+                    }
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                over_b[s_c][s_e] += acc[s_c][s_e];
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+            if (c < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) dWu[c*dff + e] = over_b[s_c][s_e];
+        }
     }
 }
 
@@ -671,84 +625,10 @@ __global__ void block_bwd_causal_composed_f64_mlp_HT(
     }
 }
 
-/* mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
- * for c_tile (parallel) / b / i / lane (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dWd_pack_dF(
-    const double *__restrict__ dy,
-    double *__restrict__ mlp_dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 4)) return;
-    const int64_t c_tile = tid;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dF_panel_row = 4*i + 4*n*(b + batch*c_tile);
-            const int64_t dy_row = 4*c_tile + dm*(b*n + i);
-            for (int64_t lane = 0; lane < 4; ++lane) {
-                mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
-            }
-        }
-    }
-}
-
-/* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
- * for c_tile, e_tile (parallel) / b (register tile) / i (register tile)
+/* mlp.dWd: writes mlp_dWd_dF_tile, mlp_dWd_HT_tile, dWd; reads dy; scratch mlp_HT
+ * for e_blk / c_blk / e / c / b / i_blk / e24, e22, i (simd) / e25 (simd), e23 (simd)
  */
 __global__ void block_bwd_causal_composed_f64_mlp_dWd(
-    double *__restrict__ dWd,
-    double *__restrict__ mlp_HT,
-    double *__restrict__ mlp_dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 4)*((dff + 1) / 2)) return;
-    const int64_t e_tile = tid % (((dff + 1) / 2));
-    const int64_t c_tile = (tid / (((dff + 1) / 2)));
-    double acc_0_0 = 0.0;
-    double acc_0_1 = 0.0;
-    double acc_0_2 = 0.0;
-    double acc_0_3 = 0.0;
-    double acc_1_0 = 0.0;
-    double acc_1_1 = 0.0;
-    double acc_1_2 = 0.0;
-    double acc_1_3 = 0.0;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t mlp_HT_row0 = n*(b*dff + (2*e_tile < dff - 1 ? 2*e_tile : dff - 1));
-        const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1));
-        for (int64_t i = 0; i < n; ++i) {
-            acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
-            acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
-            acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
-            acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
-            acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
-            acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
-            acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
-            acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
-        }
-    }
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1)] = acc_0_0;
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 1] = acc_0_1;
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 2] = acc_0_2;
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 3] = acc_0_3;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1)] = acc_1_0;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 1] = acc_1_1;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 2] = acc_1_2;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 3] = acc_1_3;
-}
-
-/* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
- * for e (parallel) / c / b / i (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dWd_edge(
     const double *__restrict__ dy,
     double *__restrict__ dWd,
     double *__restrict__ mlp_HT,
@@ -758,19 +638,70 @@ __global__ void block_bwd_causal_composed_f64_mlp_dWd_edge(
     int64_t dff
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= dff) return;
-    const int64_t e = tid;
-    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
-        double over_b = 0.0;
-        for (int64_t b = 0; b < batch; ++b) {
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; ++i) {
-                acc += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
-            }
-            over_b += acc;
+    const int c_blk = blockIdx.x;
+    const int e_blk = blockIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(double, mlp_dWd_HT_tile, 8704, 576);
+    MOAGEN_SHARED_AT(double, mlp_dWd_dF_tile, 0, 1088);
+    double over_b[4][4];
+    double acc[4][4];
+    #pragma unroll
+    for (int s_e = 0; s_e < 4; ++s_e) {
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            over_b[s_e][s_c] = 0.0;
         }
-        dWd[c + dm*e] = over_b;
+    }
+    for (int b = 0; b < batch; ++b) {
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            #pragma unroll
+            for (int s_c = 0; s_c < 4; ++s_c) {
+                acc[s_e][s_c] = 0.0;
+            }
+        }
+        for (int i_blk = 0; i_blk < ((n + 15) / 16); ++i_blk) {
+            __syncthreads();  // mlp_dWd_dF_tile copied after mlp_dWd_dF_tile copied and read
+            for (int e24 = ty; e24 < 16; e24 += 8) {
+                for (int e25 = tx; e25 < 64; e25 += 16) {
+                    mlp_dWd_dF_tile[68*e24 + e25] = (64*c_blk + e25 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e24 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dy[64*c_blk + dm*(b*n + e24 + 16*i_blk) + e25] : 0.0);
+                }
+            }
+            for (int e22 = ty; e22 < 32; e22 += 8) {
+                for (int e23 = tx; e23 < 16; e23 += 16) {
+                    mlp_dWd_HT_tile[e22 + 36*e23] = (e22 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_HT[e23 + 16*i_blk + n*(b*dff + e22 + 32*e_blk)] : 0.0);
+                }
+            }
+            __syncthreads();  // mlp_dWd_HT_tile read after mlp_dWd_HT_tile copied; mlp_dWd_dF_tile read after mlp_dWd_dF_tile copied
+            #pragma unroll 4
+            for (int i = 16*i_blk, i_stop = (int)((n < 16*i_blk + 16 ? n : 16*i_blk + 16)); i < i_stop; ++i) {
+                #pragma unroll
+                for (int s_e = 0; s_e < 4; ++s_e) {
+                    const int e = 32*e_blk + (s_e / 4 * 8 + ty) * 4 + s_e % 4;
+                    #pragma unroll
+                    for (int s_c = 0; s_c < 4; ++s_c) {
+                        const int c = 64*c_blk + (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                        acc[s_e][s_c] += mlp_dWd_HT_tile[e - 32*e_blk + 36*i - 576*i_blk] * mlp_dWd_dF_tile[c - 64*c_blk + 68*i - 1088*i_blk];
+                    }
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            #pragma unroll
+            for (int s_c = 0; s_c < 4; ++s_c) {
+                over_b[s_e][s_c] += acc[s_e][s_c];
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_e = 0; s_e < 4; ++s_e) {
+        const int e = 32*e_blk + (s_e / 4 * 8 + ty) * 4 + s_e % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            const int c = 64*c_blk + (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (e < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && c < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64)) dWd[c + dm*e] = over_b[s_e][s_c];
+        }
     }
 }
 
@@ -2334,9 +2265,6 @@ extern "C" int block_bwd_causal_composed_f64(
     double *__restrict__ mlp_XT,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
     double *__restrict__ out_WoT_panel,
@@ -2441,59 +2369,29 @@ extern "C" int block_bwd_causal_composed_f64(
             if (err != cudaSuccess) return (int)err;
         }
     }
-    {
-        const int64_t count = ((dff) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg_pack_dU, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          mlp_dU, mlp_dU_panel, batch, n, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dWg, mlp_XT, mlp_dU_panel, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = dm, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
+    if (((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(1)), block(16, 8, 1);
+        {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_causal_composed_f64_mlp_dWg, "block_bwd_causal_composed_f64_mlp_dWg", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWg, grid, block, shared, stream,
                           dWg, mlp_dU, mlp_XT, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
         }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
-    {
-        const int64_t count = ((dff) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          mlp_dV, mlp_dV_panel, batch, n, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dWu, mlp_XT, mlp_dV_panel, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = dm, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
+    if (((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(1)), block(16, 8, 1);
+        {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_causal_composed_f64_mlp_dWu, "block_bwd_causal_composed_f64_mlp_dWu", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWu, grid, block, shared, stream,
                           dWu, mlp_dV, mlp_XT, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
         }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*dff, threads = 128;
@@ -2504,32 +2402,17 @@ extern "C" int block_bwd_causal_composed_f64(
             if (err != cudaSuccess) return (int)err;
         }
     }
-    {
-        const int64_t count = ((dm) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd_pack_dF, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dy, mlp_dF_panel, batch, n, dm);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dWd, mlp_HT, mlp_dF_panel, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = dff, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
+    if (((dff + 31) / 32)*((dm + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((dff + 31) / 32)), (unsigned int)(1)), block(16, 8, 1);
+        {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_causal_composed_f64_mlp_dWd, "block_bwd_causal_composed_f64_mlp_dWd", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dWd, grid, block, shared, stream,
                           dy, dWd, mlp_HT, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
         }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 528, threads = 1024;
@@ -3151,85 +3034,11 @@ __global__ void block_bwd_causal_composed_f32_mlp_XT(
     }
 }
 
-/* mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
- * for e_tile (parallel) / b / i / lane (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dWg_pack_dU(
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_dU_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)) return;
-    const int64_t e_tile = tid;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dU_panel_row = 4*i + 4*n*(b + batch*e_tile);
-            const int64_t mlp_dU_row = dff*(b*n + i) + 4*e_tile;
-            for (int64_t lane = 0; lane < 4; ++lane) {
-                mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
-            }
-        }
-    }
-}
-
-/* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
- * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
+/* mlp.dWg: writes mlp_dWg_dU_tile, mlp_dWg_XT_tile, dWg; scratch mlp_dU, mlp_XT
+ * for c_blk / e_blk / c / e / b / i_blk / e16, e14, i (simd) / e17 (simd), e15 (simd)
  */
 __global__ void block_bwd_causal_composed_f32_mlp_dWg(
     float *__restrict__ dWg,
-    float *__restrict__ mlp_XT,
-    float *__restrict__ mlp_dU_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
-    const int64_t c_tile = tid % (((dm + 1) / 2));
-    const int64_t e_tile = (tid / (((dm + 1) / 2)));
-    float acc_0_0 = 0.0f;
-    float acc_0_1 = 0.0f;
-    float acc_0_2 = 0.0f;
-    float acc_0_3 = 0.0f;
-    float acc_1_0 = 0.0f;
-    float acc_1_1 = 0.0f;
-    float acc_1_2 = 0.0f;
-    float acc_1_3 = 0.0f;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
-        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
-        for (int64_t i = 0; i < n; ++i) {
-            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-        }
-    }
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
-    dWg[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
-    dWg[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
-}
-
-/* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
- * for c (parallel) / e / b / i (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dWg_edge(
-    float *__restrict__ dWg,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_XT,
     int64_t batch,
@@ -3238,101 +3047,78 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWg_edge(
     int64_t dff
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= dm) return;
-    const int64_t c = tid;
-    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
-        float over_b = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < n; ++i) {
-                acc += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
-            }
-            over_b += acc;
+    const int e_blk = blockIdx.x;
+    const int c_blk = blockIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(float, mlp_dWg_XT_tile, 4352, 576);
+    MOAGEN_SHARED_AT(float, mlp_dWg_dU_tile, 0, 1088);
+    float over_b[4][4];
+    float acc[4][4];
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            over_b[s_c][s_e] = 0.0f;
         }
-        dWg[c*dff + e] = over_b;
+    }
+    for (int b = 0; b < batch; ++b) {
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                acc[s_c][s_e] = 0.0f;
+            }
+        }
+        for (int i_blk = 0; i_blk < ((n + 15) / 16); ++i_blk) {
+            __syncthreads();  // mlp_dWg_dU_tile copied after mlp_dWg_dU_tile copied and read
+            for (int e16 = ty; e16 < 16; e16 += 8) {
+                for (int e17 = tx; e17 < 64; e17 += 16) {
+                    mlp_dWg_dU_tile[68*e16 + e17] = (e16 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e17 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dU[dff*(b*n + e16 + 16*i_blk) + e17 + 64*e_blk] : 0.0f);
+                }
+            }
+            for (int e14 = ty; e14 < 32; e14 += 8) {
+                for (int e15 = tx; e15 < 16; e15 += 16) {
+                    mlp_dWg_XT_tile[e14 + 36*e15] = (32*c_blk + e14 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e15 + 16*i_blk + n*(b*dm + 32*c_blk + e14)] : 0.0f);
+                }
+            }
+            __syncthreads();  // mlp_dWg_XT_tile read after mlp_dWg_XT_tile copied; mlp_dWg_dU_tile read after mlp_dWg_dU_tile copied
+            #pragma unroll 4
+            for (int i = 16*i_blk, i_stop = (int)((n < 16*i_blk + 16 ? n : 16*i_blk + 16)); i < i_stop; ++i) {
+                #pragma unroll
+                for (int s_c = 0; s_c < 4; ++s_c) {
+                    const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+                    #pragma unroll
+                    for (int s_e = 0; s_e < 4; ++s_e) {
+                        const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+                        acc[s_c][s_e] += mlp_dWg_XT_tile[c - 32*c_blk + 36*i - 576*i_blk] * mlp_dWg_dU_tile[e - 64*e_blk + 68*i - 1088*i_blk];
+                    }
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                over_b[s_c][s_e] += acc[s_c][s_e];
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+            if (c < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) dWg[c*dff + e] = over_b[s_c][s_e];
+        }
     }
 }
 
-/* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
- * for e_tile (parallel) / b / i / lane (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dWu_pack_dV(
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)) return;
-    const int64_t e_tile = tid;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dV_panel_row = 4*i + 4*n*(b + batch*e_tile);
-            const int64_t mlp_dV_row = dff*(b*n + i) + 4*e_tile;
-            for (int64_t lane = 0; lane < 4; ++lane) {
-                mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
-            }
-        }
-    }
-}
-
-/* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
- * for e_tile, c_tile (parallel) / b (register tile) / i (register tile)
+/* mlp.dWu: writes mlp_dWu_dV_tile, mlp_dWu_XT_tile, dWu; scratch mlp_dV, mlp_XT
+ * for c_blk / e_blk / c / e / b / i_blk / e20, e18, i (simd) / e21 (simd), e19 (simd)
  */
 __global__ void block_bwd_causal_composed_f32_mlp_dWu(
     float *__restrict__ dWu,
-    float *__restrict__ mlp_XT,
-    float *__restrict__ mlp_dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 4)*((dm + 1) / 2)) return;
-    const int64_t c_tile = tid % (((dm + 1) / 2));
-    const int64_t e_tile = (tid / (((dm + 1) / 2)));
-    float acc_0_0 = 0.0f;
-    float acc_0_1 = 0.0f;
-    float acc_0_2 = 0.0f;
-    float acc_0_3 = 0.0f;
-    float acc_1_0 = 0.0f;
-    float acc_1_1 = 0.0f;
-    float acc_1_2 = 0.0f;
-    float acc_1_3 = 0.0f;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t mlp_XT_row0 = n*(b*dm + (2*c_tile < dm - 1 ? 2*c_tile : dm - 1));
-        const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1));
-        for (int64_t i = 0; i < n; ++i) {
-            acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-            acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile)];
-            acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 1];
-            acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 2];
-            acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[4*i + 4*n*(b + batch*e_tile) + 3];
-        }
-    }
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile] = acc_0_0;
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 1] = acc_0_1;
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 2] = acc_0_2;
-    dWu[dff*(2*c_tile < dm - 1 ? 2*c_tile : dm - 1) + 4*e_tile + 3] = acc_0_3;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile] = acc_1_0;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 1] = acc_1_1;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 2] = acc_1_2;
-    dWu[dff*(dm - 1 < 2*c_tile + 1 ? dm - 1 : 2*c_tile + 1) + 4*e_tile + 3] = acc_1_3;
-}
-
-/* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
- * for c (parallel) / e / b / i (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dWu_edge(
-    float *__restrict__ dWu,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_XT,
     int64_t batch,
@@ -3341,19 +3127,70 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWu_edge(
     int64_t dff
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= dm) return;
-    const int64_t c = tid;
-    for (int64_t e = 4*((dff) / 4); e < dff; ++e) {
-        float over_b = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < n; ++i) {
-                acc += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
-            }
-            over_b += acc;
+    const int e_blk = blockIdx.x;
+    const int c_blk = blockIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(float, mlp_dWu_XT_tile, 4352, 576);
+    MOAGEN_SHARED_AT(float, mlp_dWu_dV_tile, 0, 1088);
+    float over_b[4][4];
+    float acc[4][4];
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            over_b[s_c][s_e] = 0.0f;
         }
-        dWu[c*dff + e] = over_b;
+    }
+    for (int b = 0; b < batch; ++b) {
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                acc[s_c][s_e] = 0.0f;
+            }
+        }
+        for (int i_blk = 0; i_blk < ((n + 15) / 16); ++i_blk) {
+            __syncthreads();  // mlp_dWu_dV_tile copied after mlp_dWu_dV_tile copied and read
+            for (int e20 = ty; e20 < 16; e20 += 8) {
+                for (int e21 = tx; e21 < 64; e21 += 16) {
+                    mlp_dWu_dV_tile[68*e20 + e21] = (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dV[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk] : 0.0f);
+                }
+            }
+            for (int e18 = ty; e18 < 32; e18 += 8) {
+                for (int e19 = tx; e19 < 16; e19 += 16) {
+                    mlp_dWu_XT_tile[e18 + 36*e19] = (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)] : 0.0f);
+                }
+            }
+            __syncthreads();  // mlp_dWu_XT_tile read after mlp_dWu_XT_tile copied; mlp_dWu_dV_tile read after mlp_dWu_dV_tile copied
+            #pragma unroll 4
+            for (int i = 16*i_blk, i_stop = (int)((n < 16*i_blk + 16 ? n : 16*i_blk + 16)); i < i_stop; ++i) {
+                #pragma unroll
+                for (int s_c = 0; s_c < 4; ++s_c) {
+                    const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+                    #pragma unroll
+                    for (int s_e = 0; s_e < 4; ++s_e) {
+                        const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+                        acc[s_c][s_e] += mlp_dWu_XT_tile[c - 32*c_blk + 36*i - 576*i_blk] * mlp_dWu_dV_tile[e - 64*e_blk + 68*i - 1088*i_blk];
+                    }
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            #pragma unroll
+            for (int s_e = 0; s_e < 4; ++s_e) {
+                over_b[s_c][s_e] += acc[s_c][s_e];
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_c = 0; s_c < 4; ++s_c) {
+        const int c = 32*c_blk + (s_c / 4 * 8 + ty) * 4 + s_c % 4;
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            const int e = 64*e_blk + (s_e / 4 * 16 + tx) * 4 + s_e % 4;
+            if (c < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) dWu[c*dff + e] = over_b[s_c][s_e];
+        }
     }
 }
 
@@ -3377,84 +3214,10 @@ __global__ void block_bwd_causal_composed_f32_mlp_HT(
     }
 }
 
-/* mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
- * for c_tile (parallel) / b / i / lane (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dWd_pack_dF(
-    const float *__restrict__ dy,
-    float *__restrict__ mlp_dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 4)) return;
-    const int64_t c_tile = tid;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dF_panel_row = 4*i + 4*n*(b + batch*c_tile);
-            const int64_t dy_row = 4*c_tile + dm*(b*n + i);
-            for (int64_t lane = 0; lane < 4; ++lane) {
-                mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
-            }
-        }
-    }
-}
-
-/* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
- * for c_tile, e_tile (parallel) / b (register tile) / i (register tile)
+/* mlp.dWd: writes mlp_dWd_dF_tile, mlp_dWd_HT_tile, dWd; reads dy; scratch mlp_HT
+ * for e_blk / c_blk / e / c / b / i_blk / e24, e22, i (simd) / e25 (simd), e23 (simd)
  */
 __global__ void block_bwd_causal_composed_f32_mlp_dWd(
-    float *__restrict__ dWd,
-    float *__restrict__ mlp_HT,
-    float *__restrict__ mlp_dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dm) / 4)*((dff + 1) / 2)) return;
-    const int64_t e_tile = tid % (((dff + 1) / 2));
-    const int64_t c_tile = (tid / (((dff + 1) / 2)));
-    float acc_0_0 = 0.0f;
-    float acc_0_1 = 0.0f;
-    float acc_0_2 = 0.0f;
-    float acc_0_3 = 0.0f;
-    float acc_1_0 = 0.0f;
-    float acc_1_1 = 0.0f;
-    float acc_1_2 = 0.0f;
-    float acc_1_3 = 0.0f;
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t mlp_HT_row0 = n*(b*dff + (2*e_tile < dff - 1 ? 2*e_tile : dff - 1));
-        const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1));
-        for (int64_t i = 0; i < n; ++i) {
-            acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
-            acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
-            acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
-            acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
-            acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile)];
-            acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 1];
-            acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 2];
-            acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[4*i + 4*n*(b + batch*c_tile) + 3];
-        }
-    }
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1)] = acc_0_0;
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 1] = acc_0_1;
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 2] = acc_0_2;
-    dWd[4*c_tile + dm*(2*e_tile < dff - 1 ? 2*e_tile : dff - 1) + 3] = acc_0_3;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1)] = acc_1_0;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 1] = acc_1_1;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 2] = acc_1_2;
-    dWd[4*c_tile + dm*(dff - 1 < 2*e_tile + 1 ? dff - 1 : 2*e_tile + 1) + 3] = acc_1_3;
-}
-
-/* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
- * for e (parallel) / c / b / i (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dWd_edge(
     const float *__restrict__ dy,
     float *__restrict__ dWd,
     float *__restrict__ mlp_HT,
@@ -3464,19 +3227,70 @@ __global__ void block_bwd_causal_composed_f32_mlp_dWd_edge(
     int64_t dff
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= dff) return;
-    const int64_t e = tid;
-    for (int64_t c = 4*((dm) / 4); c < dm; ++c) {
-        float over_b = 0.0f;
-        for (int64_t b = 0; b < batch; ++b) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < n; ++i) {
-                acc += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
-            }
-            over_b += acc;
+    const int c_blk = blockIdx.x;
+    const int e_blk = blockIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    MOAGEN_SHARED_AT(float, mlp_dWd_HT_tile, 4352, 576);
+    MOAGEN_SHARED_AT(float, mlp_dWd_dF_tile, 0, 1088);
+    float over_b[4][4];
+    float acc[4][4];
+    #pragma unroll
+    for (int s_e = 0; s_e < 4; ++s_e) {
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            over_b[s_e][s_c] = 0.0f;
         }
-        dWd[c + dm*e] = over_b;
+    }
+    for (int b = 0; b < batch; ++b) {
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            #pragma unroll
+            for (int s_c = 0; s_c < 4; ++s_c) {
+                acc[s_e][s_c] = 0.0f;
+            }
+        }
+        for (int i_blk = 0; i_blk < ((n + 15) / 16); ++i_blk) {
+            __syncthreads();  // mlp_dWd_dF_tile copied after mlp_dWd_dF_tile copied and read
+            for (int e24 = ty; e24 < 16; e24 += 8) {
+                for (int e25 = tx; e25 < 64; e25 += 16) {
+                    mlp_dWd_dF_tile[68*e24 + e25] = (64*c_blk + e25 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e24 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dy[64*c_blk + dm*(b*n + e24 + 16*i_blk) + e25] : 0.0f);
+                }
+            }
+            for (int e22 = ty; e22 < 32; e22 += 8) {
+                for (int e23 = tx; e23 < 16; e23 += 16) {
+                    mlp_dWd_HT_tile[e22 + 36*e23] = (e22 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_HT[e23 + 16*i_blk + n*(b*dff + e22 + 32*e_blk)] : 0.0f);
+                }
+            }
+            __syncthreads();  // mlp_dWd_HT_tile read after mlp_dWd_HT_tile copied; mlp_dWd_dF_tile read after mlp_dWd_dF_tile copied
+            #pragma unroll 4
+            for (int i = 16*i_blk, i_stop = (int)((n < 16*i_blk + 16 ? n : 16*i_blk + 16)); i < i_stop; ++i) {
+                #pragma unroll
+                for (int s_e = 0; s_e < 4; ++s_e) {
+                    const int e = 32*e_blk + (s_e / 4 * 8 + ty) * 4 + s_e % 4;
+                    #pragma unroll
+                    for (int s_c = 0; s_c < 4; ++s_c) {
+                        const int c = 64*c_blk + (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+                        acc[s_e][s_c] += mlp_dWd_HT_tile[e - 32*e_blk + 36*i - 576*i_blk] * mlp_dWd_dF_tile[c - 64*c_blk + 68*i - 1088*i_blk];
+                    }
+                }
+            }
+        }
+        #pragma unroll
+        for (int s_e = 0; s_e < 4; ++s_e) {
+            #pragma unroll
+            for (int s_c = 0; s_c < 4; ++s_c) {
+                over_b[s_e][s_c] += acc[s_e][s_c];
+            }
+        }
+    }
+    #pragma unroll
+    for (int s_e = 0; s_e < 4; ++s_e) {
+        const int e = 32*e_blk + (s_e / 4 * 8 + ty) * 4 + s_e % 4;
+        #pragma unroll
+        for (int s_c = 0; s_c < 4; ++s_c) {
+            const int c = 64*c_blk + (s_c / 4 * 16 + tx) * 4 + s_c % 4;
+            if (e < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && c < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64)) dWd[c + dm*e] = over_b[s_e][s_c];
+        }
     }
 }
 
@@ -5040,9 +4854,6 @@ extern "C" int block_bwd_causal_composed_f32(
     float *__restrict__ mlp_XT,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
     float *__restrict__ out_WoT_panel,
@@ -5147,59 +4958,29 @@ extern "C" int block_bwd_causal_composed_f32(
             if (err != cudaSuccess) return (int)err;
         }
     }
-    {
-        const int64_t count = ((dff) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg_pack_dU, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          mlp_dU, mlp_dU_panel, batch, n, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dWg, mlp_XT, mlp_dU_panel, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = dm, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
+    if (((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(1)), block(16, 8, 1);
+        {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_causal_composed_f32_mlp_dWg, "block_bwd_causal_composed_f32_mlp_dWg", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWg, grid, block, shared, stream,
                           dWg, mlp_dU, mlp_XT, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
         }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
-    {
-        const int64_t count = ((dff) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu_pack_dV, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          mlp_dV, mlp_dV_panel, batch, n, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dff) / 4)*((dm + 1) / 2), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dWu, mlp_XT, mlp_dV_panel, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = dm, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
+    if (((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(1)), block(16, 8, 1);
+        {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_causal_composed_f32_mlp_dWu, "block_bwd_causal_composed_f32_mlp_dWu", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWu, grid, block, shared, stream,
                           dWu, mlp_dV, mlp_XT, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
         }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*dff, threads = 128;
@@ -5210,32 +4991,17 @@ extern "C" int block_bwd_causal_composed_f32(
             if (err != cudaSuccess) return (int)err;
         }
     }
-    {
-        const int64_t count = ((dm) / 4), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd_pack_dF, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dy, mlp_dF_panel, batch, n, dm);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dm) / 4)*((dff + 1) / 2), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
-                          dWd, mlp_HT, mlp_dF_panel, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = dff, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd_edge, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
+    if (((dff + 31) / 32)*((dm + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
+        const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((dff + 31) / 32)), (unsigned int)(1)), block(16, 8, 1);
+        {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_causal_composed_f32_mlp_dWd, "block_bwd_causal_composed_f32_mlp_dWd", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dWd, grid, block, shared, stream,
                           dy, dWd, mlp_HT, batch, n, dm, dff);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
         }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 528, threads = 1024;

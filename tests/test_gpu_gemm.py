@@ -1,7 +1,7 @@
 """The MLP's row products on CUDA as tiled SIMT GEMMs (moagen.kernels.gemm): a block per
 output tile of rows x columns (BlockTiles with cols), the sum cut into chunks whose operand
 tiles the block stages in shared memory (Split, Stage), each thread a 4 x 4 register tile
-held over the whole sum; the backward's dX, two sums, as one adding a term at a time
+held over the whole sum (the weight gradients' over a batch entry's rows); the backward's dX, two sums, as one adding a term at a time
 (MergeSums, AddTermwise); what the steps refuse; the barriers each needed; the emulated
 kernel against numpy at sizes that cut every tile."""
 from dataclasses import replace
@@ -70,6 +70,24 @@ def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
     assert [type(s) for s in product.body] == [Update] * (len(tiles) // 2)
     assert {b.name for b in onf.shared} >= tiles
     assert not any(b.name.startswith(label + "_") for b in onf.temps)  # no panels
+
+
+@pytest.mark.parametrize("label, rows, cols, tiles", [
+    ("dWg", "c", "e", {"dWg_XT_tile", "dWg_dU_tile"}),
+    ("dWu", "c", "e", {"dWu_XT_tile", "dWu_dV_tile"}),
+    ("dWd", "e", "c", {"dWd_HT_tile", "dWd_dF_tile"})])
+def test_a_weight_gradient_sums_a_batch_entry_s_rows_in_staged_chunks(label, rows, cols, tiles):
+    """A block per tile of the weight; its threads' sums over the rows of each batch entry
+    in chunks of 16 rows, both operands staged, then added across the entries."""
+    onf = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64")
+    loops = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == [f"{rows}_blk", f"{cols}_blk"]
+    assert {(lp.gpu.axis, lp.var.name) for lp in loops if is_thread_loop(lp)} == \
+        {("y", rows), ("x", cols)}
+    batch = next(lp for lp in loops if lp.var.name == "b")
+    chunks = next(lp for lp in walk(batch.body) if isinstance(lp, Loop) and lp.var.name == "i_blk")
+    assert {c.body[0].body[0].array for c in chunks.body if is_block_copy(c)} == tiles
+    assert set().union(*map(_reads, chunks.body[-1].body)) == tiles
 
 
 def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():

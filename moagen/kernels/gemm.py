@@ -1,7 +1,10 @@
-"""Row products' GPU form: tiled SIMT GEMMs, from the mapping steps attention's flash form
-uses (moagen.kernels.attention.gpu_flash).
+"""Products' GPU form: tiled SIMT GEMMs, from the mapping steps attention's flash form uses
+(moagen.kernels.attention.gpu_flash).
 
     out[b, i, j] = sum_k A[b, i, k] B[k, j]  (+ sum_k A'[b, i, k] B'[k, j] ...)
+
+(or, a weight gradient, out[i, j] = sum_b sum_k A[b, i, k] B[b, k, j]: each batch entry's
+sum in chunks, the entries' sums added in registers).
 
 A thread block per block_rows x block_cols output tile (BlockTiles over rows and columns);
 the sum cut into chunks of `chunk` (Split; several sums over one extent merged into one
@@ -33,13 +36,13 @@ def gemm_schedule(products, chunk):
             *(Split(summed, chunk, nest=label) for label, (summed, _) in products.items()))
 
 
-def gemm_mapping(label, outer, cols, summed, operands, mr, nr, block_rows, block_cols,
-                 chunk):
-    """The mapping of the product `label` over its loops outer + (i, cols), summing over
+def gemm_mapping(label, outer, rows, cols, summed, operands, mr, nr, block_rows,
+                 block_cols, chunk):
+    """The mapping of the product `label` over its loops outer + (rows, cols), summing over
     `summed` in chunks of `chunk` (gemm_schedule) the arrays `operands`."""
     chunks = Split(summed, chunk, nest=label).blocks
-    return (BlockTiles(outer + ("i", cols), rows=block_rows, cols=block_cols, nest=label),
-            ThreadTiles("i", mr, "y", nest=label),
+    return (BlockTiles(outer + (rows, cols), rows=block_rows, cols=block_cols, nest=label),
+            ThreadTiles(rows, mr, "y", nest=label),
             ThreadTiles(cols, nr, "x", nest=label),
             *(Stage(operand, at=chunks, nest=label) for operand in operands),
             UnrollInner(summed, UNROLL, nest=label))

@@ -105,7 +105,8 @@ FORWARD = {"rows": {"U": "e", "V": "e", "F": "c"}, "weights": {}, "elementwise":
 # a row product's operands on a GPU, each chunk's tiles of them staged in shared memory
 # (moagen.kernels.gemm); the axis it sums over, given its columns'
 GEMM_OPERANDS = {"U": ("X", "Wg"), "V": ("X", "Wu"), "F": ("H", "Wd"), "dH": ("dF", "WdT"),
-                 "dX": ("dU", "WgT", "dV", "WuT")}
+                 "dX": ("dU", "WgT", "dV", "WuT"), "dWg": ("XT", "dU"), "dWu": ("XT", "dV"),
+                 "dWd": ("HT", "dF")}
 SUMMED = {"e": "c", "c": "e"}
 BACKWARD = {"rows": {"dH": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
@@ -160,17 +161,23 @@ def _tiled(nests, mr, nr, row_block):
 
 def _gemms(nests, mr, nr, row_block, block_rows, block_cols, chunk, thread_rows,
            thread_cols):
-    """_tiled's layers, but on a GPU each row product a tiled SIMT GEMM
-    (moagen.kernels.gemm) of thread_rows x thread_cols register tiles in block_rows x
-    block_cols blocks, summing in chunks of `chunk`; the rest as _tiled runs it there (a
-    thread per mr x nr tile of a weight gradient, per element of an elementwise nest)."""
+    """_tiled's layers, but on a GPU each product (row products, weight gradients) a
+    tiled SIMT GEMM (moagen.kernels.gemm) of thread_rows x thread_cols register tiles in
+    block_rows x block_cols blocks, summing in chunks of `chunk`; the rest as _tiled runs
+    it there (a thread per element of the forward's H, per row of the backward's fused
+    elementwise nest, per row of a transpose)."""
     layers = _tiled(nests, mr, nr, row_block)
-    rest = _tiled(dict(nests, rows={}), mr, nr, row_block=0)
-    products = {label: (SUMMED[cols], GEMM_OPERANDS[label])
-                for label, cols in nests["rows"].items()}
-    mapping = [step for label, cols in nests["rows"].items()
-               for step in gemm_mapping(label, ("b",), cols, *products[label], thread_rows,
-                                        thread_cols, block_rows, block_cols, chunk)]
+    rest = _tiled(dict(nests, rows={}, weights={}), mr, nr, row_block=0)
+    # (the loops outside the output tiles, the tiles' rows and columns, the axis summed):
+    # a weight gradient sums over the batch too, its chunks the rows' within an entry
+    loops = {**{label: (("b",), "i", cols, SUMMED[cols])
+                for label, cols in nests["rows"].items()},
+             **{label: ((), rows, cols, "i") for label, (rows, cols) in nests["weights"].items()}}
+    products = {label: (summed, GEMM_OPERANDS[label])
+                for label, (_, _, _, summed) in loops.items()}
+    mapping = [step for label, (outer, rows, cols, summed) in loops.items()
+               for step in gemm_mapping(label, outer, rows, cols, summed, GEMM_OPERANDS[label],
+                                        thread_rows, thread_cols, block_rows, block_cols, chunk)]
     return replace(layers, schedule={"cpu": layers.schedule_for("cpu"),
                                      "cuda": rest.schedule_for("cuda")
                                      + gemm_schedule(products, chunk)},
@@ -206,7 +213,7 @@ TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
 # sum for two 128-bit shared loads (float32); blocks of 32 x 64 (128 threads), so that the
 # model's 512 x 512 product (bench n 512) still has 128 blocks; chunks of 16 of the sum:
 # tiles of 16 x (32 + 4) and 16 x (64 + 4) numbers, 6.5 KB (float32) of shared memory a
-# block. mr x nr stay TILE_CUDA's: the weight gradients' tiles (a thread each), OpenACC's
+# block. mr x nr stay TILE_CUDA's: OpenACC's tiles (a vector lane each)
 GEMM = {"block_rows": 32, "block_cols": 64, "chunk": 16, "thread_rows": 4, "thread_cols": 4}
 
 
