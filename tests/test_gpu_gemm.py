@@ -1,7 +1,8 @@
 """The MLP's row products on CUDA as tiled SIMT GEMMs (moagen.kernels.gemm): a block per
 output tile of rows x columns (BlockTiles with cols), the sum cut into chunks whose operand
 tiles the block stages in shared memory (Split, Stage), each thread a 4 x 4 register tile
-held over the whole sum (the weight gradients' over a batch entry's rows); the backward's dX, two sums, as one adding a term at a time
+held over the whole sum (the weight gradients' over a batch entry's rows), and the forward
+projections alike; the backward's dX, two sums, as one adding a term at a time
 (MergeSums, AddTermwise); what the steps refuse; the barriers each needed; the emulated
 kernel against numpy at sizes that cut every tile."""
 from dataclasses import replace
@@ -88,6 +89,21 @@ def test_a_weight_gradient_sums_a_batch_entry_s_rows_in_staged_chunks(label, row
     chunks = next(lp for lp in walk(batch.body) if isinstance(lp, Loop) and lp.var.name == "i_blk")
     assert {c.body[0].body[0].array for c in chunks.body if is_block_copy(c)} == tiles
     assert set().union(*map(_reads, chunks.body[-1].body)) == tiles
+
+
+def test_the_projections_fold_batch_and_head_into_one_grid_axis_and_sum_heads_in_chunks():
+    """qkv_proj's Q: a block per (batch entry x head, row tile, column tile), BlockTiles
+    folding b and h into one axis; out_proj's Y: each head's sum over c in staged chunks,
+    the heads' sums added in registers."""
+    q = _nest(onf_of("qkv_proj", VARIANT, target="cuda", dtype="float32"), "Q")
+    assert [lp.var.name for lp in walk(q.body) if isinstance(lp, Loop) and is_grid(lp)] == \
+        ["b_h", "i_blk", "c_blk"]
+    y = _nest(onf_of("out_proj", VARIANT, target="cuda", dtype="float32"), "Y")
+    loops = [lp for lp in walk(y.body) if isinstance(lp, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", "m_blk"]
+    heads = next(lp for lp in loops if lp.var.name == "h")
+    chunks = next(lp for lp in walk(heads.body) if isinstance(lp, Loop) and lp.var.name == "c_blk")
+    assert set().union(*map(_reads, chunks.body[-1].body)) == {"Y_O_tile", "Y_Wo_tile"}
 
 
 def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():

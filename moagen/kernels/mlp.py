@@ -22,7 +22,7 @@ from dataclasses import replace
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import gemm_mapping, gemm_schedule
+from moagen.kernels.gemm import GEMM, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -102,8 +102,8 @@ ELEMENTWISE = "dU_dV_H"  # the tiled backward's fused elementwise nest
 # per-batch transposes of row operands (their rows)
 FORWARD = {"rows": {"U": "e", "V": "e", "F": "c"}, "weights": {}, "elementwise": ("H",),
            "transposes": {}, "row_transposes": {}}
-# a row product's operands on a GPU, each chunk's tiles of them staged in shared memory
-# (moagen.kernels.gemm); the axis it sums over, given its columns'
+# a product's operands on a GPU, each chunk's tiles of them staged in shared memory
+# (moagen.kernels.gemm); the axis a row product sums over, given its columns'
 GEMM_OPERANDS = {"U": ("X", "Wg"), "V": ("X", "Wu"), "F": ("H", "Wd"), "dH": ("dF", "WdT"),
                  "dX": ("dU", "WgT", "dV", "WuT"), "dWg": ("XT", "dU"), "dWu": ("XT", "dV"),
                  "dWd": ("HT", "dF")}
@@ -159,29 +159,21 @@ def _tiled(nests, mr, nr, row_block):
                   mapping=threads_per_tile((*mapping, *_transposes(nests)), tiles))
 
 
-def _gemms(nests, mr, nr, row_block, block_rows, block_cols, chunk, thread_rows,
-           thread_cols):
+def _gemms(nests, mr, nr, row_block, **gemm):
     """_tiled's layers, but on a GPU each product (row products, weight gradients) a
-    tiled SIMT GEMM (moagen.kernels.gemm) of thread_rows x thread_cols register tiles in
-    block_rows x block_cols blocks, summing in chunks of `chunk`; the rest as _tiled runs
-    it there (a thread per element of the forward's H, per row of the backward's fused
-    elementwise nest, per row of a transpose)."""
-    layers = _tiled(nests, mr, nr, row_block)
-    rest = _tiled(dict(nests, rows={}, weights={}), mr, nr, row_block=0)
-    # (the loops outside the output tiles, the tiles' rows and columns, the axis summed):
-    # a weight gradient sums over the batch too, its chunks the rows' within an entry
-    loops = {**{label: (("b",), "i", cols, SUMMED[cols])
-                for label, cols in nests["rows"].items()},
-             **{label: ((), rows, cols, "i") for label, (rows, cols) in nests["weights"].items()}}
-    products = {label: (summed, GEMM_OPERANDS[label])
-                for label, (_, _, _, summed) in loops.items()}
-    mapping = [step for label, (outer, rows, cols, summed) in loops.items()
-               for step in gemm_mapping(label, outer, rows, cols, summed, GEMM_OPERANDS[label],
-                                        thread_rows, thread_cols, block_rows, block_cols, chunk)]
-    return replace(layers, schedule={"cpu": layers.schedule_for("cpu"),
-                                     "cuda": rest.schedule_for("cuda")
-                                     + gemm_schedule(products, chunk)},
-                   mapping={**layers.mapping, "cuda": rest.mapping["cuda"] + tuple(mapping)})
+    tiled SIMT GEMM (moagen.kernels.gemm); the rest as _tiled runs it there (a thread per
+    element of the forward's H, per row of the backward's fused elementwise nest, per row
+    of a transpose)."""
+    # (the loops outside the output tiles, the tiles' rows and columns, the axis summed,
+    # the operands): a weight gradient sums over the batch too, its chunks the rows' within
+    # an entry
+    products = {**{label: (("b",), "i", cols, SUMMED[cols], GEMM_OPERANDS[label])
+                   for label, cols in nests["rows"].items()},
+                **{label: ((), rows, cols, "i", GEMM_OPERANDS[label])
+                   for label, (rows, cols) in nests["weights"].items()}}
+    return on_gemms(_tiled(nests, mr, nr, row_block),
+                    _tiled(dict(nests, rows={}, weights={}), mr, nr, row_block=0), products,
+                    **gemm)
 
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64, AVX2); 96 rows of a
@@ -209,12 +201,8 @@ def _whole_tiles(mr, nr, row_block, **gemm):
 # a GPU: a thread per 2 x 4 tile and no row blocks (the CPU's cache blocking), so that
 # even the tiny LM's 1024 x 160 products run 20480 threads; not yet timed on a GPU
 TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
-# the row products on a GPU (_gemms): a thread's 4 x 4 tile takes 16 FMA a step of the
-# sum for two 128-bit shared loads (float32); blocks of 32 x 64 (128 threads), so that the
-# model's 512 x 512 product (bench n 512) still has 128 blocks; chunks of 16 of the sum:
-# tiles of 16 x (32 + 4) and 16 x (64 + 4) numbers, 6.5 KB (float32) of shared memory a
-# block. mr x nr stay TILE_CUDA's: OpenACC's tiles (a vector lane each)
-GEMM = {"block_rows": 32, "block_cols": 64, "chunk": 16, "thread_rows": 4, "thread_cols": 4}
+# mr x nr stay TILE_CUDA's on a GPU: OpenACC's tiles (a vector lane each); CUDA's products
+# are GEMMs (moagen.kernels.gemm.GEMM)
 
 
 def _tunable(temps, nests):
