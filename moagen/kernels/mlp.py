@@ -17,8 +17,6 @@ product is register tiled in the `tiled` variants; the weight gradients are sums
 rows computed by whole output tiles, so each thread owns the weights it writes: no atomics,
 and every sum runs over the rows in one fixed order.
 """
-from dataclasses import replace
-
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
