@@ -20,6 +20,7 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
+from moagen.kernels.gemm import GEMM, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -99,6 +100,12 @@ ELEMENTWISE = "dU_dV_H"  # the tiled backward's fused elementwise nest
 # per-batch transposes of row operands (their rows)
 FORWARD = {"rows": {"U": "e", "V": "e", "F": "c"}, "weights": {}, "elementwise": ("H",),
            "transposes": {}, "row_transposes": {}}
+# a product's operands on a GPU, each chunk's tiles of them staged in shared memory
+# (moagen.kernels.gemm); the axis a row product sums over, given its columns'
+GEMM_OPERANDS = {"U": ("X", "Wg"), "V": ("X", "Wu"), "F": ("H", "Wd"), "dH": ("dF", "WdT"),
+                 "dX": ("dU", "WgT", "dV", "WuT"), "dWg": ("XT", "dU"), "dWu": ("XT", "dV"),
+                 "dWd": ("HT", "dF")}
+SUMMED = {"e": "c", "c": "e"}
 BACKWARD = {"rows": {"dH": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
             "elementwise": ("dV", "dU", "H"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"},
@@ -138,7 +145,9 @@ def _tiled(nests, mr, nr, row_block):
         mapping += [Parallel((tile.col_tiles,), nest=label), Parallel((rows,), nest=tile.edge)]
         tiles[label] = tile.tiles
     elementwise = nests["elementwise"]
-    if len(elementwise) > 1:
+    if len(elementwise) == 1:  # a GPU thread an element: a thread a row leaves too few
+        tiles[elementwise[0]] = B + ROW_E
+    else:
         # one pass over the rows for all of them: the operands they share (dH, U, V) read
         # once, and the sigmoid of U they all take computed once (Hoist shares it)
         schedule.append(FuseNests(elementwise, over=ROWS, name=ELEMENTWISE))
@@ -146,6 +155,23 @@ def _tiled(nests, mr, nr, row_block):
     mapping += [Parallel(ROWS, nest=n) for n in elementwise]
     return Layers(schedule=(*schedule, Hoist()),
                   mapping=threads_per_tile((*mapping, *_transposes(nests)), tiles))
+
+
+def _gemms(nests, mr, nr, row_block, **gemm):
+    """_tiled's layers, but on a GPU each product (row products, weight gradients) a
+    tiled SIMT GEMM (moagen.kernels.gemm); the rest as _tiled runs it there (a thread per
+    element of the forward's H, per row of the backward's fused elementwise nest, per row
+    of a transpose)."""
+    # (the loops outside the output tiles, the tiles' rows and columns, the axis summed,
+    # the operands): a weight gradient sums over the batch too, its chunks the rows' within
+    # an entry
+    products = {**{label: (("b",), "i", cols, SUMMED[cols], GEMM_OPERANDS[label])
+                   for label, cols in nests["rows"].items()},
+                **{label: ((), rows, cols, "i", GEMM_OPERANDS[label])
+                   for label, (rows, cols) in nests["weights"].items()}}
+    return on_gemms(_tiled(nests, mr, nr, row_block),
+                    _tiled(dict(nests, rows={}, weights={}), mr, nr, row_block=0), products,
+                    **gemm)
 
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64, AVX2); 96 rows of a
@@ -165,7 +191,7 @@ TILE_AVX512 = {"float64": {"mr": 8, "nr": 16, "row_block": 64},
                "float32": {"mr": 8, "nr": 32, "row_block": 64}}
 
 
-def _whole_tiles(mr, nr, row_block):
+def _whole_tiles(mr, nr, row_block, **gemm):
     """A row block holds whole tiles of mr rows."""
     return row_block % mr == 0
 
@@ -173,12 +199,15 @@ def _whole_tiles(mr, nr, row_block):
 # a GPU: a thread per 2 x 4 tile and no row blocks (the CPU's cache blocking), so that
 # even the tiny LM's 1024 x 160 products run 20480 threads; not yet timed on a GPU
 TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
+# mr x nr stay TILE_CUDA's on a GPU: OpenACC's tiles (a vector lane each); CUDA's products
+# are GEMMs (moagen.kernels.gemm.GEMM)
 
 
 def _tunable(temps, nests):
-    return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE,
-                   cuda=TILE_CUDA, dtypes=TILE_DTYPE_DEFAULTS, avx512=TILE_AVX512,
-                   accepts=_whole_tiles)
+    """The CPU takes no GEMM blocks: the GPU's defaults stand there (unused)."""
+    return Tunable(temps, lambda **params: _gemms(nests, **{**GEMM, **params}), TILE_DEFAULTS,
+                   TILE_SPACE, cuda={**TILE_CUDA, **GEMM}, dtypes=TILE_DTYPE_DEFAULTS,
+                   avx512=TILE_AVX512, accepts=_whole_tiles)
 
 
 FORWARD_VARIANTS = {

@@ -18,6 +18,7 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
+from moagen.kernels.gemm import GEMM, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
@@ -76,10 +77,17 @@ def _layers(*tiled, reorder=(), mapping=()):
 TILE_PARAMS = ("mr", "nr")
 
 
-def _tunable(temps, layers):
-    """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers."""
+def _tunable(temps, layers, gemms=None):
+    """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
+    moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled SIMT GEMMs, the
+    variant having no other nest."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
-    return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE), cuda=pick(TILE_CUDA),
+    if gemms:
+        tiled = layers
+        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu()), gemms,
+                                                 **{**GEMM, **gemm})
+    return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
+                   cuda={**pick(TILE_CUDA), **(GEMM if gemms else {})},
                    dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()})
 
 
@@ -92,8 +100,10 @@ QKV = KernelSpec(
                                                           name="xw")), HEAD_ROWS)
                   for name, w in (("Q", WQ), ("K", WK), ("V", WV))),
 )
+# on CUDA a block per (batch entry, head) and 32 x 64 tile of a head's rows, summing over m
 QKV_VARIANTS = {"tiled": _tunable(frozenset(), lambda mr, nr: _layers(
-    *(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V"))))}
+    *(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V"))),
+    gemms={o: (BH, "i", "c", "m", ("X", f"W{o.lower()}")) for o in ("Q", "K", "V")})}
 
 
 # how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
@@ -136,8 +146,10 @@ OUT = KernelSpec(
     outputs=(Output("Y", lift(("b",), ("batch",), psi(("b",), R) + _sum_heads(
         inner(psi(("b", "h"), O), psi(("h",), WO), var="c", name="ow"))), ("b", "i", "m")),),
 )
+# on CUDA a block per batch entry and 32 x 64 tile of Y, each head's sum over c in chunks
 OUT_VARIANTS = {"tiled": _tunable(frozenset(),
-                                  lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr)))}
+                                  lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr)),
+                                  gemms={"Y": (("b",), "i", "m", "c", ("O", "Wo"))})}
 
 
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))

@@ -28,12 +28,17 @@ class BlockTiles(Step):
     rows)), for ThreadTiles to give the block's threads. `bounds`: sizes the kernel is
     compiled for at several bounds ((d, (64, 128, 256)): d <= 64, <= 128, <= 256), so that a
     loop over them has a compile-time count of iterations a thread (its register tile).
+    `cols` (a product's output tile: rows x columns, a GEMM's): the last loop cut into
+    tiles of `cols` too, and the one before it into tiles of `rows`, a block a (row tile,
+    column tile): the grid is (vars[:-2], row tiles, column tiles), the tile's rows a loop
+    inside with its columns inside that.
     A CUDA grid has 3 axes: where there are more loops, those between the first and the
-    last fold into one grid loop over the product of their extents (each variable its
+    row tiles fold into one grid loop over the product of their extents (each variable its
     quotient and remainder past its start: g_r over kv_heads * group, g = g_r / group).
     Refused: a nest with a loop mapped already, and bounds for more than one size."""
     vars: Tuple[str, ...]
     rows: int = shown("{rows} rows a block")
+    cols: int = option("{cols} columns", 0)
     bounds: Tuple[Tuple[str, Tuple[int, ...]], ...] = hidden(())
     nest: Optional[str] = None
     layer = "mapping"
@@ -51,44 +56,51 @@ class BlockTiles(Step):
         except ScheduleError as refused:
             raise ScheduleError(str(refused).replace(str(legality), str(self), 1)) from None
         chain = perfect_chain(nest.body, len(self.vars))
-        last = chain[-1]
-        if last.start != 0 or self.rows < 1:
-            raise ScheduleError(f"{self}: the loop over {last.var} must start at 0 and a block "
-                                "hold at least one row")
-        tile = claim_loop(names, loop_role(last.var.name, "blk"), {lp.var.name for lp in chain},
-                          self)
-        # an extent of whole tiles (a multiple of rows: every term of stop / rows an integer
-        # coefficient times sizes): no tile is partial
-        whole = all(term.as_coeff_Mul()[0].is_Integer
-                    for term in sympy.Add.make_args(sympy.expand(last.stop / self.rows)))
-        end = self.rows * tile + self.rows
-        rows = replace(last, start=self.rows * tile,
-                       stop=end if whole else sympy.Min(last.stop, end))
-        outer, rows = self._fold(chain[:-1], rows, names)
-        tiles = sympy.expand(last.stop / self.rows) if whole else \
-            idiv(last.stop + self.rows - 1, self.rows)
-        body = (Loop(tile, sympy.Integer(0), tiles, (rows,),
-                     gpu=Grid(bounds=tuple(self.bounds))),)
-        for lp in reversed(outer):
+        sizes = (self.rows, self.cols) if self.cols else (self.rows,)
+        cut = chain[-len(sizes):]  # the loops cut into tiles, a block's rows (and columns)
+        if len(chain) < len(sizes) or any(lp.start != 0 for lp in cut) or min(sizes) < 1:
+            raise ScheduleError(f"{self}: the loops over {', '.join(lp.var.name for lp in cut)} "
+                                "must start at 0 and a block hold at least one of each")
+        taken = {lp.var.name for lp in walk(nest.body) if isinstance(lp, Loop)}
+        tiles, ranges = [], []
+        for lp, size in zip(cut, sizes):
+            tile = claim_loop(names, loop_role(lp.var.name, "blk"), taken, self)
+            # an extent of whole tiles (a multiple of size: every term of stop / size an
+            # integer coefficient times sizes): no tile is partial
+            whole = all(term.as_coeff_Mul()[0].is_Integer
+                        for term in sympy.Add.make_args(sympy.expand(lp.stop / size)))
+            end = size * tile + size
+            count = sympy.expand(lp.stop / size) if whole else idiv(lp.stop + size - 1, size)
+            tiles.append(Loop(tile, sympy.Integer(0), count, ()))
+            ranges.append(replace(lp, start=size * tile,
+                                  stop=end if whole else sympy.Min(lp.stop, end)))
+        inner = (ranges[-1],)  # the tile's ranges nested, the innermost's body the loop's
+        for lp in reversed(ranges[:-1]):
+            inner = (replace(lp, body=inner),)
+        outer, inner = self._fold(chain[:-len(sizes)], inner, names, 3 - len(sizes))
+        # the bounds on the innermost grid loop (the printer's template parameter)
+        body = (replace(tiles[-1], body=inner, gpu=Grid(bounds=tuple(self.bounds))),)
+        for lp in reversed(outer + tiles[:-1]):
             body = (replace(lp, body=body, gpu=Grid()),)
         return body
 
-    def _fold(self, outer, rows, names):
-        """(the grid loops outside the row tiles, at most 2: those past the first folded
-        into one where there are more; the loop over rows with their variables recovered
-        from the folded one's)."""
-        if len(outer) <= 2:
-            return outer, rows
-        folded = outer[1:]
+    def _fold(self, outer, inner, names, axes):
+        """(the grid loops outside the tiles, at most `axes`: those from the last axis's
+        on folded into one where there are more; the tile's loops with the variables
+        recovered from the folded one's)."""
+        if len(outer) <= axes:
+            return list(outer), inner
+        kept, folded = list(outer[:axes - 1]), outer[axes - 1:]
         flat = claim_loop(names, folded_loop([lp.var.name for lp in folded]),
-                          {lp.var.name for lp in outer} | {rows.var.name}, self)
-        at, inside = {}, sympy.Integer(1)  # inside: the iterations of the folded loops within
+                          {lp.var.name for lp in outer} | {lp.var.name for lp in walk(inner)
+                                                           if isinstance(lp, Loop)}, self)
+        at, within = {}, sympy.Integer(1)  # within: the iterations of the folded loops inside
         for k, lp in reversed(list(enumerate(folded))):
-            extent, quotient = lp.stop - lp.start, idiv(flat, inside)
+            extent, quotient = lp.stop - lp.start, idiv(flat, within)
             at[lp.var] = lp.start + (quotient if k == 0 else
-                                     quotient - extent * idiv(flat, inside * extent))
-            inside *= extent
-        return (outer[0], Loop(flat, sympy.Integer(0), inside, ())), subs_stmts((rows,), at)[0]
+                                     quotient - extent * idiv(flat, within * extent))
+            within *= extent
+        return kept + [Loop(flat, sympy.Integer(0), within, ())], subs_stmts(inner, at)
 
 
 @dataclass(frozen=True)

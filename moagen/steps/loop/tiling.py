@@ -29,6 +29,7 @@ from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose,
                               loop_nest)
 from moagen.onf.names import Names, base_name, claim_loop, kernel_names, loop_role, nest_role
+from moagen.steps.loop.merge_sums import merge_sums, sum_terms
 from moagen.steps.step import Step, flag, hidden, option, shown
 
 
@@ -87,7 +88,7 @@ class RegisterTile(Step):
             raise ScheduleError(f"{self}: a row block must be a multiple of {self.mr} rows")
         nest = self.nest_called(onf)
         chain, store = self._pattern(nest)
-        store = replace(store, value=_merge_sums(store.value))
+        store = replace(store, value=merge_sums(store.value))
         *outer, rows, cols = chain
         reduction = self._contraction(store, rows, cols)
         sums, body = S.nested_sums(reduction)
@@ -119,7 +120,7 @@ class RegisterTile(Step):
         # one loop over k a term (the module's docstring): 6 x 2 accumulators, a panel row's
         # two registers and a broadcast fit AVX2's 16 vector registers; two terms' operands
         # at once spilled
-        terms = _terms(body)
+        terms = sum_terms(body)
         lets, stores, updates = [], [], [[] for _ in terms]
         for u in range(self.mr):
             r_u = sympy.Min(self.mr * r_tile + u, rows.stop - 1)
@@ -237,28 +238,6 @@ class RegisterTile(Step):
             raise ScheduleError(f"{self}: the sum stored by nest {self.nest} holds sums of its "
                                 f"own inside, over other extents: not one contraction")
         return sums[0]
-
-
-def _merge_sums(e):
-    """sum_k a + sum_k' b -> sum_k (a + b[k' := k]) when the extents agree: one accumulator
-    for dU Wg^T + dV Wu^T, or for the sum over heads of dQ Wq^T + dK Wk^T + dV Wv^T."""
-    if isinstance(e, S.Reduction):  # sum_h (sum_c a + sum_c' b): the inner sums merge
-        return replace(e, body=_merge_sums(e.body))
-    if isinstance(e, S.Bin) and e.op == "+":
-        left, right = _merge_sums(e.left), _merge_sums(e.right)
-        if (isinstance(left, S.Reduction) and isinstance(right, S.Reduction)
-                and left.op == right.op == "+" and left.extent == right.extent):
-            body = S.Bin("+", left.body, S.subs(right.body, {right.var: left.var}))
-            return replace(left, body=_merge_sums(body))  # nested sums merge level by level
-        return replace(e, left=left, right=right)
-    return e
-
-
-def _terms(e):
-    """The terms of a sum (a + b + c), in order; e alone if it is no sum."""
-    if isinstance(e, S.Bin) and e.op == "+":
-        return _terms(e.left) + _terms(e.right)
-    return [e]
 
 
 def _outermost_reductions(e):

@@ -1,0 +1,209 @@
+"""The MLP's row products on CUDA as tiled SIMT GEMMs (moagen.kernels.gemm): a block per
+output tile of rows x columns (BlockTiles with cols), the sum cut into chunks whose operand
+tiles the block stages in shared memory (Split, Stage), each thread a 4 x 4 register tile
+held over the whole sum (the weight gradients' over a batch entry's rows), and the forward
+projections alike; the backward's dX, two sums, as one adding a term at a time
+(MergeSums, AddTermwise); what the steps refuse; the barriers each needed; the emulated
+kernel against numpy at sizes that cut every tile."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from moagen import reference_block
+from moagen.emit import emit
+from moagen.errors import ScheduleError
+from moagen.onf.interpret import run_onf
+from moagen.moa import scalar as S
+from moagen.onf.loops import Barrier, Let, Loop, Store, Update, is_block_copy, is_grid, \
+    is_thread_loop, stmt_exprs, walk
+from moagen.pipeline import onf_of
+from moagen.request import resolve
+from moagen.steps.gpu.blocks import BlockTiles
+from moagen.steps.gpu.staging import Stage
+from moagen.steps.loop.merge_sums import AddTermwise, MergeSums
+from moagen.steps.loop.reductions import LowerReductions
+from moagen.targets.cuda import emulated
+from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.cuda.loader import EmulationCheckError
+
+KERNEL, VARIANT = "mlp_fwd", "tiled"
+# each product: (its kernel, its columns' loop, the loop over its sum's chunks, its
+# operands' tiles)
+PRODUCTS = {"U": ("mlp_fwd", "e", "c_blk", {"U_X_tile", "U_Wg_tile"}),
+            "V": ("mlp_fwd", "e", "c_blk", {"V_X_tile", "V_Wu_tile"}),
+            "F": ("mlp_fwd", "c", "e_blk", {"F_H_tile", "F_Wd_tile"}),
+            "dH": ("mlp_bwd", "e", "c_blk", {"dH_dF_tile", "dH_WdT_tile"}),
+            "dX": ("mlp_bwd", "c", "e_blk", {"dX_dU_tile", "dX_WgT_tile", "dX_dV_tile",
+                                              "dX_WuT_tile"})}
+
+
+def _nest(onf, label):
+    return next(n for n in onf.nests if n.label == label)
+
+
+def _reads(stmt):
+    return {x.array for e in stmt_exprs(stmt) for x in S.subexpressions(e)
+            if isinstance(x, (S.Access, S.Load))}  # Load: after the layout (flat offsets)
+
+
+@pytest.mark.parametrize("label", PRODUCTS)
+def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
+    kernel, cols, chunks, tiles = PRODUCTS[label]
+    onf = onf_of(kernel, VARIANT, target="cuda", dtype="float32")
+    nest = _nest(onf, label)
+    loops = [s for s in walk(nest.body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", f"{cols}_blk"]
+    assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile)
+            for lp in loops if is_thread_loop(lp)} == {("y", "i", 8, 4), ("x", cols, 16, 4)}
+    # the accumulator (a thread's 4 x 4 registers) defined before the chunks, stored after
+    threads = next(lp for lp in loops if is_thread_loop(lp) and lp.gpu.axis == "x")
+    first, loop, store = threads.body
+    assert isinstance(first, Let) and isinstance(store, Store) and loop.var.name == chunks
+    # each chunk: both operands' tiles copied by the block, a barrier, then the product,
+    # which reads shared memory only (no global load in the innermost loop)
+    copies = [s for s in loop.body if is_block_copy(s)]
+    assert {c.body[0].body[0].array for c in copies} == tiles
+    product = loop.body[-1]
+    assert isinstance(loop.body[-2], Barrier)
+    assert set().union(*map(_reads, product.body)) == tiles
+    # a step of the sum an FMA an operand pair: dX's two products added one at a time
+    assert [type(s) for s in product.body] == [Update] * (len(tiles) // 2)
+    assert {b.name for b in onf.shared} >= tiles
+    assert not any(b.name.startswith(label + "_") for b in onf.temps)  # no panels
+
+
+@pytest.mark.parametrize("label, rows, cols, tiles", [
+    ("dWg", "c", "e", {"dWg_XT_tile", "dWg_dU_tile"}),
+    ("dWu", "c", "e", {"dWu_XT_tile", "dWu_dV_tile"}),
+    ("dWd", "e", "c", {"dWd_HT_tile", "dWd_dF_tile"})])
+def test_a_weight_gradient_sums_a_batch_entry_s_rows_in_staged_chunks(label, rows, cols, tiles):
+    """A block per tile of the weight; its threads' sums over the rows of each batch entry
+    in chunks of 16 rows, both operands staged, then added across the entries."""
+    onf = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64")
+    loops = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == [f"{rows}_blk", f"{cols}_blk"]
+    assert {(lp.gpu.axis, lp.var.name) for lp in loops if is_thread_loop(lp)} == \
+        {("y", rows), ("x", cols)}
+    batch = next(lp for lp in loops if lp.var.name == "b")
+    chunks = next(lp for lp in walk(batch.body) if isinstance(lp, Loop) and lp.var.name == "i_blk")
+    assert {c.body[0].body[0].array for c in chunks.body if is_block_copy(c)} == tiles
+    assert set().union(*map(_reads, chunks.body[-1].body)) == tiles
+
+
+def test_the_projections_fold_batch_and_head_into_one_grid_axis_and_sum_heads_in_chunks():
+    """qkv_proj's Q: a block per (batch entry x head, row tile, column tile), BlockTiles
+    folding b and h into one axis; out_proj's Y: each head's sum over c in staged chunks,
+    the heads' sums added in registers."""
+    q = _nest(onf_of("qkv_proj", VARIANT, target="cuda", dtype="float32"), "Q")
+    assert [lp.var.name for lp in walk(q.body) if isinstance(lp, Loop) and is_grid(lp)] == \
+        ["b_h", "i_blk", "c_blk"]
+    y = _nest(onf_of("out_proj", VARIANT, target="cuda", dtype="float32"), "Y")
+    loops = [lp for lp in walk(y.body) if isinstance(lp, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", "m_blk"]
+    heads = next(lp for lp in loops if lp.var.name == "h")
+    chunks = next(lp for lp in walk(heads.body) if isinstance(lp, Loop) and lp.var.name == "c_blk")
+    assert set().union(*map(_reads, chunks.body[-1].body)) == {"Y_O_tile", "Y_Wo_tile"}
+
+
+def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
+    from moagen.targets.cuda.printer import CudaPrinter
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
+    kernels = {k["name"].rsplit("_", 1)[1]: k for k in CudaPrinter(onf, "float32").kernels()
+               if k["tiled"]}
+    assert set(kernels) == {"U", "V", "F"}
+    assert kernels["U"]["block"] == (16, 8, 1)
+    assert [str(g) for g in kernels["U"]["grid"]] == ["idiv(dff + 63, 64)", "idiv(n + 31, 32)",
+                                                      "batch"]
+    # two tiles of 16 steps of the sum, the rows' 32 and the columns' 64, each padded by 4
+    (_, _, shared), = kernels["F"]["launches"]
+    assert int(shared) == 4 * 16 * (36 + 68)
+
+
+def _upto_schedule():
+    """The forward's ONF after its CUDA schedule (the sums lowered and cut into chunks)."""
+    return onf_of(KERNEL, VARIANT, target="cuda", dtype="float64", upto=4)
+
+
+@pytest.mark.parametrize("step, message", [
+    (BlockTiles(("b", "i", "e"), rows=32, cols=-1, nest="U"), "a block hold at least one"),
+    (Stage("X", at="e_blk", nest="U"), "nest U has no loop over e_blk"),
+    (Stage("U", at="c_blk", nest="U"), "U is not an input of mlp_fwd"),
+])
+def test_the_gemm_steps_refuse_what_they_cannot_do(step, message):
+    with pytest.raises(ScheduleError, match=message):
+        step(_upto_schedule())
+
+
+def test_merge_sums_and_add_termwise_refuse_a_nest_with_nothing_to_do():
+    backward = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64", upto=0)
+    with pytest.raises(ScheduleError, match="nest dH adds no sums over one extent"):
+        MergeSums(nest="dH")(backward)
+    with pytest.raises(ScheduleError, match="nest dX adds no sum of terms into a local"):
+        AddTermwise(nest="dX")(backward)  # its sums not yet merged nor lowered
+
+
+def test_merged_sums_keep_dx_s_value():
+    """dX = dU Wg^T + dV Wu^T, merged into one sum, lowered and added a term at a time,
+    interpreted against the two sums as the spec states them."""
+    backward = onf_of("mlp_bwd", "naive", target="cpu", dtype="float64", upto=0)
+    steps = (MergeSums(nest="dX"), LowerReductions(), AddTermwise(nest="dX"))
+    merged = backward
+    for step in steps:
+        merged = step(merged)
+    rng = np.random.default_rng(7)
+    sizes = dict(batch=2, n=5, dm=3, dff=7)
+    shapes = dict(X=("batch", "n", "dm"), Wg=("dm", "dff"), Wu=("dm", "dff"), Wd=("dff", "dm"),
+                  U=("batch", "n", "dff"), V=("batch", "n", "dff"), dF=("batch", "n", "dm"))
+    arrays = {k: rng.standard_normal(tuple(sizes[d] for d in v)) for k, v in shapes.items()}
+    want, got = (run_onf(onf, arrays, {}) for onf in (backward, merged))
+    assert np.allclose(got["dX"], want["dX"], rtol=1e-13, atol=1e-13)
+
+
+def test_block_tiles_over_rows_and_columns_need_both_loops_from_0():
+    onf = _upto_schedule()
+    nest = _nest(onf, "U")
+    batch = nest.body[0]
+    rows = batch.body[0]  # the loop over i, started at 1
+    shifted = replace(nest, body=(replace(batch, body=(replace(rows, start=rows.start + 1),)),))
+    with pytest.raises(ScheduleError, match="over i, e must start at 0"):
+        BlockTiles(("b", "i", "e"), rows=32, cols=64, nest="U")(
+            onf.with_nests([shifted if n is nest else n for n in onf.nests], "shifted"))
+
+
+SIZES = dict(batch=2, n=37, dm=19, dff=70)  # a partial row tile, chunk and column tile
+
+
+def _run(source, stem):
+    request = resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False)
+    fn = emulated.bind(build_cuda_emulated(source, stem, racecheck=True), request.signature())
+    rng = np.random.default_rng(5)
+    shapes = dict(X=(SIZES["batch"], SIZES["n"], SIZES["dm"]), Wg=(SIZES["dm"], SIZES["dff"]),
+                  Wu=(SIZES["dm"], SIZES["dff"]), Wd=(SIZES["dff"], SIZES["dm"]))
+    arrays = {name: rng.standard_normal(shape) for name, shape in shapes.items()}
+    got = fn(*arrays.values())
+    for value, want in zip(got, reference_block.mlp_fwd_numpy(*arrays.values())):
+        assert np.abs(value - want).max() < 1e-12 * max(1.0, np.abs(want).max())
+
+
+def _float64_kernel(source, label):
+    start = source.index(f"__global__ void mlp_fwd_tiled_f64_{label}(")
+    return start, source.index("\n}\n", start)
+
+
+def test_the_emulated_gemms_match_numpy_and_pass_the_race_check():
+    _run(emit(KERNEL, VARIANT, "cuda-emulated"), "gemm_race")
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_each_barrier_of_a_chunk_is_needed(which):
+    """1: a chunk's copies wait for the last chunk's reads; 2: its reads for its copies."""
+    source = emit(KERNEL, VARIANT, "cuda-emulated")
+    start, end = _float64_kernel(source, "U")
+    kernel = source[start:end]
+    barriers = [k for k in range(len(kernel)) if kernel.startswith("__syncthreads();", k)]
+    assert len(barriers) == 2
+    cut = start + barriers[which - 1]
+    broken = source[:cut] + source[cut + len("__syncthreads();"):]
+    with pytest.raises(EmulationCheckError, match=r"race on shared `U_(X|Wg)_tile`"):
+        _run(broken, f"gemm_race_without_{which}")
