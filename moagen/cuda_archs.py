@@ -10,6 +10,9 @@ SHARED_OPT_IN = {"sm_80": 166_912, "sm_90": 232_448}
 # the GPUs every CUDA kernel is compiled for, with or without one present
 BUILT_ARCHS = tuple(SHARED_OPT_IN)
 
+# threads a warp on every one of them: a warp shuffle's lanes
+WARP = 32
+
 
 def tightest_shared_limit():
     """(arch, bytes): the built architecture that allows a block the least shared memory,

@@ -7,6 +7,7 @@ kv_heads = 1. The query is the newest position, so it sees every valid row: deco
 causal by construction.
 """
 from moagen import reference
+from moagen.cuda_archs import WARP
 from moagen.kernels.attention import HEAD_DIM_BOUNDS, KEY_BLOCK, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
@@ -15,7 +16,7 @@ from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, re
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.splitkeys import SplitKeys
-from moagen.steps.gpu.blocks import WARP, BlockTiles, ThreadTiles
+from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import RegisterTile
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.fusion import FuseNests

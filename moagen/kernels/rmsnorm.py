@@ -13,6 +13,7 @@ from functools import partial
 import numpy as np
 
 from moagen import reference_block
+from moagen.cuda_archs import WARP
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
@@ -96,7 +97,7 @@ PARTS = 16  # dweight's partial sums: fixed, so the result does not depend on th
 GPU_PARTS, PART_THREADS = 528, 1024
 # the merge's thread a feature: blocks of a warp, so that a row of 1024 features is spread
 # over 32 SMs (each thread's part-by-part loads the whole merge's traffic)
-MERGE_THREADS = 32
+MERGE_THREADS = WARP
 DWEIGHT_PARTS = PartialSums("dweight", "i", PARTS)
 
 

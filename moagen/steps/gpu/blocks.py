@@ -4,6 +4,7 @@ from typing import Optional, Tuple
 
 import sympy
 
+from moagen.cuda_archs import WARP
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
@@ -17,7 +18,6 @@ from moagen.steps.step import NotApplicable, Step, hidden, option, shown
 # the accumulations the threads of a row can each take a part of, then combine by warp
 # shuffles (the printer's)
 WARP_REDUCIBLE = ("+", "max")
-WARP = 32
 
 
 @dataclass(frozen=True)

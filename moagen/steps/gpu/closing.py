@@ -7,14 +7,13 @@ from dataclasses import replace
 
 import sympy
 
-from moagen.cuda_archs import tightest_shared_limit
+from moagen.cuda_archs import WARP, tightest_shared_limit
 from moagen.errors import ScheduleError
 from moagen.moa.expr import simplified
 from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, SharedArray,
                               SharedLayout, Update, bound_symbol, enclose, grid_chain,
                               is_block_copy, is_grid, is_thread_loop, loop_key, walk)
 from moagen.onf.shared import shared_accesses
-from moagen.steps.gpu.blocks import WARP
 from moagen.onf.signature import DTYPE_BYTES
 
 

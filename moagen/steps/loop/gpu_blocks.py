@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import sympy
 
+from moagen.cuda_archs import WARP
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Let, Loop, Store, Update, names_read, parallel_chain, walk
@@ -31,7 +32,7 @@ from moagen.steps.loop.parallel import GpuThreads
 from moagen.steps.step import NotApplicable, hidden, shown
 
 # a block reduction's shuffles take whole warps, and its warps' totals one a lane of a warp
-WARP, MAX_THREADS = 32, 1024
+MAX_THREADS = 1024
 # the accumulations a block reduction combines (the printer's helpers)
 REDUCIBLE = ("+", "max")
 
