@@ -9,8 +9,8 @@ statements, so a register tile's products are jammed: each shared value loaded o
 the tile. So every statement list is uniform (all threads of the block reach it, the same
 number of times) and may hold a barrier or a shuffle: the printer prints each Barrier
 (put in by moagen.steps.gpu.closing) with what it orders, and each LaneReduce (a row's max
-over the keys its lanes took) as its `__shfl_xor_sync` loop. Statements that could touch elements past the loops' ranges are
-guarded, never the whole list (a guard around a barrier or a shuffle would leave threads
+over the keys its lanes took) as its `__shfl_xor_sync` loop. Statements that could touch
+elements past the loops' ranges are guarded, never the whole list (a guard around a barrier or a shuffle would leave threads
 out of it)."""
 from dataclasses import replace
 
@@ -158,12 +158,18 @@ class TiledKernel:
         rows = [lp for lp in self.ctx
                 if lp.var in loop.start.free_symbols | loop.stop.free_symbols]
         if rows:
-            pad = self.p.indent * depth
-            declared = [f"{pad}{self.p.indent}const int {lp.var} = {self.position(lp, '0')};"
-                        for lp in rows]
-            return [pad + "{  // this warp's row: the loop below is uniform across its lanes",
-                    *declared, *self.loop_lines(loop, depth + 1), pad + "}"]
+            opening = self.first_slot(rows, depth)
+            opening[0] += "  // this warp's row: the loop below is uniform across its lanes"
+            return [*opening, *self.loop_lines(loop, depth + 1),
+                    self.p.indent * depth + "}"]
         return self.loop_lines(loop, depth)
+
+    def first_slot(self, loops, depth):
+        """The lines opening a scope that declares the coordinates of `loops` at this
+        thread's first slot (its only one, or a warp's row)."""
+        pad = self.p.indent
+        return [pad * depth + "{", *(pad * (depth + 1) + f"const int {lp.var} = "
+                                     f"{self.position(lp, '0')};" for lp in loops)]
 
     def loop_lines(self, loop, depth):
         pad, v = self.p.indent * depth, loop.var
@@ -206,8 +212,7 @@ class TiledKernel:
         for lp in self.ctx:
             if self.single(lp):  # one slot: its coordinate in a scope of its own, if used
                 if lp.var in used:
-                    lines += [pad * level + "{",
-                              pad * (level + 1) + f"const int {lp.var} = {self.position(lp, '0')};"]
+                    lines += self.first_slot((lp,), level)
                     level += 1
                 continue
             slot = f"s_{lp.var}"
