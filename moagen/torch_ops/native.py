@@ -74,6 +74,23 @@ def check_size(op, what, got, expected):
         raise ValueError(f"{op}: {what} must be {expected}, got {got}")
 
 
+def int_list(op, name, values, count=None, held="ints") -> list:
+    """A 1-D integer tensor's or a sequence's values as a list of ints; ValueError unless
+    they are ints (`count` of them where given), saying that `name` must hold `held`."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or \
+                values.dtype == torch.bool or values.dim() != 1:
+            raise ValueError(f"{op}: {name} must be a 1-D integer tensor or a sequence of ints, "
+                             f"got a tensor of dtype {values.dtype} and shape "
+                             f"{tuple(values.shape)}")
+        values = values.tolist()
+    values = list(values)
+    if count is not None and len(values) != count or \
+            not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
+        raise ValueError(f"{op}: {name} must hold {held}, got {values!r}")
+    return values
+
+
 @lru_cache(maxsize=None)
 def kernel(name, variant, lang, dtype, params=()):
     """A loaded kernel, once per process (moagen.load builds and binds); params: schedule

@@ -8,22 +8,15 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from moagen.torch_ops.native import int_list
+
 
 def key_lengths_of(op: str, lengths: Union[Tensor, Sequence[int]], batch: int,
                    n: int) -> list:
     """The valid key count of each batch as ints; ValueError unless there is one per batch,
     each from 0 to n."""
-    if isinstance(lengths, Tensor):
-        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dim() != 1:
-            raise ValueError(f"{op}: key_lengths must be a 1-D integer tensor or a sequence "
-                             f"of ints, got a tensor of dtype {lengths.dtype} and shape "
-                             f"{tuple(lengths.shape)}")
-        lengths = lengths.tolist()
-    lengths = list(lengths)
-    if len(lengths) != batch or not all(isinstance(x, int) and not isinstance(x, bool)
-                                        for x in lengths):
-        raise ValueError(f"{op}: key_lengths must hold one int per batch ({batch}), got "
-                         f"{lengths!r}")
+    lengths = int_list(op, "key_lengths", lengths, count=batch,
+                       held=f"one int per batch ({batch})")
     if any(not 0 <= x <= n for x in lengths):
         raise ValueError(f"{op}: key_lengths must each be from 0 to k's length {n}, got "
                          f"{lengths}")

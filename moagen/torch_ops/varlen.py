@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from moagen.torch_ops.attention import attention
-from moagen.torch_ops.native import check_dims, check_lang, check_size, check_tensors
+from moagen.torch_ops.native import (check_dims, check_lang, check_size, check_tensors,
+                                     int_list)
 
 SHAPE = "(total, heads, d)"
 
@@ -29,17 +30,9 @@ def sequence_bounds(op: str, name: str, cu_seqlens: Union[Tensor, Sequence[int]]
                     total: int) -> list:
     """The cumulative offsets as ints; ValueError unless they start at 0, never decrease and
     end at the packed tensor's row count `total`."""
-    if isinstance(cu_seqlens, Tensor):
-        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or \
-                cu_seqlens.dtype == torch.bool or cu_seqlens.dim() != 1:
-            raise ValueError(f"{op}: {name} must be a 1-D integer tensor or a sequence of ints, "
-                             f"got a tensor of dtype {cu_seqlens.dtype} and shape "
-                             f"{tuple(cu_seqlens.shape)}")
-        cu_seqlens = cu_seqlens.tolist()
-    bounds = list(cu_seqlens)
-    if not bounds or not all(isinstance(x, int) and not isinstance(x, bool) for x in bounds):
-        raise ValueError(f"{op}: {name} must hold ints, the first 0, got {bounds!r}")
-    if bounds[0] != 0 or bounds[-1] != total or any(a > b for a, b in zip(bounds, bounds[1:])):
+    bounds = int_list(op, name, cu_seqlens)
+    if not bounds or bounds[0] != 0 or bounds[-1] != total or \
+            any(a > b for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"{op}: {name} must start at 0, never decrease and end at the packed "
                          f"row count {total}, got {bounds}")
     return bounds
