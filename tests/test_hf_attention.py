@@ -17,7 +17,8 @@ import transformers
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import moagen.torch as mt
-from moagen.torch_ops.hf import attention_forward
+from moagen.torch_ops import hf
+from moagen.torch_ops.hf import attention_forward, packed_offsets
 
 F64 = torch.float64
 VOCAB = 100
@@ -101,6 +102,48 @@ def test_llama_training_steps_give_the_same_losses():
     assert losses["sdpa"][-1] < 0.9 * losses["sdpa"][0]  # the steps train: the loss falls
     for (name, p_ours), p_ref in zip(ours.named_parameters(), ref.parameters()):
         _close(p_ours.detach(), p_ref.detach(), f"{name} after 20 steps")
+
+
+# two rows of packed sequences (5 + 7 and 3 + 9 tokens), as padding-free collators give them
+PACKED = torch.tensor([[*range(5), *range(7)], [*range(3), *range(9)]])
+
+
+def test_llama_packed_sequences_run_varlen(monkeypatch):
+    """Packed rows (position_ids starting again, no attention_mask, no cache: transformers
+    looks for packing only then): transformers builds a
+    block-diagonal causal mask; moagen runs each row by attention_varlen, never the masked
+    kernels, and its logits and gradients equal sdpa's (float64, 1e-12)."""
+    ref, ours = _models(transformers.LlamaConfig(**SIZES))
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    varlen_calls = []
+    monkeypatch.setattr(hf, "attention_varlen",
+                        lambda *a, **k: varlen_calls.append(a[3]) or mt.attention_varlen(*a, **k))
+    monkeypatch.setattr(hf, "attention", lambda *a, **k: pytest.fail("masked kernels ran"))
+    logits = {}
+    for name, model in (("sdpa", ref), ("moagen", ours)):
+        logits[name] = model(input_ids=ids, position_ids=PACKED, use_cache=False).logits
+        logits[name].square().sum().backward()
+    assert varlen_calls[:2] == [[0, 5, 12], [0, 3, 12]]  # the first layer's two rows
+    _close(logits["moagen"], logits["sdpa"], "logits")
+    for (name, p_ours), p_ref in zip(ours.named_parameters(), ref.parameters()):
+        _close(p_ours.grad, p_ref.grad, f"{name}'s gradient")
+
+
+def test_packed_offsets_only_for_the_mask_the_positions_imply():
+    """The offsets where the mask is the packed rows' block-diagonal causal one; None where
+    it says more (a padded key), the positions say one sequence a row or another packing,
+    or there is no boolean mask."""
+    sequence = torch.tensor([[0] * 5 + [1] * 7, [0] * 3 + [1] * 9])
+    mask = ((sequence[:, :, None] == sequence[:, None, :]) &
+            (torch.arange(12)[:, None] >= torch.arange(12)))[:, None]
+    assert packed_offsets(mask, PACKED, 12, 12) == [[0, 5, 12], [0, 3, 12]]
+    assert packed_offsets(mask, PACKED[:1], 12, 12) is None  # row 0's packing for both
+    padded = mask.clone()
+    padded[1, :, :, 3] = False  # a key padded out as well: the masked kernels
+    assert packed_offsets(padded, PACKED, 12, 12) is None
+    assert packed_offsets(mask, torch.arange(12)[None].expand(2, 12), 12, 12) is None
+    assert packed_offsets(None, PACKED, 12, 12) is None
+    assert packed_offsets(mask.float(), PACKED, 12, 12) is None
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

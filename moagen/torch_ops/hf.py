@@ -6,12 +6,20 @@
 transformers is imported here only, when register_hf is called (the `hf` extra), never by
 `import moagen.torch`. The attention function mirrors transformers' own
 sdpa_attention_forward (integrations/sdpa_attention.py) in deciding causality and reading the
-mask, with moagen's kernels in place of F.scaled_dot_product_attention."""
+mask, with moagen's kernels in place of F.scaled_dot_product_attention.
+
+Packed sequences (several sequences laid end to end in a batch row, their position_ids
+starting again, as transformers' data collators for padding-free training give them) reach
+the attention function as a block-diagonal causal mask; where the mask is exactly the one
+the position_ids imply, each row runs moagen.torch.attention_varlen, which visits no other
+sequence's keys, in place of the masked kernels, which would compute every block."""
 from typing import Optional
 
+import torch
 from torch import Tensor, nn
 
 from moagen.torch_ops.attention import attention
+from moagen.torch_ops.varlen import attention_varlen
 
 NAME = "moagen"
 
@@ -31,6 +39,12 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
             raise NotImplementedError(f"attn_implementation={NAME!r}: {name} is not "
                                       "implemented; use 'sdpa' or 'eager'")
     n_q = query.shape[2]
+    offsets = packed_offsets(attention_mask, kwargs.get("position_ids"), n_q, key.shape[2])
+    if offsets is not None and not dropout:
+        return torch.stack([
+            attention_varlen(*(t[b].transpose(0, 1) for t in (query, key, value)), cu, cu,
+                             causal=True, scale=scaling)
+            for b, cu in enumerate(offsets)]), None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # as sdpa's: the mask function returns None only where the mask is causal and pads
     # nothing, and then top-left is right (n_q = n, or a prefill against an empty static
@@ -42,6 +56,31 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     out = attention(query, key, value, attention_mask, causal=bool(causal), scale=scaling,
                     dropout_p=dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+def packed_offsets(attention_mask: Optional[Tensor], position_ids: Optional[Tensor], n_q: int,
+                   n: int) -> Optional[list]:
+    """Each batch row's sequence offsets (cu_seqlens: 0, the starts, n) where the rows are
+    packed sequences and the mask is exactly their block-diagonal causal mask; else None.
+    A sequence starts where a position is not its predecessor's plus one (transformers'
+    rule, masking_utils.find_packed_sequence_indices). None where nothing is packed (one
+    sequence a row), where queries and keys differ in number (a cache), or where the mask
+    says anything more (padding, a window): those run the masked kernels."""
+    if attention_mask is None or position_ids is None or attention_mask.dtype != torch.bool \
+            or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or n_q != n \
+            or position_ids.dim() != 2 or position_ids.shape[-1] != n:
+        return None
+    positions = position_ids.expand(attention_mask.shape[0], n)
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
+    if not starts[:, 1:].any():
+        return None
+    sequence = starts.cumsum(-1)
+    rows = torch.arange(n, device=positions.device)
+    implied = (sequence[:, :, None] == sequence[:, None, :]) & (rows[:, None] >= rows[None, :])
+    if not torch.equal(attention_mask[:, 0], implied.expand_as(attention_mask[:, 0])):
+        return None
+    return [[*row.nonzero().flatten().tolist(), n] for row in starts]
 
 
 def register_hf() -> str:
