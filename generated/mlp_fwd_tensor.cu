@@ -113,12 +113,12 @@ __global__ void mlp_fwd_tensor_f64_U(
         __syncthreads();  // U_X_tile read after U_X_tile copied; U_Wg_tile read after U_Wg_tile copied
         for (int c = 16*c_blk, c_stop = (int)((dm < 16*c_blk + 16 ? dm : 16*c_blk + 16)); c < c_stop; c += 4) {
             wmma::fragment<wmma::matrix_a, 8, 8, 4, double, wmma::col_major> xg_a[2];
-            wmma::fragment<wmma::matrix_b, 8, 8, 4, double, wmma::row_major> xg_b[4];
             #pragma unroll
             for (int s_i = 0; s_i < 2; ++s_i) {
                 const int i = 32*i_blk + ty * 16 + s_i * 8;
                 wmma::load_matrix_sync(xg_a[s_i], U_X_tile + (36*c - 576*c_blk + i - 32*i_blk), 36);
             }
+            wmma::fragment<wmma::matrix_b, 8, 8, 4, double, wmma::row_major> xg_b[4];
             #pragma unroll
             for (int s_e = 0; s_e < 4; ++s_e) {
                 const int e = 64*e_blk + tx / 32 * 32 + s_e * 8;
@@ -195,12 +195,12 @@ __global__ void mlp_fwd_tensor_f64_V(
         __syncthreads();  // V_X_tile read after V_X_tile copied; V_Wu_tile read after V_Wu_tile copied
         for (int c = 16*c_blk, c_stop = (int)((dm < 16*c_blk + 16 ? dm : 16*c_blk + 16)); c < c_stop; c += 4) {
             wmma::fragment<wmma::matrix_a, 8, 8, 4, double, wmma::col_major> xu_a[2];
-            wmma::fragment<wmma::matrix_b, 8, 8, 4, double, wmma::row_major> xu_b[4];
             #pragma unroll
             for (int s_i = 0; s_i < 2; ++s_i) {
                 const int i = 32*i_blk + ty * 16 + s_i * 8;
                 wmma::load_matrix_sync(xu_a[s_i], V_X_tile + (36*c - 576*c_blk + i - 32*i_blk), 36);
             }
+            wmma::fragment<wmma::matrix_b, 8, 8, 4, double, wmma::row_major> xu_b[4];
             #pragma unroll
             for (int s_e = 0; s_e < 4; ++s_e) {
                 const int e = 64*e_blk + tx / 32 * 32 + s_e * 8;
@@ -297,12 +297,12 @@ __global__ void mlp_fwd_tensor_f64_F(
         __syncthreads();  // F_H_tile read after F_H_tile copied; F_Wd_tile read after F_Wd_tile copied
         for (int e = 16*e_blk, e_stop = (int)((dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)); e < e_stop; e += 4) {
             wmma::fragment<wmma::matrix_a, 8, 8, 4, double, wmma::col_major> hw_a[2];
-            wmma::fragment<wmma::matrix_b, 8, 8, 4, double, wmma::row_major> hw_b[4];
             #pragma unroll
             for (int s_i = 0; s_i < 2; ++s_i) {
                 const int i = 32*i_blk + ty * 16 + s_i * 8;
                 wmma::load_matrix_sync(hw_a[s_i], F_H_tile + (36*e - 576*e_blk + i - 32*i_blk), 36);
             }
+            wmma::fragment<wmma::matrix_b, 8, 8, 4, double, wmma::row_major> hw_b[4];
             #pragma unroll
             for (int s_c = 0; s_c < 4; ++s_c) {
                 const int c = 64*c_blk + tx / 32 * 32 + s_c * 8;
@@ -444,7 +444,6 @@ __global__ void mlp_fwd_tensor_f32_U(
         __syncthreads();  // U_X_tile read after U_X_tile copied; U_Wg_tile read after U_Wg_tile copied
         for (int c = 16*c_blk, c_stop = (int)((dm < 16*c_blk + 16 ? dm : 16*c_blk + 16)); c < c_stop; c += 8) {
             wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> xg_a_hi[1], xg_a_lo[1];
-            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> xg_b_hi[2], xg_b_lo[2];
             #pragma unroll
             for (int s_i = 0; s_i < 1; ++s_i) {
                 const int i = 32*i_blk + ty * 16 + s_i * 16;
@@ -455,6 +454,7 @@ __global__ void mlp_fwd_tensor_f32_U(
                     xg_a_lo[s_i].x[t] = wmma::__float_to_tf32(x - xg_a_hi[s_i].x[t]);
                 }
             }
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> xg_b_hi[2], xg_b_lo[2];
             #pragma unroll
             for (int s_e = 0; s_e < 2; ++s_e) {
                 const int e = 64*e_blk + tx / 32 * 32 + s_e * 16;
@@ -534,7 +534,6 @@ __global__ void mlp_fwd_tensor_f32_V(
         __syncthreads();  // V_X_tile read after V_X_tile copied; V_Wu_tile read after V_Wu_tile copied
         for (int c = 16*c_blk, c_stop = (int)((dm < 16*c_blk + 16 ? dm : 16*c_blk + 16)); c < c_stop; c += 8) {
             wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> xu_a_hi[1], xu_a_lo[1];
-            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> xu_b_hi[2], xu_b_lo[2];
             #pragma unroll
             for (int s_i = 0; s_i < 1; ++s_i) {
                 const int i = 32*i_blk + ty * 16 + s_i * 16;
@@ -545,6 +544,7 @@ __global__ void mlp_fwd_tensor_f32_V(
                     xu_a_lo[s_i].x[t] = wmma::__float_to_tf32(x - xu_a_hi[s_i].x[t]);
                 }
             }
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> xu_b_hi[2], xu_b_lo[2];
             #pragma unroll
             for (int s_e = 0; s_e < 2; ++s_e) {
                 const int e = 64*e_blk + tx / 32 * 32 + s_e * 16;
@@ -644,7 +644,6 @@ __global__ void mlp_fwd_tensor_f32_F(
         __syncthreads();  // F_H_tile read after F_H_tile copied; F_Wd_tile read after F_Wd_tile copied
         for (int e = 16*e_blk, e_stop = (int)((dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)); e < e_stop; e += 8) {
             wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> hw_a_hi[1], hw_a_lo[1];
-            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> hw_b_hi[2], hw_b_lo[2];
             #pragma unroll
             for (int s_i = 0; s_i < 1; ++s_i) {
                 const int i = 32*i_blk + ty * 16 + s_i * 16;
@@ -655,6 +654,7 @@ __global__ void mlp_fwd_tensor_f32_F(
                     hw_a_lo[s_i].x[t] = wmma::__float_to_tf32(x - hw_a_hi[s_i].x[t]);
                 }
             }
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> hw_b_hi[2], hw_b_lo[2];
             #pragma unroll
             for (int s_c = 0; s_c < 2; ++s_c) {
                 const int c = 64*c_blk + tx / 32 * 32 + s_c * 16;

@@ -8,10 +8,8 @@ at sizes that cut every tile, float32 by 3xTF32 within its tolerance where one T
 product is not; DMMA and HMMA in the SASS."""
 import shutil
 
-import numpy as np
 import pytest
 
-from moagen import reference_block
 from moagen.emit import emit
 from moagen.errors import CompilerNotFound, ScheduleError
 from moagen.onf.loops import Loop, Mma, Operand, is_fragment_loop, walk
@@ -21,6 +19,7 @@ from moagen.steps.gpu.mma import WarpMma
 from moagen.targets.cuda import emulated
 from moagen.targets.cuda.build import build_cuda_emulated
 from moagen.targets.cuda.loader import EmulationCheckError
+from moagen.verify import check_case
 
 KERNEL, VARIANT = "mlp_fwd", "tensor"
 # each product: its columns' loop, its sum's, its operands' tiles (the row operand's laid
@@ -46,9 +45,25 @@ def test_each_product_is_a_warp_tile_of_fragments_from_the_staged_tiles(label, d
             for lp in loops if is_fragment_loop(lp)} == \
         {("y", "i", 2, warp[0], shape[0]), ("x", cols, 2, warp[1], shape[1])}
     [mma] = [lp.gpu for lp in loops if isinstance(lp.gpu, Mma)]
-    assert mma == Mma(shape, Operand(a, "col", 36), Operand(b, "row", 68),
+    assert mma == Mma(shape, ((Operand(a, "col", 36), Operand(b, "row", 68)),),
                       Operand(f"{label}_out_tile", "row", 68), precision)
     assert [lp.var.name for lp in loops if isinstance(lp.gpu, Mma)] == [summed]
+
+
+def test_dx_s_two_sums_are_two_terms_and_a_weight_gradient_a_total_of_fragments():
+    """The backward: dX = dU Wg^T + dV Wu^T one sum of two products a step (MergeSums,
+    AddTermwise), each term's fragments from its own tiles; dWg a sum a batch entry, zeroed
+    and added to the entries' total, both accumulators fragments."""
+    onf = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64")
+    [dx] = [lp.gpu for lp in walk(_nest(onf, "dX").body) if isinstance(lp, Loop)
+            and isinstance(lp.gpu, Mma)]
+    assert [(a.array, b.array) for a, b in dx.terms] == [("dX_dU_tile", "dX_WgT_tile"),
+                                                         ("dX_dV_tile", "dX_WuT_tile")]
+    from moagen.targets.cuda.printer import CudaPrinter
+    source = "\n".join(line for k in CudaPrinter(onf, "float64").kernels()
+                       if k["name"].endswith("_dWg") for line in k["prologue"] + k["body"])
+    assert "wmma::fragment<wmma::accumulator, 8, 8, 4, double> over_b[2][4];" in source
+    assert "over_b[s_c][s_e].x[t] += acc[s_c][s_e].x[t];" in source
 
 
 def test_the_launch_is_2_by_2_warps_with_the_output_tile_in_shared_memory():
@@ -91,36 +106,37 @@ def test_warp_tiles_refuse_blocks_of_no_whole_fragments():
 SIZES = dict(batch=2, n=37, dm=19, dff=70)  # a partial row tile, chunk and column tile
 
 
-def _errors(source, stem, dtype, params=None):
-    """The emulated kernel's normwise relative error in each of F, U, V against numpy in
-    float64 on the same inputs."""
-    request = resolve(KERNEL, VARIANT, "cuda-emulated", dtype, params, here=False)
-    fn = emulated.bind(build_cuda_emulated(source, stem, racecheck=True), request.signature())
-    rng = np.random.default_rng(5)
-    shapes = dict(X=(SIZES["batch"], SIZES["n"], SIZES["dm"]), Wg=(SIZES["dm"], SIZES["dff"]),
-                  Wu=(SIZES["dm"], SIZES["dff"]), Wd=(SIZES["dff"], SIZES["dm"]))
-    arrays = {name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
-    got = fn(*arrays.values())
-    wants = reference_block.mlp_fwd_numpy(*(a.astype("float64") for a in arrays.values()))
-    return [np.linalg.norm(value - want) / np.linalg.norm(want)
-            for value, want in zip(got, wants)]
+def _errors(source, stem, dtype, params=None, kernel=KERNEL):
+    """The emulated kernel's error (moagen.verify's: normwise, its worst output) against
+    numpy in float64 on the same inputs, under the race check."""
+    def load(kernel, variant, lang, dtype):
+        request = resolve(kernel, variant, lang, dtype, params, here=False)
+        return emulated.bind(build_cuda_emulated(source, stem, racecheck=True),
+                             request.signature())
+
+    row = check_case(kernel, VARIANT, "cuda-emulated", dtype, SIZES, load, seed=5)
+    if row.status.startswith("FAIL: "):
+        raise EmulationCheckError(row.status[len("FAIL: "):])
+    return row.errors["numpy"]
 
 
-def test_the_emulated_float64_gemms_match_numpy_and_pass_the_race_check():
-    assert max(_errors(emit(KERNEL, VARIANT, "cuda-emulated", ("float64",)), "tensor_f64",
-                       "float64")) < 1e-12
+@pytest.mark.parametrize("kernel", ["mlp_fwd", "mlp_bwd"])
+def test_the_emulated_float64_gemms_match_numpy_and_pass_the_race_check(kernel):
+    source = emit(kernel, VARIANT, "cuda-emulated", ("float64",))
+    assert _errors(source, f"{kernel}_tensor_f64", "float64", kernel=kernel) < 1e-12
 
 
-def test_float32_by_3xtf32_is_within_float32_s_tolerance_where_one_tf32_product_is_not():
-    """3xTF32 (the default) within 2e-5 normwise (moagen.verify's float32 tolerance, here
-    with float64's reference on the float32 inputs); one TF32 product (tf32=1, the opt-in)
-    about 2^-11 off, past it: so the kernel does split its operands."""
-    three = _errors(emit(KERNEL, VARIANT, "cuda-emulated", ("float32",)), "tensor_3xtf32",
-                    "float32")
-    assert max(three) < 2e-5
-    one = _errors(emit(KERNEL, VARIANT, "cuda-emulated", ("float32",), params={"tf32": 1}),
-                  "tensor_tf32", "float32", params={"tf32": 1})
-    assert min(one) > 5e-5 and max(one) < 5e-3
+@pytest.mark.parametrize("kernel", ["mlp_fwd", "mlp_bwd"])
+def test_float32_by_3xtf32_is_within_float32_s_tolerance_where_one_tf32_product_is_not(kernel):
+    """3xTF32 (the default) within 2e-5 (moagen.verify's float32 tolerance); one TF32
+    product (tf32=1, the opt-in) about 2^-11 off, past it: so the kernel does split its
+    operands."""
+    three = _errors(emit(kernel, VARIANT, "cuda-emulated", ("float32",)),
+                    f"{kernel}_tensor_3xtf32", "float32", kernel=kernel)
+    assert three < 2e-5
+    one = _errors(emit(kernel, VARIANT, "cuda-emulated", ("float32",), params={"tf32": 1}),
+                  f"{kernel}_tensor_tf32", "float32", params={"tf32": 1}, kernel=kernel)
+    assert 5e-5 < one < 5e-3
 
 
 def test_the_copy_out_waits_for_every_warp_s_fragments():
@@ -147,13 +163,15 @@ def _cuda_tools():
 
 
 @pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.parametrize("kernel, products", [("mlp_fwd", ("U", "V", "F")),
+                                               ("mlp_bwd", ("dH", "dX", "dWg", "dWu", "dWd"))])
 @pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
-def test_the_sass_sums_on_tensor_cores(dtype, instruction):
+def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):
     """Each product's innermost loop (the sum) issues tensor-core instructions and no
     FMA, on sm_80 and sm_90."""
     from moagen.cost import sass
-    reports = [r for r in sass.inspect(KERNEL, VARIANT, dtype) if r.nest in PRODUCTS]
-    assert len(reports) == 2 * len(PRODUCTS)
+    reports = [r for r in sass.inspect(kernel, VARIANT, dtype) if r.nest in products]
+    assert len(reports) == 2 * len(products)
     for r in reports:
         hot = max(r.loops, key=lambda lp: lp.counts[instruction])
         assert hot.counts[instruction] >= 8 and hot.fma == 0, (r.arch, r.name)

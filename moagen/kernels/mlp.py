@@ -221,6 +221,7 @@ FORWARD_VARIANTS = {
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
     "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
+    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR, TENSOR_DTYPES),
 }
 
 SPECS = (forward_spec(), backward_spec())

@@ -67,16 +67,16 @@ class Operand:
 
 @dataclass(frozen=True)
 class Mma:
-    """The loop of a sum whose body, acc += a * b, each warp runs as tensor-core products of
-    fragments (WarpMma): `shape` (m, n, k) a product, `k` steps of the sum at a time, its
-    operands' fragments loaded from the shared tiles `a` (m x k) and `b` (k x n), acc's
-    fragments stored (once the sum is done) into the shared tile `c` (m x n, row major).
+    """The loop of a sum whose body, acc += a * b (or several such terms, acc += a' * b'
+    ...), each warp runs as tensor-core products of fragments (WarpMma): `shape` (m, n, k) a
+    product, `k` steps of the sum at a time, each term's operands' fragments loaded from
+    its shared tiles (`terms`: (a, b) a term, a m x k, b k x n), acc's fragments stored
+    (once the sum is done) into the shared tile `c` (m x n, row major).
     precision: "f64" (DMMA), "3xtf32" (float32 by three TF32 products: each operand split
     into a TF32 high and low part, a_lo b_hi + a_hi b_lo + a_hi b_hi), "tf32" (one product
     of the operands rounded to TF32)."""
     shape: Tuple[int, int, int]
-    a: Operand
-    b: Operand
+    terms: Tuple[Tuple[Operand, Operand], ...]
     c: Operand
     precision: str
 

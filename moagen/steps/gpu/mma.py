@@ -23,7 +23,8 @@ ALIGN, LDM_BYTES = 32, 16
 
 @dataclass(frozen=True)
 class WarpMma(Step):
-    """The loop over `loop` (a sum, acc += a * b) inside two fragment loops (ThreadTiles'
+    """The loop over `loop` (a sum, acc += a * b, or several such terms into one acc)
+    inside two fragment loops (ThreadTiles'
     `fragment`: a warp's tile of rows along y, of columns along x) run by each warp as
     tensor-core products of fragments (precision: "f64" DMMA m8n8k4; "3xtf32" float32 as
     three TF32 products of m16n16k8; "tf32" one TF32 product, an opt-in of its own looser
@@ -81,38 +82,46 @@ class WarpMma(Step):
         chunk = max_extent(summed)
         if chunk is None or chunk % k:
             raise ScheduleError(f"{self}: the loop over {self.loop} is not whole steps of {k}")
-        if len(summed.body) != 1 or not isinstance(summed.body[0], Update) or \
-                summed.body[0].op != "+":
-            raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum acc += a * b")
-        update = summed.body[0]
-        value = update.value
-        if not (isinstance(value, S.Bin) and value.op == "*"
-                and isinstance(value.left, S.Access) and isinstance(value.right, S.Access)):
-            raise ScheduleError(f"{self}: {update.name}'s sum is not of a product of two "
-                                "arrays' elements")
-        a = self._operand(value.left, rows, summed, shared, m, k, element)
-        b = self._operand(value.right, summed, cols, shared, k, n, element)
-        # the accumulators: a local zeroed in the columns' loop, stored once after the sum
+        updates = summed.body
+        if not updates or any(not isinstance(u, Update) or u.op != "+" or u.name != updates[0].name
+                              for u in updates):
+            raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum acc += a * b "
+                                "(+ a' * b' ...: AddTermwise's terms)")
+        update = updates[0]
+        terms = []
+        for u in updates:
+            value = u.value
+            if not (isinstance(value, S.Bin) and value.op == "*"
+                    and isinstance(value.left, S.Access) and isinstance(value.right, S.Access)):
+                raise ScheduleError(f"{self}: {u.name}'s sum is not of products of two arrays' "
+                                    "elements")
+            terms.append((self._operand(value.left, rows, summed, shared, m, k, element),
+                          self._operand(value.right, summed, cols, shared, k, n, element)))
+        # the accumulators: locals zeroed in the columns' loop (the sum's, and where it is a
+        # batch entry's, the entries' total, the sum added to it), one stored once at its end
         body = cols.body
-        stores = [s for s in body if isinstance(s, Store)]
-        if not (isinstance(body[0], Let) and body[0].name == update.name
-                and body[0].value == S.Num(0.0) and len(stores) == 1 and body[-1] is stores[0]
-                and stores[0].value == S.Local(update.name) and not stores[0].accumulate):
-            raise ScheduleError(f"{self}: {update.name} is not zeroed in the loop over "
-                                f"{cols.var} and stored once after the sum")
-        out = stores[0]
-        if any(isinstance(s, Store) or (isinstance(s, (Let, Update)) and s.name != update.name)
-               for s in walk(body[1:-1]) if not _in_copy(s, body)):
-            raise ScheduleError(f"{self}: the loop over {cols.var} does more than the sum")
+        out = body[-1]
+        inside = [s for s in walk(body) if not isinstance(s, Loop) and not _in_copy(s, body)
+                  and not any(s is u for u in updates)]
+        zeroed = {s.name for s in inside if isinstance(s, Let) and s.value == S.Num(0.0)}
+        if not (isinstance(out, Store) and not out.accumulate and isinstance(out.value, S.Local)
+                and out.value.name in zeroed and update.name in zeroed
+                and all(isinstance(s, Let) and s.name in zeroed
+                        or isinstance(s, Update) and s.op == "+" and s.name in zeroed
+                        and isinstance(s.value, S.Local) and s.value.name in zeroed
+                        or s is out for s in inside)):
+            raise ScheduleError(f"{self}: the loop over {cols.var} does more than zero "
+                                f"{update.name}, sum into it (and add it to a total) and store "
+                                "the result once at its end")
         if self.tile in names.reserved:
             raise ScheduleError(f"{self}: the name {self.tile} is taken")
         tile = names.claim(self.tile)
         extents = (max_extent(rows), max_extent(cols))
         ldc = extents[1] + PAD
         c = self._checked(Operand(tile, "row", ldc), m, element)
-        mark = Mma((m, n, k), a, b, c, self.precision)
+        mark = Mma((m, n, k), tuple(terms), c, self.precision)
         local = (rows.var - rows.start, cols.var - cols.start)
-        into = Store(tile, local, S.Local(update.name))
+        into = Store(tile, local, out.value)
         new_cols = replace(cols, body=body[:-1] + (into,))
         new_rows = replace(rows, body=tuple(new_cols if s is cols else s for s in rows.body))
         # the block's copy of its tile to the output: the rows and columns in range

@@ -51,9 +51,14 @@ class TiledKernel:
                         if is_thread_loop(lp)}
         self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
-        # the tensor-core sums (WarpMma): accumulator -> its loop's Mma mark
-        self.mma = {lp.body[0].name: lp.gpu for lp in walk(self.body)
-                    if isinstance(lp, Loop) and isinstance(lp.gpu, Mma)}
+        # the tensor-core sums (WarpMma): each local of a warp's fragment loops (an
+        # accumulator: WarpMma's precondition) -> the Mma mark of the sum inside them
+        self.mma = {}
+        for lp in walk(self.body):
+            if is_fragment_loop(lp) and lp.gpu.axis == "x":
+                mark = next(x.gpu for x in walk(lp.body) if isinstance(x, Loop)
+                            and isinstance(x.gpu, Mma))
+                self.mma.update({s.name: mark for s in walk(lp.body) if isinstance(s, Let)})
         self.ctx = []  # the thread loops around the statement being printed
         # its shared arrays' places at the dtype's element size (moagen.steps.gpu.closing)
         element_bytes = DTYPE_BYTES[printer.dtype]
@@ -315,11 +320,17 @@ class TiledKernel:
         return f"wmma::fragment<wmma::{use}, {m}, {n}, {k}, {real}{layout}>"
 
     def fragment_statement(self, s):
-        """A warp's statement on its accumulator fragment (at this slot): zeroed, or stored
-        into the block's shared output tile."""
+        """A warp's statement on its accumulator fragments (at this slot): zeroed, added to
+        another, or stored into the block's shared output tile."""
         mma = self.mma.get(getattr(s, "name", None)) if isinstance(s, Let) else None
         if isinstance(s, Let) and mma is not None and s.value == S.Num(0.0):
             return [f"wmma::fill_fragment({self.local(s.name)}, {self.p.expr(s.value)});"]
+        if isinstance(s, Update) and s.op == "+" and isinstance(s.value, S.Local):
+            # a total of sums (a weight gradient's over the batch entries): fragments of one
+            # type hold their elements alike
+            total, part = self.local(s.name), self.local(s.value.name)
+            return [f"for (int t = 0; t < {total}.num_elements; ++t) "
+                    f"{total}.x[t] += {part}.x[t];"]
         if isinstance(s, Store) and isinstance(s.value, S.Local) and s.value.name in self.mma:
             c = self.mma[s.value.name].c
             return [f"wmma::store_matrix_sync({s.array} + ({self.p.index(s.index[0])}), "
@@ -332,47 +343,49 @@ class TiledKernel:
         of the two operands' shared tiles and multiplying them into its accumulators; for
         3xTF32 each operand fragment split into its TF32 high and low parts first."""
         pad, v, mma = self.p.indent, loop.var, loop.gpu
-        update = loop.body[0]
-        acc, (m, n, k) = update.name, mma.shape
+        acc, (m, n, k) = loop.body[0].name, mma.shape
         rows, cols = (next(lp for lp in self.ctx if lp.gpu.axis == axis and lp.gpu.fragment)
                       for axis in "yx")
-        loads = {x.array: x for x in S.subexpressions(update.value) if isinstance(x, S.Load)}
+        loads = {x.array: x for u in loop.body for x in S.subexpressions(u.value)
+                 if isinstance(x, S.Load)}
         split = mma.precision == "3xtf32"
         if self.p.real != ("double" if mma.precision == "f64" else "float"):
             raise ValueError(f"nest {self.nest.label}: {mma} multiplies no {self.p.real}")
         lines = [f"{pad * depth}for (int {v} = {self.p.index(loop.start)}, {v}_stop = "
                  f"(int)({self.p.index(loop.stop)}); {v} < {v}_stop; {v} += {k}) {{"]
         inner = depth + 1
-        parts = {}  # operand -> (its fragments' names, the loop over them)
-        for name, use, op, lp in ((f"{acc}_a", "matrix_a", mma.a, rows),
-                                  (f"{acc}_b", "matrix_b", mma.b, cols)):
-            kind = self.fragment(mma, use, op.major)
-            names = (name + "_hi", name + "_lo") if split else (name,)
-            lines.append(f"{pad * inner}{kind} {', '.join(x + f'[{self.slots(lp)}]' for x in names)};")
-            parts[use] = (names, lp)
-        for use, op in (("matrix_a", mma.a), ("matrix_b", mma.b)):
-            names, lp = parts[use]
-            body = [f"wmma::load_matrix_sync({names[0]}[s_{lp.var}], {op.array} + "
-                    f"({self.p.index(loads[op.array].offset)}), {op.ldm});"]
-            if split:  # x = hi + lo, each TF32: hi rounded from x, lo from what is left
-                hi, lo = (f"{x}[s_{lp.var}]" for x in names)
-                body += [f"for (int t = 0; t < {hi}.num_elements; ++t) {{",
-                         f"{pad}const float x = {hi}.x[t];",
-                         f"{pad}{hi}.x[t] = wmma::__float_to_tf32(x);",
-                         f"{pad}{lo}.x[t] = wmma::__float_to_tf32(x - {hi}.x[t]);",
-                         "}"]
-            elif mma.precision == "tf32":
-                x = f"{names[0]}[s_{lp.var}]"
-                body += [f"for (int t = 0; t < {x}.num_elements; ++t) "
-                         f"{x}.x[t] = wmma::__float_to_tf32({x}.x[t]);"]
-            lines += self.slot_loop(lp, body, inner,
-                                    lp.var in loads[op.array].offset.free_symbols)
-        a, b = parts["matrix_a"][0], parts["matrix_b"][0]
-        # the small products first: a_lo b_hi + a_hi b_lo, then a_hi b_hi
-        terms = ((a[1], b[0]), (a[0], b[1]), (a[0], b[0])) if split else ((a[0], b[0]),)
+        products = []
+        for t, (a_op, b_op) in enumerate(mma.terms):
+            term = "" if len(mma.terms) == 1 else str(t + 1)
+            parts = {}  # operand -> its fragments' names
+            for use, op, lp in (("a", a_op, rows), ("b", b_op, cols)):
+                kind = self.fragment(mma, f"matrix_{use}", op.major)
+                name = f"{acc}_{use}{term}"
+                names = (name + "_hi", name + "_lo") if split else (name,)
+                lines.append(f"{pad * inner}{kind} "
+                             f"{', '.join(x + f'[{self.slots(lp)}]' for x in names)};")
+                parts[use] = names
+                body = [f"wmma::load_matrix_sync({names[0]}[s_{lp.var}], {op.array} + "
+                        f"({self.p.index(loads[op.array].offset)}), {op.ldm});"]
+                if split:  # x = hi + lo, each TF32: hi rounded from x, lo from what is left
+                    hi, lo = (f"{x}[s_{lp.var}]" for x in names)
+                    body += [f"for (int t = 0; t < {hi}.num_elements; ++t) {{",
+                             f"{pad}const float x = {hi}.x[t];",
+                             f"{pad}{hi}.x[t] = wmma::__float_to_tf32(x);",
+                             f"{pad}{lo}.x[t] = wmma::__float_to_tf32(x - {hi}.x[t]);",
+                             "}"]
+                elif mma.precision == "tf32":
+                    x = f"{names[0]}[s_{lp.var}]"
+                    body += [f"for (int t = 0; t < {x}.num_elements; ++t) "
+                             f"{x}.x[t] = wmma::__float_to_tf32({x}.x[t]);"]
+                lines += self.slot_loop(lp, body, inner,
+                                        lp.var in loads[op.array].offset.free_symbols)
+            a, b = parts["a"], parts["b"]
+            # the small products first: a_lo b_hi + a_hi b_lo, then a_hi b_hi
+            products += ((a[1], b[0]), (a[0], b[1]), (a[0], b[0])) if split else ((a[0], b[0]),)
         c = self.local(acc)
         body = [f"wmma::mma_sync({c}, {x}[s_{rows.var}], {y}[s_{cols.var}], {c});"
-                for x, y in terms]
+                for x, y in products]
         lines += self.slot_loop(rows, self.slot_loop(cols, body, 0), inner)
         return lines + [pad * depth + "}"]
 
