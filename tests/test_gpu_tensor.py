@@ -1,4 +1,4 @@
-"""The MLP's products on CUDA tensor cores (the `tensor` variant; moagen.kernels.gemm.TENSOR,
+"""The MLP's and the projections' products on CUDA tensor cores (the `tensor` variants; moagen.kernels.gemm.TENSOR,
 moagen.steps.gpu.mma.WarpMma): a block per output tile as in the SIMT GEMMs, its 2 x 2
 warps each a tile of fragments (float64: DMMA m8n8k4; float32: 3xTF32 on m16n16k8), the
 operands' fragments loaded from the staged tiles, the accumulators stored into a shared
@@ -12,6 +12,7 @@ import pytest
 
 from moagen.emit import emit
 from moagen.errors import CompilerNotFound, ScheduleError
+from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, Mma, Operand, is_fragment_loop, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
@@ -126,6 +127,18 @@ def test_the_emulated_float64_gemms_match_numpy_and_pass_the_race_check(kernel):
     assert _errors(source, f"{kernel}_tensor_f64", "float64", kernel=kernel) < 1e-12
 
 
+def test_out_proj_adds_the_residual_as_it_copies_its_tile_out():
+    """Y = R + the heads' sums: the total fragment stored into Y's tile, R added by the
+    block's copy out (a residual the step computes where it writes the output)."""
+    onf = onf_of("out_proj", VARIANT, target="cuda", dtype="float64")
+    [copy] = [s for s in _nest(onf, "Y").body[0].body[0].body[0].body
+              if isinstance(s, Loop) and not is_fragment_loop(s)]
+    [store] = [s for s in walk((copy,)) if not isinstance(s, Loop)]
+    assert store.array == "Y"
+    assert {x.array for x in S.subexpressions(store.value) if isinstance(x, S.Load)} == \
+        {"R", "Y_out_tile"}
+
+
 @pytest.mark.parametrize("kernel", ["mlp_fwd", "mlp_bwd"])
 def test_float32_by_3xtf32_is_within_float32_s_tolerance_where_one_tf32_product_is_not(kernel):
     """3xTF32 (the default) within 2e-5 (moagen.verify's float32 tolerance); one TF32
@@ -164,7 +177,9 @@ def _cuda_tools():
 
 @pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel, products", [("mlp_fwd", ("U", "V", "F")),
-                                               ("mlp_bwd", ("dH", "dX", "dWg", "dWu", "dWd"))])
+                                               ("mlp_bwd", ("dH", "dX", "dWg", "dWu", "dWd")),
+                                               ("qkv_proj", ("Q", "K", "V")),
+                                               ("out_proj", ("Y",))])
 @pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
 def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):
     """Each product's innermost loop (the sum) issues tensor-core instructions and no

@@ -31,7 +31,8 @@ class WarpMma(Step):
     tolerance), `k` steps of the sum at a time; its operands read from shared tiles
     (Stage's) as fragments, the accumulators (zero before the sum) stored into a shared
     tile of the block's rows x columns, which the block copies to the output, the rows and
-    columns past its ranges left out.
+    columns past its ranges left out (what the output's element is of the sum, a residual
+    added, computed there).
     Refused (ScheduleError): a sum that is not one product of two shared tiles' elements
     indexed by the sum's and the rows' (columns') variables, fragments of another shape than
     the precision's, a warp's fragments past the block's tile (each warp one tile), a chunk
@@ -104,15 +105,18 @@ class WarpMma(Step):
         inside = [s for s in walk(body) if not isinstance(s, Loop) and not _in_copy(s, body)
                   and not any(s is u for u in updates)]
         zeroed = {s.name for s in inside if isinstance(s, Let) and s.value == S.Num(0.0)}
-        if not (isinstance(out, Store) and not out.accumulate and isinstance(out.value, S.Local)
-                and out.value.name in zeroed and update.name in zeroed
+        stored = {x.name for x in S.subexpressions(out.value) if isinstance(x, S.Local)} \
+            if isinstance(out, Store) else set()
+        if not (isinstance(out, Store) and not out.accumulate and len(stored) == 1
+                and stored <= zeroed and update.name in zeroed
                 and all(isinstance(s, Let) and s.name in zeroed
                         or isinstance(s, Update) and s.op == "+" and s.name in zeroed
                         and isinstance(s.value, S.Local) and s.value.name in zeroed
                         or s is out for s in inside)):
             raise ScheduleError(f"{self}: the loop over {cols.var} does more than zero "
                                 f"{update.name}, sum into it (and add it to a total) and store "
-                                "the result once at its end")
+                                "the result (of it and arrays' elements) once at its end")
+        result, = stored
         if self.tile in names.reserved:
             raise ScheduleError(f"{self}: the name {self.tile} is taken")
         tile = names.claim(self.tile)
@@ -121,14 +125,21 @@ class WarpMma(Step):
         c = self._checked(Operand(tile, "row", ldc), m, element)
         mark = Mma((m, n, k), tuple(terms), c, self.precision)
         local = (rows.var - rows.start, cols.var - cols.start)
-        into = Store(tile, local, out.value)
+        into = Store(tile, local, S.Local(result))
         new_cols = replace(cols, body=body[:-1] + (into,))
         new_rows = replace(rows, body=tuple(new_cols if s is cols else s for s in rows.body))
         # the block's copy of its tile to the output: the rows and columns in range
         coords = [sympy.Symbol(names.claim(names.new("e")), integer=True) for _ in range(2)]
         at = {rows.var: rows.start + coords[0], cols.var: cols.start + coords[1]}
+        # what the output's element is of the result (Y = R + the heads' sum: out_proj's
+        # residual), the result read from the tile
+        def value(e):
+            if e == S.Local(result):
+                return S.Access(tile, tuple(coords))
+            return S.map_children(e, value)
+
         copy = Store(out.array, tuple(sympy.sympify(i).xreplace(at) for i in out.index),
-                     S.Access(tile, tuple(coords)))
+                     S.subs(value(out.value), at))
         for coord, lp, axis in reversed(list(zip(coords, frags, "yx"))):
             copy = Loop(coord, sympy.Integer(0), simplified(lp.stop - lp.start), (copy,),
                         gpu=BlockCopy(axis))
