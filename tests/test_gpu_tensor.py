@@ -1,5 +1,6 @@
-"""The MLP's and the projections' products on CUDA tensor cores (the `tensor` variants; moagen.kernels.gemm.TENSOR,
-moagen.steps.gpu.mma.WarpMma): a block per output tile as in the SIMT GEMMs, its 2 x 2
+"""The MLP's and the projections' products on CUDA tensor cores (the `tensor` variants;
+moagen.kernels.gemm.TENSOR, moagen.steps.gpu.mma.WarpMma): a block per output tile as in
+the SIMT GEMMs, its 2 x 2
 warps each a tile of fragments (float64: DMMA m8n8k4; float32: 3xTF32 on m16n16k8), the
 operands' fragments loaded from the staged tiles, the accumulators stored into a shared
 tile the block copies out; what WarpMma refuses; the barrier the copy out needs; the

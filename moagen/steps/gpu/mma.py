@@ -8,7 +8,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import simplified
 from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, Mma, ONF, Operand, Store, Update,
-                              is_fragment_loop, is_grid, max_extent, walk)
+                              is_block_copy, is_fragment_loop, is_grid, max_extent, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.staging import PAD
 from moagen.steps.step import Step, shown
@@ -155,8 +155,7 @@ class WarpMma(Step):
                     out_stmts.append(s)
             return tuple(out_stmts)
 
-        if not any(is_grid(s) for s in walk(nest.body)) or \
-                not any(s is rows for s in walk(nest.body)):
+        if not any(is_grid(s) for s in walk(nest.body)):
             raise ScheduleError(f"{self}: nest {nest.label} has no grid around its warps")
         nests = [replace(x, body=rewrite(x.body)) if x is nest else x for x in onf.nests]
         return replace(onf.with_nests(nests, str(self)),
@@ -195,7 +194,6 @@ class WarpMma(Step):
 
 def _in_copy(s, body) -> bool:
     """Whether s is inside a block's copy (Stage's) among body."""
-    from moagen.onf.loops import is_block_copy
     return any(is_block_copy(c) and any(x is s for x in walk(c.body))
                for c in walk(body))
 
