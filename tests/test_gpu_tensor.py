@@ -100,6 +100,25 @@ def test_warp_mma_refuses_what_it_cannot_do(step, message):
         step(_upto_staged())
 
 
+def test_warp_mma_refuses_a_tile_whose_fragments_would_not_start_aligned():
+    """X's tile with rows of 37 doubles: a fragment's first element 8 bytes off 32."""
+    from dataclasses import replace
+    from moagen.onf.loops import Buffer
+    onf = _upto_staged()
+    shared = tuple(Buffer(b.name, (16, 37)) if b.name == "U_X_tile" else b for b in onf.shared)
+    with pytest.raises(ScheduleError, match="U_X_tile's rows, 37 elements apart, keep no 32-byte"):
+        WarpMma("c", "f64", nest="U")(replace(onf, shared=shared))
+
+
+def test_the_emulation_refuses_a_misaligned_fragment():
+    """What a GPU requires of a WMMA load, the emulation checks: a fragment from one
+    element past an aligned one fails the launch."""
+    source = emit(KERNEL, VARIANT, "cuda-emulated", ("float64",))
+    broken = source.replace("U_X_tile + (", "U_X_tile + (1 + ", 1)
+    with pytest.raises(EmulationCheckError, match="not 32-byte aligned"):
+        _errors(broken, "tensor_misaligned", "float64")
+
+
 def test_warp_tiles_refuse_blocks_of_no_whole_fragments():
     with pytest.raises(ScheduleError, match="no whole fragments of 16 x 16"):
         onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", params={"block_rows": 24})
