@@ -211,3 +211,17 @@ def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):
         hot = max(r.loops, key=lambda lp: lp.counts[instruction])
         assert hot.counts[instruction] >= 8 and hot.fma == 0, (r.arch, r.name)
         assert r.spill_stores == r.spill_loads == 0
+
+
+@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+def test_the_cost_bound_of_a_tensor_core_kernel_is_at_the_tensor_cores_peak(capsys):
+    """moagen cost --cuda: a product on tensor cores bounded by their peak (the H200's
+    FP64 tensor 67 TFLOP/s), not the SIMT pipe's 34."""
+    import json
+    from moagen.cli import main
+    assert main(["cost", KERNEL, "--variant", VARIANT, "--cuda", "--json", "--dtype",
+                 "float64"]) == 0
+    [call] = json.loads(capsys.readouterr()[0])["gpu"]
+    u = next(k for k in call["kernels"] if k["nest"] == "U")
+    assert u["bound_by"] == "compute (f64)"
+    assert u["bound_s"] == pytest.approx(u["flops"] / 67e12)
