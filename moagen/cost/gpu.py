@@ -23,16 +23,20 @@ class GpuModel:
     threads_per_block: int
     hbm_bytes_per_s: float
     peak_flops: Dict[str, float]  # SIMT FLOP/s by dtype (a fused multiply-add is 2)
+    # the tensor cores' FLOP/s by WarpMma's precision (moagen.onf.loops.Mma): of the
+    # products a kernel counts, so 3xTF32's a third of TF32's (three products each)
+    tensor_flops: Dict[str, float] = None
 
 
 # sm_90 as the CUDA C Programming Guide's compute capability 9.0 table and the occupancy
-# calculator state them; the H200's SM count, HBM3e bandwidth and SIMT peaks from its
-# datasheet (the tensor cores' peaks are not used: no kernel here uses them yet)
+# calculator state them; the H200's SM count, HBM3e bandwidth, SIMT and tensor-core peaks
+# (dense: FP64 tensor 67, TF32 tensor 495 TFLOP/s) from its datasheet
 H200 = GpuModel(name="H200", arch="sm_90", sms=132, registers_per_sm=64 * 1024, register_unit=256,
                 max_registers_per_thread=255, shared_per_sm=228 * 1024,
                 shared_per_block=227 * 1024, shared_reserved_per_block=1024, shared_unit=128,
                 warps_per_sm=64, blocks_per_sm=32, threads_per_block=1024,
-                hbm_bytes_per_s=4.8e12, peak_flops={"float64": 34e12, "float32": 67e12})
+                hbm_bytes_per_s=4.8e12, peak_flops={"float64": 34e12, "float32": 67e12},
+                tensor_flops={"f64": 67e12, "tf32": 495e12, "3xtf32": 165e12})
 
 OCCUPANCY_ROUNDING = ("registers a warp rounded up to a multiple of 256, whole warps per SM; "
                       "shared memory a block = static + dynamic + 1 KB the runtime reserves, "

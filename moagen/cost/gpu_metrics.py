@@ -18,6 +18,7 @@ from moagen.cost.sass_loops import LoopSummary, summarize
 from moagen.cost.traffic import nest_traffic
 from moagen.cost.view import counting_view
 from moagen.errors import MoagenError
+from moagen.onf.loops import Loop, Mma, walk
 
 # what the bytes assume on a GPU (the traffic model's cache assumption, with the GPU's caches)
 GPU_TRAFFIC = ("each kernel one pass over HBM; what its nest reuses (a K/V block, a row of "
@@ -109,8 +110,13 @@ def gpu_metrics(kernel: str, variant: str, dtype: str, sizes: Dict[str, int],
         flops = _value(count_ops([counted]).get(FLOP, sympy.Integer(0)), sizes)
         bound_s, bound_by = None, ""
         if nbytes is not None and flops is not None:
-            memory, compute = nbytes / gpu.hbm_bytes_per_s, flops / gpu.peak_flops[dtype]
-            bound_s, bound_by = max(memory, compute), "memory" if memory >= compute else "compute"
+            # a nest whose sum is on tensor cores (WarpMma) at their peak
+            mma = next((lp.gpu.precision for lp in walk(nest.body)
+                        if isinstance(lp, Loop) and isinstance(lp.gpu, Mma)), None)
+            peak = gpu.tensor_flops[mma] if mma else gpu.peak_flops[dtype]
+            memory, compute = nbytes / gpu.hbm_bytes_per_s, flops / peak
+            bound_s, bound_by = max(memory, compute), "memory" if memory >= compute else \
+                "compute" + (f" ({mma})" if mma else "")
         out.append(KernelMetrics(
             name=r.name, nest=nest.label, grid=grid, block=block, registers=r.registers,
             spill_stores=r.spill_stores, spill_loads=r.spill_loads, static_shared=r.shared_bytes,

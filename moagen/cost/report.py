@@ -160,7 +160,7 @@ def format_gpu(m) -> str:
     lines.append(f"  call: {_maybe(m.bytes, 1e-6)} MB, {_maybe(m.flops, 1e-9)} GFLOP; roofline "
                  f"bound {_maybe(m.bound_s, 1e3)} ms (the launches' max(bytes / "
                  f"{g.hbm_bytes_per_s / 1e12:g} TB/s, flops / {g.peak_flops[m.dtype] / 1e12:g} "
-                 f"TFLOP/s) added); {measured}")
+                 f"TFLOP/s{_tensor_peaks(m)}) added); {measured}")
     lines.append("  innermost loops (SASS; * the one with the most FMA, the kernel's summary; "
                  "total: all its innermost loops)")
     mixes_of = {k.name: list(k.loops.loops) + ([k.loops.total] if len(k.loops.loops) > 1 else [])
@@ -219,3 +219,11 @@ def gpu_json(m) -> dict:
     return dict(kernel=m.kernel, variant=m.variant, dtype=m.dtype, sizes=m.sizes,
                 gpu=asdict(m.gpu), kernels=kernels, bytes=m.bytes, flops=m.flops,
                 bound_s=m.bound_s, measured=asdict(m.measured) if m.measured else None)
+
+
+def _tensor_peaks(m) -> str:
+    """The tensor cores' peaks the call's kernels on them are bounded by, as the call's
+    line names them ("" where none is)."""
+    used = sorted({k.bound_by[len("compute ("):-1] for k in m.kernels
+                   if k.bound_by.startswith("compute (")})
+    return "".join(f"; {p} on tensor cores {m.gpu.tensor_flops[p] / 1e12:g}" for p in used)

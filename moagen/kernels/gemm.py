@@ -18,7 +18,10 @@ unrolled so that a back-edge carries 4 steps of it (UnrollInner). The barriers b
 chunk's copies and its reads are derived (moagen.steps.gpu.closing)."""
 from dataclasses import replace
 
+from moagen.errors import ScheduleError
+
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
+from moagen.steps.gpu.mma import SHAPES, WarpMma
 from moagen.steps.gpu.staging import Stage
 from moagen.steps.loop.merge_sums import AddTermwise, MergeSums
 from moagen.steps.loop.reductions import LowerReductions
@@ -31,21 +34,40 @@ UNROLL = 4
 # n 512) still has 128 blocks; chunks of 16 of the sum: tiles of 16 x (32 + 4) and
 # 16 x (64 + 4) numbers, 6.5 KB (float32) of shared memory a block
 GEMM = {"block_rows": 32, "block_cols": 64, "chunk": 16, "thread_rows": 4, "thread_cols": 4}
+# On tensor cores (the `tensor` variants): the same blocks and chunks, 2 x 2 warps a block
+# (128 threads), each a 16 x 32 tile of the block's as fragments (float64: 2 x 4 DMMA
+# m8n8k4 accumulators; float32: 1 x 2 of m16n16k8). tf32: how float32 is multiplied,
+# 3 (3xTF32, its default: float32-level accuracy) or 1 (one TF32 product, an opt-in of its
+# own looser tolerance); 0 for float64 (DMMA)
+TENSOR = {"block_rows": 32, "block_cols": 64, "chunk": 16, "warps_y": 2, "warps_x": 2,
+          "tf32": 0}
+TENSOR_DTYPES = {"float32": {"tf32": 3}}
+PRECISION = {0: "f64", 3: "3xtf32", 1: "tf32"}
 
 
-def on_gemms(layers, rest, products, block_rows, block_cols, chunk, thread_rows,
-             thread_cols):
+def on_gemms(layers, rest, products, block_rows, block_cols, chunk, thread_rows=0,
+             thread_cols=0, warps_y=0, warps_x=0, tf32=None):
     """`layers` with CUDA's schedule and mapping `rest`'s (a Layers of every other nest)
     and each product (label -> (the loops outside its output tiles, its rows, columns, the
-    axis summed, the operands staged)) a tiled SIMT GEMM of thread_rows x thread_cols
-    register tiles in block_rows x block_cols blocks, summing in chunks of `chunk`."""
+    axis summed, the operands staged)) a tiled GEMM in block_rows x block_cols blocks,
+    summing in chunks of `chunk`: SIMT, thread_rows x thread_cols register tiles; or, where
+    tf32 is given, on tensor cores (warps_y x warps_x warps a block, PRECISION[tf32])."""
     schedule = rest.schedule_for("cuda") + gemm_schedule(
         {label: (summed, operands) for label, (_, _, _, summed, operands) in products.items()},
         chunk)
+    if tf32 is None:
+        threads = lambda label, rows, cols, summed: (
+            ThreadTiles(rows, thread_rows, "y", nest=label),
+            ThreadTiles(cols, thread_cols, "x", nest=label)), \
+            lambda label, summed: (UnrollInner(summed, UNROLL, nest=label),)
+    else:
+        if tf32 not in PRECISION:
+            raise ScheduleError(f"tf32 is one of {', '.join(map(str, PRECISION))}, not {tf32}")
+        threads = warp_tiles(block_rows, block_cols, warps_y, warps_x, PRECISION[tf32])
     mapping = rest.mapping_for("cuda") + tuple(
         step for label, (outer, rows, cols, summed, operands) in products.items()
-        for step in gemm_mapping(label, outer, rows, cols, summed, operands, thread_rows,
-                                 thread_cols, block_rows, block_cols, chunk))
+        for step in gemm_mapping(label, outer, rows, cols, summed, operands, threads,
+                                 block_rows, block_cols, chunk))
     return replace(layers, schedule={"cpu": layers.schedule_for("cpu"), "cuda": schedule},
                    mapping={**layers.mapping, "cuda": mapping})
 
@@ -61,13 +83,31 @@ def gemm_schedule(products, chunk):
             *(Split(summed, chunk, nest=label) for label, (summed, _) in products.items()))
 
 
-def gemm_mapping(label, outer, rows, cols, summed, operands, mr, nr, block_rows,
+def warp_tiles(block_rows, block_cols, warps_y, warps_x, precision):
+    """(the steps giving a product's rows and columns to a block's warps, each a tile of
+    fragments; the step putting its sum on tensor cores): gemm_mapping's `threads`."""
+    (m, n, _), _ = SHAPES[precision]
+    if not (warps_y > 0 and warps_x > 0) or block_rows % (warps_y * m) or \
+            block_cols % (warps_x * n):
+        raise ScheduleError(f"{precision} tensor cores: blocks of {block_rows} x {block_cols} "
+                            f"are no whole fragments of {m} x {n} for {warps_y} x {warps_x} "
+                            "warps")
+    return (lambda label, rows, cols, summed: (
+        ThreadTiles(rows, block_rows // warps_y, "y", threads=warps_y, fragment=m, nest=label),
+        ThreadTiles(cols, block_cols // warps_x, "x", threads=warps_x, fragment=n,
+                    nest=label)),
+        lambda label, summed: (WarpMma(summed, precision, nest=label),))
+
+
+def gemm_mapping(label, outer, rows, cols, summed, operands, threads, block_rows,
                  block_cols, chunk):
     """The mapping of the product `label` over its loops outer + (rows, cols), summing over
-    `summed` in chunks of `chunk` (gemm_schedule) the arrays `operands`."""
+    `summed` in chunks of `chunk` (gemm_schedule) the arrays `operands`; threads: (the
+    steps giving the block's rows and columns to its threads, those of the sum once its
+    operands are staged), each a function of (label, rows, cols, summed), (label, summed)."""
     chunks = Split(summed, chunk, nest=label).blocks
+    tiles, inner = threads
     return (BlockTiles(outer + (rows, cols), rows=block_rows, cols=block_cols, nest=label),
-            ThreadTiles(rows, mr, "y", nest=label),
-            ThreadTiles(cols, nr, "x", nest=label),
+            *tiles(label, rows, cols, summed),
             *(Stage(operand, at=chunks, nest=label) for operand in operands),
-            UnrollInner(summed, UNROLL, nest=label))
+            *inner(label, summed))

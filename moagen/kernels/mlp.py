@@ -20,7 +20,7 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import GEMM, on_gemms
+from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_DTYPES, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -203,21 +203,25 @@ TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
 # are GEMMs (moagen.kernels.gemm.GEMM)
 
 
-def _tunable(temps, nests):
-    """The CPU takes no GEMM blocks: the GPU's defaults stand there (unused)."""
-    return Tunable(temps, lambda **params: _gemms(nests, **{**GEMM, **params}), TILE_DEFAULTS,
-                   TILE_SPACE, cuda={**TILE_CUDA, **GEMM}, dtypes=TILE_DTYPE_DEFAULTS,
-                   avx512=TILE_AVX512, accepts=_whole_tiles)
+def _tunable(temps, nests, gemm=GEMM, cuda_dtypes=None):
+    """The CPU takes no GEMM blocks: the GPU's defaults stand there (unused). gemm: CUDA's
+    GEMMs' parameters (moagen.kernels.gemm: GEMM's SIMT, TENSOR's on tensor cores)."""
+    return Tunable(temps, lambda **params: _gemms(nests, **{**gemm, **params}), TILE_DEFAULTS,
+                   TILE_SPACE, cuda={**TILE_CUDA, **gemm}, dtypes=TILE_DTYPE_DEFAULTS,
+                   cuda_dtypes=cuda_dtypes or {}, avx512=TILE_AVX512, accepts=_whole_tiles)
 
 
 FORWARD_VARIANTS = {
     # dot products along the model axis, as plain triple loops
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),
     "tiled": _tunable(FORWARD_TEMPS, FORWARD),
+    # tiled, CUDA's products on tensor cores
+    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR, TENSOR_DTYPES),
 }
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
     "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
+    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR, TENSOR_DTYPES),
 }
 
 SPECS = (forward_spec(), backward_spec())

@@ -18,7 +18,7 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
-from moagen.kernels.gemm import GEMM, on_gemms
+from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_DTYPES, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
@@ -77,18 +77,20 @@ def _layers(*tiled, reorder=(), mapping=()):
 TILE_PARAMS = ("mr", "nr")
 
 
-def _tunable(temps, layers, gemms=None):
+def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
-    moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled SIMT GEMMs, the
-    variant having no other nest."""
+    moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled GEMMs of the
+    parameters `gemm` (GEMM's SIMT, TENSOR's on tensor cores), the variant having no other
+    nest."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
     if gemms:
-        tiled = layers
+        tiled, defaults = layers, gemm
         layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu()), gemms,
-                                                 **{**GEMM, **gemm})
+                                                 **{**defaults, **gemm})
     return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
-                   cuda={**pick(TILE_CUDA), **(GEMM if gemms else {})},
-                   dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()})
+                   cuda={**pick(TILE_CUDA), **(gemm if gemms else {})},
+                   dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()},
+                   cuda_dtypes=cuda_dtypes or {})
 
 
 QKV = KernelSpec(
@@ -101,9 +103,11 @@ QKV = KernelSpec(
                   for name, w in (("Q", WQ), ("K", WK), ("V", WV))),
 )
 # on CUDA a block per (batch entry, head) and 32 x 64 tile of a head's rows, summing over m
-QKV_VARIANTS = {"tiled": _tunable(frozenset(), lambda mr, nr: _layers(
-    *(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V"))),
-    gemms={o: (BH, "i", "c", "m", ("X", f"W{o.lower()}")) for o in ("Q", "K", "V")})}
+QKV_GEMMS = {o: (BH, "i", "c", "m", ("X", f"W{o.lower()}")) for o in ("Q", "K", "V")}
+QKV_TILES = lambda mr, nr: _layers(*(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V")))
+# tensor: tiled, CUDA's products on tensor cores (float64 DMMA, float32 3xTF32)
+QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS),
+                "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR, TENSOR_DTYPES)}
 
 
 # how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
@@ -147,9 +151,10 @@ OUT = KernelSpec(
         inner(psi(("b", "h"), O), psi(("h",), WO), var="c", name="ow"))), ("b", "i", "m")),),
 )
 # on CUDA a block per batch entry and 32 x 64 tile of Y, each head's sum over c in chunks
-OUT_VARIANTS = {"tiled": _tunable(frozenset(),
-                                  lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr)),
-                                  gemms={"Y": (("b",), "i", "m", "c", ("O", "Wo"))})}
+OUT_GEMMS = {"Y": (("b",), "i", "m", "c", ("O", "Wo"))}
+OUT_TILES = lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr))
+OUT_VARIANTS = {"tiled": _tunable(frozenset(), OUT_TILES, gemms=OUT_GEMMS),
+                "tensor": _tunable(frozenset(), OUT_TILES, OUT_GEMMS, TENSOR, TENSOR_DTYPES)}
 
 
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))

@@ -39,9 +39,50 @@ class Threads:
     axis: str
     threads: int
     tile: int = 1
+    # >0: `threads` warps along the axis, each taking `tile` iterations as tensor-core
+    # fragments of `fragment` that its 32 lanes hold together (WarpMma): on axis x a warp's
+    # lanes are 32 consecutive threads, so the block has 32 x `threads` of them along x
+    fragment: int = 0
 
     def __str__(self):
+        if self.fragment:
+            return f"warp.{self.axis}({self.threads} x {self.tile} in {self.fragment})"
         return f"thread.{self.axis}({self.threads} x {self.tile})"
+
+    @property
+    def block_threads(self) -> int:
+        """The block's threads along the axis."""
+        return self.threads * 32 if self.fragment and self.axis == "x" else self.threads
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A product's operand as a warp loads its fragments (WarpMma): the shared tile it is
+    read from, laid out "row" (the fragment's rows apart by `ldm` elements, its columns
+    consecutive) or "col" major."""
+    array: str
+    major: str
+    ldm: int
+
+
+@dataclass(frozen=True)
+class Mma:
+    """The loop of a sum whose body, acc += a * b (or several such terms, acc += a' * b'
+    ...), each warp runs as tensor-core products of fragments (WarpMma): `shape` (m, n, k) a
+    product, `k` steps of the sum at a time, each term's operands' fragments loaded from
+    its shared tiles (`terms`: (a, b) a term, a m x k, b k x n), acc's fragments stored
+    (once the sum is done) into the shared tile `c` (m x n, row major).
+    precision: "f64" (DMMA), "3xtf32" (float32 by three TF32 products: each operand split
+    into a TF32 high and low part, a_lo b_hi + a_hi b_lo + a_hi b_hi), "tf32" (one product
+    of the operands rounded to TF32)."""
+    shape: Tuple[int, int, int]
+    terms: Tuple[Tuple[Operand, Operand], ...]
+    c: Operand
+    precision: str
+
+    def __str__(self):
+        m, n, k = self.shape
+        return f"mma.{self.precision}({m}x{n}x{k})"
 
 
 @dataclass(frozen=True)
@@ -66,7 +107,7 @@ class Unrolled:
 
 
 # where a loop runs in a CUDA thread block
-GpuMark = Union[Grid, Threads, BlockCopy, Unrolled]
+GpuMark = Union[Grid, Threads, BlockCopy, Unrolled, Mma]
 
 
 @dataclass(frozen=True)
@@ -238,6 +279,10 @@ def is_grid(s: Stmt) -> bool:
 
 def is_thread_loop(s: Stmt) -> bool:
     return isinstance(s, Loop) and isinstance(s.gpu, Threads)
+
+
+def is_fragment_loop(s: Stmt) -> bool:
+    return is_thread_loop(s) and s.gpu.fragment > 0
 
 
 def is_block_copy(s: Stmt) -> bool:

@@ -11,10 +11,14 @@ def shared_accesses(s, shared, around=()):
     """(the shared array an access is to, whether written, owner) of each access inside s to
     one of `shared`; owner: the thread loops `around` it and inside s (their keys) and its
     index (two accesses with one owner are one thread's element), None for a block's copy
-    (a write of the whole tile)."""
+    (a write of the whole tile, or a read of all of it)."""
     if isinstance(s, Loop):
         if is_block_copy(s):
             for b in walk(s.body):
+                # a copy out of a shared tile (WarpMma's output) reads all of it too
+                for x in (x for e in stmt_exprs(b) for x in S.subexpressions(e)):
+                    if isinstance(x, S.Load) and x.array in shared:
+                        yield x.array, False, None
                 if isinstance(b, Store) and b.array in shared:
                     yield b.array, True, None
             return

@@ -120,12 +120,19 @@ class ThreadTiles(Step):
     tile: int = shown("{tile} a thread")
     axis: str = shown("axis {axis}", "y")
     threads: int = option("{threads} threads", 0)
+    # >0: `threads` warps (not threads) along the axis, each tile a warp's, as tensor-core
+    # fragments of `fragment` iterations its 32 lanes hold together (WarpMma's form); a
+    # warp takes one tile, the loop at most `threads * tile` iterations
+    fragment: int = option("fragments of {fragment}", 0)
     nest: Optional[str] = None
     layer = "mapping"
 
     def rewrite_nest(self, nest, names):
         if self.axis not in ("x", "y") or self.tile < 1:
             raise ScheduleError(f"{self}: the axis is x or y, a thread's tile at least 1")
+        if self.fragment and (self.tile % self.fragment or not self.threads):
+            raise ScheduleError(f"{self}: a warp's tile is whole fragments, and the warps "
+                                "along the axis given")
         if not any(map(is_grid, walk(nest.body))):
             raise NotApplicable(f"{self}: nest {nest.label} has no grid (BlockTiles first)")
         body, count = self._map(nest.body, thread_vars=set(), axes=set())
@@ -161,7 +168,8 @@ class ThreadTiles(Step):
                 continue
             if s.var.name == self.loop and s.gpu is None and self.axis not in axes \
                     and self._legal(s, thread_vars):
-                out.append(replace(s, gpu=Threads(self.axis, self._threads(s), self.tile)))
+                out.append(replace(s, gpu=Threads(self.axis, self._threads(s), self.tile,
+                                                  self.fragment)))
                 count += 1
                 continue
             threaded = is_thread_loop(s)
@@ -172,6 +180,14 @@ class ThreadTiles(Step):
         return tuple(out), count
 
     def _threads(self, loop):
+        if self.fragment:
+            most = max_extent(loop)
+            if most is None or most > self.threads * self.tile:
+                raise ScheduleError(f"{self}: the loop over {loop.var} has more than the "
+                                    f"{self.threads} warps' tiles of {self.tile} iterations")
+            if self.axis == "x" and self.threads * WARP > 1024:
+                raise ScheduleError(f"{self}: {self.threads} warps along x are over 1024 threads")
+            return self.threads
         if self.threads:
             threads = self.threads
         else:

@@ -10,7 +10,7 @@ import sympy
 from moagen.cuda_archs import WARP, tightest_shared_limit
 from moagen.errors import ScheduleError
 from moagen.moa.expr import simplified
-from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, SharedArray,
+from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, Mma, SharedArray,
                               SharedLayout, Update, bound_symbol, enclose, grid_chain,
                               is_block_copy, is_grid, is_thread_loop, loop_key, walk)
 from moagen.onf.shared import shared_accesses
@@ -117,7 +117,11 @@ def lay_out_shared(onf: ONF, element_bytes=None) -> ONF:
             shared = [b for b in onf.shared if b.name in touched]
             bounds = [{bound_symbol(name): v}
                       for name, values in grid[-1].gpu.bounds for v in values] or [{}]
-            layouts = tuple(place(shared, body, size, bounds)
+            # tensor-core fragments start 32-byte aligned in their tiles (WarpMma): so do
+            # the tiles
+            granule = 32 if any(isinstance(lp.gpu, Mma) for lp in walk(body)
+                                if isinstance(lp, Loop)) else 16
+            layouts = tuple(place(shared, body, size, bounds, granule)
                             for size in element_bytes or ELEMENT_BYTES)
             for layout in layouts:
                 check_fits(f"{onf.name} {onf.variant}, nest {nest.label}", layout, bounds)
@@ -192,10 +196,10 @@ def live_ranges(body, names):
     return {name: tuple(spans) for name, spans in ranges.items()}
 
 
-def place(shared, body, element_bytes, bound_values) -> SharedLayout:
+def place(shared, body, element_bytes, bound_values, granule=16) -> SharedLayout:
     """The arrays `shared` (Buffers, in their order) of the statements `body` placed at
-    elements of `element_bytes`. bound_values: one substitution of the MAX_ symbols per
-    compiled bound."""
+    elements of `element_bytes`, each at a multiple of `granule` bytes. bound_values: one
+    substitution of the MAX_ symbols per compiled bound."""
     names = {b.name for b in shared}
     ranges = live_ranges(body, names)
     placed = {}  # name -> (offset, bytes)
@@ -211,7 +215,7 @@ def place(shared, body, element_bytes, bound_values) -> SharedLayout:
         return any(f <= last and first <= lst for f, lst in ranges[a] for first, last in ranges[b])
 
     for b in sorted(shared, key=lambda b: ranges[b.name][0]):
-        size = 16 * sympy.ceiling(sympy.Mul(*b.shape) * element_bytes / sympy.Integer(16))
+        size = granule * sympy.ceiling(sympy.Mul(*b.shape) * element_bytes / sympy.Integer(granule))
         live = [placed[n] for n in placed if together(n, b.name)]
         candidates = sorted({sympy.Integer(0)} | {o + n for o, n in live}, key=at)
         # past every live array's end fits at every bound: the last resort

@@ -17,10 +17,12 @@ from dataclasses import replace
 import sympy
 
 from moagen.moa import scalar as S
+from moagen.cuda_archs import WARP
 from moagen.moa.expr import idiv, simplified
-from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Store, Unrolled, Update,
-                              bound_symbol, grid_chain, is_block_copy, is_thread_loop, loop_key,
-                              most_iterations, stmt_exprs, subs_stmts, walk)
+from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Mma, Store, Unrolled, Update,
+                              bound_symbol, grid_chain, is_block_copy, is_fragment_loop,
+                              is_thread_loop, loop_key, most_iterations, stmt_exprs, subs_stmts,
+                              walk)
 from moagen.onf.names import kernel_names
 from moagen.onf.signature import DTYPE_BYTES
 from moagen.targets.printer import arrays_in, names_used
@@ -45,10 +47,18 @@ class TiledKernel:
         self.bounds = dict(self.grid[-1].gpu.bounds)
         # BlockTiles' and ThreadTiles' preconditions: at most 3 grid loops, bounds for one
         # size, one count of threads an axis
-        self.threads = {lp.gpu.axis: lp.gpu.threads for lp in walk(self.body)
+        self.threads = {lp.gpu.axis: lp.gpu.block_threads for lp in walk(self.body)
                         if is_thread_loop(lp)}
         self.block_dims = (self.threads.get("x", 1), self.threads.get("y", 1), 1)
         self.locals = {s.name: dims for s, dims in _definitions(self.body)}
+        # the tensor-core sums (WarpMma): each local of a warp's fragment loops (an
+        # accumulator: WarpMma's precondition) -> the Mma mark of the sum inside them
+        self.mma = {}
+        for lp in walk(self.body):
+            if is_fragment_loop(lp) and lp.gpu.axis == "x":
+                mark = next(x.gpu for x in walk(lp.body) if isinstance(x, Loop)
+                            and isinstance(x.gpu, Mma))
+                self.mma.update({s.name: mark for s in walk(lp.body) if isinstance(s, Let)})
         self.ctx = []  # the thread loops around the statement being printed
         # its shared arrays' places at the dtype's element size (moagen.steps.gpu.closing)
         element_bytes = DTYPE_BYTES[printer.dtype]
@@ -100,7 +110,9 @@ class TiledKernel:
                          f"{self.p.index(a.offset)}, {self.p.index(a.count)});")
         for name, dims in self.locals.items():
             slots = "".join(f"[{self.slots(lp)}]" for lp in dims if not self.single(lp))
-            lines.append(f"{pad}{self.p.real} {name}{slots};")
+            kind = self.fragment(self.mma[name], "accumulator") if name in self.mma \
+                else self.p.real
+            lines.append(f"{pad}{kind} {name}{slots};")
         return lines
 
     # ---- slots: the iterations of a thread loop one thread takes ----------------------
@@ -112,11 +124,15 @@ class TiledKernel:
             return str(-(-int(most) // span))
         return f"(({self.p.index(most)} + {span - 1}) / {span})"
 
+    def per_tile(self, loop):
+        """A thread's slots a tile: its iterations, or a warp's fragments of them."""
+        return loop.gpu.tile // loop.gpu.fragment if loop.gpu.fragment else loop.gpu.tile
+
     def slots(self, loop):
-        tiles = self.tiles(loop)
+        tiles, per = self.tiles(loop), self.per_tile(loop)
         if tiles.isdigit():
-            return str(int(tiles) * loop.gpu.tile)
-        return tiles if loop.gpu.tile == 1 else f"{tiles} * {loop.gpu.tile}"
+            return str(int(tiles) * per)
+        return tiles if per == 1 else f"{tiles} * {per}"
 
     def single(self, loop) -> bool:
         """Whether a thread takes one slot of the loop: printed with no slot loop, its
@@ -172,6 +188,8 @@ class TiledKernel:
                                      f"{self.position(lp, '0')};" for lp in loops)]
 
     def loop_lines(self, loop, depth):
+        if isinstance(loop.gpu, Mma):
+            return self.mma_loop(loop, depth)
         pad, v = self.p.indent * depth, loop.var
         body = self.block(loop.body, depth + 1)
         # a tile's loops count within a head: int, as the offsets into shared memory
@@ -221,7 +239,8 @@ class TiledKernel:
             level += 1
             if lp.var in used:
                 lines.append(pad * level + f"const int {lp.var} = {self.position(lp)};")
-        text = self.p.block((s,), 0)
+        text = self.fragment_statement(s) if any(map(is_fragment_loop, self.ctx)) \
+            else self.p.block((s,), 0)
         if guard:
             lines.append(pad * level + f"if ({guard}) {text[0].strip()}")
             lines += [pad * level + t for t in text[1:]]
@@ -232,10 +251,21 @@ class TiledKernel:
         return lines
 
     def position(self, loop, slot=None):
-        """The iteration of slot s_<var> (or `slot`) of this thread."""
+        """The iteration of slot s_<var> (or `slot`) of this thread: of a fragment loop, the
+        first of its warp's fragment."""
         lane = "t" + loop.gpu.axis
         slot, threads, tile = slot or f"s_{loop.var}", loop.gpu.threads, loop.gpu.tile
         start = "" if loop.start == 0 else f"{self.p.index(loop.start)} + "
+        if loop.gpu.fragment:
+            warp = "ty" if loop.gpu.axis == "y" else f"tx / {WARP}"
+            first = f"{start}{warp} * {tile}"
+            if slot == "0":
+                return first
+            if self.tiles(loop) == "1":
+                return f"{first} + {slot} * {loop.gpu.fragment}"
+            per = self.per_tile(loop)
+            return (f"{start}({slot} / {per} * {threads} + {warp}) * {tile} + "
+                    f"{slot} % {per} * {loop.gpu.fragment}")
         if slot == "0":  # the first slot: the lane's own tile
             return f"{start}{lane}" if tile == 1 else f"{start}{lane} * {tile}"
         if tile == 1:
@@ -246,6 +276,10 @@ class TiledKernel:
         """The thread loops whose range s must check, where a slot can fall past it; none
         for a statement on a thread's own registers from shared tiles (its value outside
         the ranges is never used)."""
+        if any(map(is_fragment_loop, self.ctx)):
+            # a warp's fragments: registers, and the shared tiles laid out to the block's
+            # whole tile (WarpMma's form)
+            return []
         own = isinstance(s, (Let, Update)) and \
             set(map(loop_key, self.locals.get(s.name, ()))) >= set(map(loop_key, self.ctx)) and \
             not (set(arrays_in((s,))) - self.shared)
@@ -274,6 +308,95 @@ class TiledKernel:
         keys = {loop_key(lp) for lp in self.ctx}
         assert all(loop_key(lp) in keys for lp in dims), f"{name} read outside its loops"
         return name + "".join(f"[s_{lp.var}]" for lp in dims if not self.single(lp))
+
+    # ---- tensor cores (WarpMma) ---------------------------------------------------------
+    def fragment(self, mma, use, major=None):
+        """The type of a fragment of mma's: use "matrix_a", "matrix_b" or "accumulator"."""
+        m, n, k = mma.shape
+        real = {"f64": "double"}.get(mma.precision, "wmma::precision::tf32")
+        if use == "accumulator":
+            real = self.p.real
+        layout = f", wmma::{major}_major" if major else ""
+        return f"wmma::fragment<wmma::{use}, {m}, {n}, {k}, {real}{layout}>"
+
+    def fragment_statement(self, s):
+        """A warp's statement on its accumulator fragments (at this slot): zeroed, added to
+        another, or stored into the block's shared output tile."""
+        mma = self.mma.get(getattr(s, "name", None)) if isinstance(s, Let) else None
+        if isinstance(s, Let) and mma is not None and s.value == S.Num(0.0):
+            return [f"wmma::fill_fragment({self.local(s.name)}, {self.p.expr(s.value)});"]
+        if isinstance(s, Update) and s.op == "+" and isinstance(s.value, S.Local):
+            # a total of sums (a weight gradient's over the batch entries): fragments of one
+            # type hold their elements alike
+            total, part = self.local(s.name), self.local(s.value.name)
+            return [f"for (int t = 0; t < {total}.num_elements; ++t) "
+                    f"{total}.x[t] += {part}.x[t];"]
+        if isinstance(s, Store) and isinstance(s.value, S.Local) and s.value.name in self.mma:
+            c = self.mma[s.value.name].c
+            return [f"wmma::store_matrix_sync({s.array} + ({self.p.index(s.index[0])}), "
+                    f"{self.local(s.value.name)}, {c.ldm}, wmma::mem_row_major);"]
+        raise ValueError(f"nest {self.nest.label}: {s} in a warp's fragments is none of "
+                         "WarpMma's statements")
+
+    def mma_loop(self, loop, depth):
+        """A sum on tensor cores: k steps of it at a time, each warp loading its fragments
+        of the two operands' shared tiles and multiplying them into its accumulators; for
+        3xTF32 each operand fragment split into its TF32 high and low parts first."""
+        pad, v, mma = self.p.indent, loop.var, loop.gpu
+        acc, (m, n, k) = loop.body[0].name, mma.shape
+        rows, cols = (next(lp for lp in self.ctx if lp.gpu.axis == axis and lp.gpu.fragment)
+                      for axis in "yx")
+        loads = {x.array: x for u in loop.body for x in S.subexpressions(u.value)
+                 if isinstance(x, S.Load)}
+        split = mma.precision == "3xtf32"
+        if self.p.real != ("double" if mma.precision == "f64" else "float"):
+            raise ValueError(f"nest {self.nest.label}: {mma} multiplies no {self.p.real}")
+        lines = [f"{pad * depth}for (int {v} = {self.p.index(loop.start)}, {v}_stop = "
+                 f"(int)({self.p.index(loop.stop)}); {v} < {v}_stop; {v} += {k}) {{"]
+        inner = depth + 1
+        products = []
+        for t, (a_op, b_op) in enumerate(mma.terms):
+            term = "" if len(mma.terms) == 1 else str(t + 1)
+            parts = {}  # operand -> its fragments' names
+            for use, op, lp in (("a", a_op, rows), ("b", b_op, cols)):
+                kind = self.fragment(mma, f"matrix_{use}", op.major)
+                name = f"{acc}_{use}{term}"
+                names = (name + "_hi", name + "_lo") if split else (name,)
+                lines.append(f"{pad * inner}{kind} "
+                             f"{', '.join(x + f'[{self.slots(lp)}]' for x in names)};")
+                parts[use] = names
+                body = [f"wmma::load_matrix_sync({names[0]}[s_{lp.var}], {op.array} + "
+                        f"({self.p.index(loads[op.array].offset)}), {op.ldm});"]
+                if split:  # x = hi + lo, each TF32: hi rounded from x, lo from what is left
+                    hi, lo = (f"{x}[s_{lp.var}]" for x in names)
+                    body += [f"for (int t = 0; t < {hi}.num_elements; ++t) {{",
+                             f"{pad}const float x = {hi}.x[t];",
+                             f"{pad}{hi}.x[t] = wmma::__float_to_tf32(x);",
+                             f"{pad}{lo}.x[t] = wmma::__float_to_tf32(x - {hi}.x[t]);",
+                             "}"]
+                elif mma.precision == "tf32":
+                    x = f"{names[0]}[s_{lp.var}]"
+                    body += [f"for (int t = 0; t < {x}.num_elements; ++t) "
+                             f"{x}.x[t] = wmma::__float_to_tf32({x}.x[t]);"]
+                lines += self.slot_loop(lp, body, inner,
+                                        lp.var in loads[op.array].offset.free_symbols)
+            a, b = parts["a"], parts["b"]
+            # the small products first: a_lo b_hi + a_hi b_lo, then a_hi b_hi
+            products += ((a[1], b[0]), (a[0], b[1]), (a[0], b[0])) if split else ((a[0], b[0]),)
+        c = self.local(acc)
+        body = [f"wmma::mma_sync({c}, {x}[s_{rows.var}], {y}[s_{cols.var}], {c});"
+                for x, y in products]
+        lines += self.slot_loop(rows, self.slot_loop(cols, body, 0), inner)
+        return lines + [pad * depth + "}"]
+
+    def slot_loop(self, loop, body, depth, used=False):
+        """body (lines) in an unrolled loop over this thread's slots of `loop`, its
+        coordinate there declared where the body reads it (`used`)."""
+        pad, slot = self.p.indent, f"s_{loop.var}"
+        coordinate = [f"{pad}const int {loop.var} = {self.position(loop)};"] if used else []
+        return [pad * depth + x for x in (
+            "#pragma unroll", f"for (int {slot} = 0; {slot} < {self.slots(loop)}; ++{slot}) {{",
+            *coordinate, *(pad + line for line in body), "}")]
 
     def lane_reduction(self, s, depth):
         """A LaneReduce as its butterfly shuffles, over the slots of the thread loops its

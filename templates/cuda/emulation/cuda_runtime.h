@@ -24,8 +24,8 @@
  * Shared memory. Blocks running one at a time make `static` storage per-block storage: that
  * is `__shared__` and MOAGEN_SHARED(T, name, count) (a static array; it keeps what the last
  * block left). MOAGEN_SHARED_AT(T, name, byte_offset, count) is `count` T at `byte_offset`
- * in the block's dynamic shared memory: a buffer of the launch's shared_bytes, 16-byte
- * aligned, filled with 0xff bytes before each block (a NaN in every float and double, -1 in
+ * in the block's dynamic shared memory: a buffer of the launch's shared_bytes, 32-byte
+ * aligned (as a tensor-core kernel declares it), filled with 0xff bytes before each block (a NaN in every float and double, -1 in
  * every int), so that reading what no thread of the block wrote shows. A view that does not
  * fit in the buffer, or is misaligned for T, fails the launch.
  *
@@ -262,7 +262,7 @@ static inline T __shfl_up_sync(unsigned int mask, T value, unsigned int delta, i
 
 /* ---- dynamic shared memory ------------------------------------------------------------- */
 
-static std::vector<unsigned char> moagen_dynamic_memory;  /* the block's, 16 bytes spare to align */
+static std::vector<unsigned char> moagen_dynamic_memory;  /* the block's, 32 bytes spare to align */
 static unsigned char *moagen_dynamic_shared = nullptr;
 static size_t moagen_dynamic_bytes = 0;
 
@@ -371,6 +371,7 @@ struct moagen_shared {
     long long count;
     moagen_shadow *shadow;
     size_t base;  /* its first byte in the shadow's memory */
+    long long first = 0;  /* a view's (`name + first`) first element in the array */
 
     enum use { READ, WRITE, ADDRESS };
 
@@ -379,15 +380,15 @@ struct moagen_shared {
         if (i < 0 || i >= count) {
             char who[48];
             moagen_fail("shared `%s`: index %lld is out of bounds (%lld elements), thread %s of "
-                        "block (%u,%u,%u)", name, i, count, moagen_thread_name(moagen_thread, who),
-                        blockIdx.x, blockIdx.y, blockIdx.z);
+                        "block (%u,%u,%u)", name, i + first, count + first,
+                        moagen_thread_name(moagen_thread, who), blockIdx.x, blockIdx.y, blockIdx.z);
             static thread_local T dummy;
             return &dummy;
         }
         if (how != ADDRESS && shadow) {  /* no shadow: scratch, the launch has failed */
             const size_t byte = base + (size_t)i * sizeof(T);
-            moagen_record(*shadow, byte / 4, (byte + sizeof(T) - 1) / 4, moagen_now(name, i),
-                          how == WRITE);
+            moagen_record(*shadow, byte / 4, (byte + sizeof(T) - 1) / 4,
+                          moagen_now(name, i + first), how == WRITE);
         }
         return data + i;
     }
@@ -407,6 +408,19 @@ struct moagen_shared {
 
     template <typename I>
     ref operator[](I i) const { return ref{this, (long long)i}; }
+
+    /* `name + i`: a view from element i on (a WMMA load's or store's first element),
+     * whose accesses are recorded as the array's */
+    moagen_shared operator+(long long i) const
+    {
+        at(i < count ? i : count - 1, ADDRESS);  /* bounds-checked */
+        moagen_shared view = *this;
+        view.data += i;
+        view.count -= i;
+        view.base += (size_t)i * sizeof(T);
+        view.first += i;
+        return view;
+    }
 };
 
 /* a static shared array with its records */
@@ -524,9 +538,9 @@ static void moagen_launch(const char *name, const void *kernel, dim3 grid, dim3 
     }
     moagen_kernel = name;
     moagen_failed = false;
-    moagen_dynamic_memory.assign(shared_bytes + 16, 0xff);
+    moagen_dynamic_memory.assign(shared_bytes + 32, 0xff);
     moagen_dynamic_shared = moagen_dynamic_memory.data()
-                            + (16 - (uintptr_t)moagen_dynamic_memory.data() % 16) % 16;
+                            + (32 - (uintptr_t)moagen_dynamic_memory.data() % 32) % 32;
     moagen_dynamic_bytes = shared_bytes;
 #ifdef MOAGEN_RACECHECK
     moagen_shadow dynamic_records(shared_bytes);

@@ -1,0 +1,207 @@
+"""WarpMma: a tiled GEMM's sum on tensor cores, a warp's tile of products as fragments."""
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import simplified
+from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, Mma, ONF, Operand, Store, Update,
+                              is_block_copy, is_fragment_loop, is_grid, max_extent, walk)
+from moagen.onf.names import kernel_names
+from moagen.steps.gpu.staging import PAD
+from moagen.steps.step import Step, shown
+
+# (m, n, k) of a product on the tensor cores, and the bytes of its operands' elements: WMMA's
+# double m8n8k4 (DMMA on sm_80 and sm_90), its tf32 m16n16k8 (HMMA, float32 operands)
+SHAPES = {"f64": ((8, 8, 4), 8), "3xtf32": ((16, 16, 8), 4), "tf32": ((16, 16, 8), 4)}
+# WMMA's load and store: a fragment's first element 256-bit aligned, its rows (or columns)
+# a multiple of 16 bytes apart
+ALIGN, LDM_BYTES = 32, 16
+
+
+@dataclass(frozen=True)
+class WarpMma(Step):
+    """The loop over `loop` (a sum, acc += a * b, or several such terms into one acc)
+    inside two fragment loops (ThreadTiles'
+    `fragment`: a warp's tile of rows along y, of columns along x) run by each warp as
+    tensor-core products of fragments (precision: "f64" DMMA m8n8k4; "3xtf32" float32 as
+    three TF32 products of m16n16k8; "tf32" one TF32 product, an opt-in of its own looser
+    tolerance), `k` steps of the sum at a time; its operands read from shared tiles
+    (Stage's) as fragments, the accumulators (zero before the sum) stored into a shared
+    tile of the block's rows x columns, which the block copies to the output, the rows and
+    columns past its ranges left out (what the output's element is of the sum, a residual
+    added, computed there).
+    Refused (ScheduleError): a sum that is not one product of two shared tiles' elements
+    indexed by the sum's and the rows' (columns') variables, fragments of another shape than
+    the precision's, a warp's fragments past the block's tile (each warp one tile), a chunk
+    of the sum not whole steps of k, a tile whose rows are not 16 bytes apart or whose
+    fragments would not start 32-byte aligned."""
+    loop: str
+    precision: str = shown("{precision}")
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    @property
+    def tile(self) -> str:
+        """The shared tile of the block's output."""
+        return f"{self.nest.replace('.', '_')}_out_tile" if self.nest else "out_tile"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.precision not in SHAPES:
+            raise ScheduleError(f"{self}: the precision is one of {', '.join(SHAPES)}")
+        (m, n, k), element = SHAPES[self.precision]
+        nest = self.nest_called(onf)
+        names = kernel_names(onf)
+        shared = {b.name: b for b in onf.shared}
+        found = []
+
+        def visit(stmts, frags):
+            for s in stmts:
+                if not isinstance(s, Loop):
+                    continue
+                if s.var.name == self.loop and frags:
+                    found.append((s, frags))
+                    continue
+                visit(s.body, frags + ((s,) if is_fragment_loop(s) else ()))
+
+        visit(nest.body, ())
+        if len(found) != 1:
+            raise ScheduleError(f"{self}: nest {nest.label} has {len(found)} loops over "
+                                f"{self.loop} inside fragment loops, not one")
+        summed, frags = found[0]
+        if len(frags) != 2 or (frags[0].gpu.axis, frags[1].gpu.axis) != ("y", "x") or \
+                (frags[0].gpu.fragment, frags[1].gpu.fragment) != (m, n):
+            raise ScheduleError(f"{self}: the sum is not inside a warp's rows (y) and columns "
+                                f"(x) as fragments of {m} x {n} ({self.precision})")
+        rows, cols = frags
+        for lp in frags:
+            if max_extent(lp) != lp.gpu.threads * lp.gpu.tile:
+                raise ScheduleError(f"{self}: the loop over {lp.var} is not the block's warps' "
+                                    "tiles exactly")
+        chunk = max_extent(summed)
+        if chunk is None or chunk % k:
+            raise ScheduleError(f"{self}: the loop over {self.loop} is not whole steps of {k}")
+        updates = summed.body
+        if not updates or any(not isinstance(u, Update) or u.op != "+" or u.name != updates[0].name
+                              for u in updates):
+            raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum acc += a * b "
+                                "(+ a' * b' ...: AddTermwise's terms)")
+        update = updates[0]
+        terms = []
+        for u in updates:
+            value = u.value
+            if not (isinstance(value, S.Bin) and value.op == "*"
+                    and isinstance(value.left, S.Access) and isinstance(value.right, S.Access)):
+                raise ScheduleError(f"{self}: {u.name}'s sum is not of products of two arrays' "
+                                    "elements")
+            terms.append((self._operand(value.left, rows, summed, shared, m, k, element),
+                          self._operand(value.right, summed, cols, shared, k, n, element)))
+        # the accumulators: locals zeroed in the columns' loop (the sum's, and where it is a
+        # batch entry's, the entries' total, the sum added to it), one stored once at its end
+        body = cols.body
+        out = body[-1]
+        inside = [s for s in walk(body) if not isinstance(s, Loop) and not _in_copy(s, body)
+                  and not any(s is u for u in updates)]
+        zeroed = {s.name for s in inside if isinstance(s, Let) and s.value == S.Num(0.0)}
+        stored = {x.name for x in S.subexpressions(out.value) if isinstance(x, S.Local)} \
+            if isinstance(out, Store) else set()
+        if not (isinstance(out, Store) and not out.accumulate and len(stored) == 1
+                and stored <= zeroed and update.name in zeroed
+                and all(isinstance(s, Let) and s.name in zeroed
+                        or isinstance(s, Update) and s.op == "+" and s.name in zeroed
+                        and isinstance(s.value, S.Local) and s.value.name in zeroed
+                        or s is out for s in inside)):
+            raise ScheduleError(f"{self}: the loop over {cols.var} does more than zero "
+                                f"{update.name}, sum into it (and add it to a total) and store "
+                                "the result (of it and arrays' elements) once at its end")
+        result, = stored
+        if self.tile in names.reserved:
+            raise ScheduleError(f"{self}: the name {self.tile} is taken")
+        tile = names.claim(self.tile)
+        extents = (max_extent(rows), max_extent(cols))
+        ldc = extents[1] + PAD
+        c = self._checked(Operand(tile, "row", ldc), m, element)
+        mark = Mma((m, n, k), tuple(terms), c, self.precision)
+        local = (rows.var - rows.start, cols.var - cols.start)
+        into = Store(tile, local, S.Local(result))
+        new_cols = replace(cols, body=body[:-1] + (into,))
+        new_rows = replace(rows, body=tuple(new_cols if s is cols else s for s in rows.body))
+        # the block's copy of its tile to the output: the rows and columns in range
+        coords = [sympy.Symbol(names.claim(names.new("e")), integer=True) for _ in range(2)]
+        at = {rows.var: rows.start + coords[0], cols.var: cols.start + coords[1]}
+        # what the output's element is of the result (Y = R + the heads' sum: out_proj's
+        # residual), the result read from the tile
+        def value(e):
+            if e == S.Local(result):
+                return S.Access(tile, tuple(coords))
+            return S.map_children(e, value)
+
+        copy = Store(out.array, tuple(sympy.sympify(i).xreplace(at) for i in out.index),
+                     S.subs(value(out.value), at))
+        for coord, lp, axis in reversed(list(zip(coords, frags, "yx"))):
+            copy = Loop(coord, sympy.Integer(0), simplified(lp.stop - lp.start), (copy,),
+                        gpu=BlockCopy(axis))
+
+        def rewrite(stmts):
+            out_stmts = []
+            for s in stmts:
+                if s is rows:
+                    out_stmts += [_marked(new_rows, summed, mark), copy]
+                elif isinstance(s, Loop):
+                    out_stmts.append(replace(s, body=rewrite(s.body)))
+                else:
+                    out_stmts.append(s)
+            return tuple(out_stmts)
+
+        if not any(is_grid(s) for s in walk(nest.body)):
+            raise ScheduleError(f"{self}: nest {nest.label} has no grid around its warps")
+        nests = [replace(x, body=rewrite(x.body)) if x is nest else x for x in onf.nests]
+        return replace(onf.with_nests(nests, str(self)),
+                       shared=onf.shared + (Buffer(tile, (extents[0], ldc)),))
+
+    def _operand(self, access, outer, inner, shared, rows, cols, element) -> Operand:
+        """The fragment operand read by `access`: a shared tile indexed by the loops
+        `outer` (the fragment's rows) and `inner` (its columns), each less its start."""
+        tile = shared.get(access.array)
+        if tile is None or len(access.index) != 2:
+            raise ScheduleError(f"{self}: {access.array} is not a 2-D shared tile (Stage it)")
+        expected = [simplified(lp.var - lp.start) for lp in (outer, inner)]
+        index = [simplified(sympy.sympify(i)) for i in access.index]
+        if index == expected:
+            major = "row"
+        elif index == expected[::-1]:
+            major = "col"
+        else:
+            raise ScheduleError(f"{self}: {access.array}'s index {tuple(access.index)} is not "
+                                f"({expected[0]}, {expected[1]}) or its transpose")
+        ldm = tile.shape[-1]
+        if not sympy.sympify(ldm).is_Integer:
+            raise ScheduleError(f"{self}: {access.array}'s rows are not of a constant length")
+        return self._checked(Operand(access.array, major, int(ldm)),
+                             rows if major == "row" else cols, element)
+
+    def _checked(self, operand, apart, element) -> Operand:
+        """operand where its rows are LDM_BYTES apart and each fragment starts ALIGN-aligned
+        (its tile does: moagen.steps.gpu.closing places it so): `apart` rows of it (a
+        fragment's) and the fragment's extent along its rows keep that."""
+        if (operand.ldm * element) % LDM_BYTES or (apart * operand.ldm * element) % ALIGN:
+            raise ScheduleError(f"{self}: {operand.array}'s rows, {operand.ldm} elements "
+                                f"apart, keep no {ALIGN}-byte alignment of its fragments")
+        return operand
+
+
+def _in_copy(s, body) -> bool:
+    """Whether s is inside a block's copy (Stage's) among body."""
+    return any(is_block_copy(c) and any(x is s for x in walk(c.body))
+               for c in walk(body))
+
+
+def _marked(stmt, summed, mark):
+    """stmt with the loop `summed` (by identity) marked."""
+    if stmt is summed:
+        return replace(stmt, gpu=mark)
+    if isinstance(stmt, Loop):
+        return replace(stmt, body=tuple(_marked(s, summed, mark) for s in stmt.body))
+    return stmt
