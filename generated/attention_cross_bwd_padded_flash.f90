@@ -179,7 +179,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-    !     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -1193,6 +1193,7 @@ contains
                         & 5) + &
       r)*min(64, n_q)) = dov_5
                   end do
+                  !$omp simd
                   do i = 8*max(8*i_blk, ((min(n_q, 64*i_blk + 64) + 7) / 8)*min(1, max(0, 6* &
       j_in_tile + j_part - last))), min(n_q, 64*i_blk + 64) - 1
                     qk_0 = qk_block(i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + &
@@ -2167,7 +2168,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-    !     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -4046,6 +4047,7 @@ contains
                         & 5) + &
       r)*min(64, n_q)) = dov_5
                   end do
+                  !$omp simd
                   do i = 16*max(4*i_blk, ((min(n_q, 64*i_blk + 64) + 15) / 16)*min(1, max(0, 6* &
       j_in_tile + j_part - last))), min(n_q, 64*i_blk + 64) - 1
                     qk_0 = qk_block(i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + &

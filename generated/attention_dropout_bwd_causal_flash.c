@@ -76,9 +76,12 @@ static inline int moagen_keep(int64_t row, int64_t group, int64_t piece, int64_t
         k0 += 0x9E3779B9u;  /* the key's Weyl sequence */
         k1 += 0xBB67AE85u;
     }
-    const uint32_t word = piece & 4 ? (piece & 2 ? c3 : c2) : (piece & 2 ? c1 : c0);
+    /* word piece / 2 by masks, not branches: a vector loop of draws whose pieces differ
+     * between its statements (the owner's 6 keys a tile) stays vectorizable */
+    const uint32_t high = -(uint32_t)((piece >> 2) & 1), odd = -(uint32_t)((piece >> 1) & 1);
+    const uint32_t word = (((c0 & ~odd) | (c1 & odd)) & ~high) | (((c2 & ~odd) | (c3 & odd)) & high);
     /* piece / 2^16 >= p, exactly, as integers: a float kernel's selects then stay 32-bit */
-    return ((piece & 1 ? word >> 16 : word) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
+    return ((word >> (16 * (piece & 1))) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
 }
 
 void attention_dropout_bwd_causal_flash_f64(
@@ -189,7 +192,7 @@ void attention_dropout_bwd_causal_flash_f64(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t_block, t4_block, dQ_part, Q_panel, dO_panel, delta
      * for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-     *     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -558,6 +561,7 @@ void attention_dropout_bwd_causal_flash_f64(
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 4) + r)*(64 < n ? 64 : n)] = dov_4;
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 5) + r)*(64 < n ? 64 : n)] = dov_5;
                                 }
+                                #pragma omp simd
                                 for (int64_t i = 8*(8*i_blk > ((6*j_in_tile + j_part) / 8) ? 8*i_blk : ((6*j_in_tile + j_part) / 8)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                     double qk_0 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                     double qk_1 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
@@ -1158,7 +1162,7 @@ void attention_dropout_bwd_causal_flash_f32(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t_block, t4_block, dQ_part, Q_panel, dO_panel, delta
      * for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-     *     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1815,6 +1819,7 @@ void attention_dropout_bwd_causal_flash_f32(
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 4) + r)*(64 < n ? 64 : n)] = dov_4;
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 5) + r)*(64 < n ? 64 : n)] = dov_5;
                                 }
+                                #pragma omp simd
                                 for (int64_t i = 16*(4*i_blk > ((6*j_in_tile + j_part) / 16) ? 4*i_blk : ((6*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                     float qk_0 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                     float qk_1 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];

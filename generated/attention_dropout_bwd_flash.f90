@@ -233,7 +233,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t_block, t4_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-    !     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -1258,6 +1258,7 @@ contains
                         & 5) + &
       r)*min(64, n)) = dov_5
                   end do
+                  !$omp simd
                   do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
                     qk_0 = qk_block(i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + &
                         & g)) + r)* &
@@ -2250,7 +2251,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t_block, t4_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-    !     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -4139,6 +4140,7 @@ contains
                         & 5) + &
       r)*min(64, n)) = dov_5
                   end do
+                  !$omp simd
                   do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
                     qk_0 = qk_block(i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + &
                         & g)) + r)* &

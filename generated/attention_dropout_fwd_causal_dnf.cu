@@ -80,9 +80,12 @@ __device__ static inline int moagen_keep(int64_t row, int64_t group, int64_t pie
         k0 += 0x9E3779B9u;  /* the key's Weyl sequence */
         k1 += 0xBB67AE85u;
     }
-    const uint32_t word = piece & 4 ? (piece & 2 ? c3 : c2) : (piece & 2 ? c1 : c0);
+    /* word piece / 2 by masks, not branches: a vector loop of draws whose pieces differ
+     * between its statements (the owner's 6 keys a tile) stays vectorizable */
+    const uint32_t high = -(uint32_t)((piece >> 2) & 1), odd = -(uint32_t)((piece >> 1) & 1);
+    const uint32_t word = (((c0 & ~odd) | (c1 & odd)) & ~high) | (((c2 & ~odd) | (c3 & odd)) & high);
     /* piece / 2^16 >= p, exactly, as integers: a float kernel's selects then stay 32-bit */
-    return ((piece & 1 ? word >> 16 : word) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
+    return ((word >> (16 * (piece & 1))) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
 }
 
 /* rows: writes O, lse; reads Q, K, V

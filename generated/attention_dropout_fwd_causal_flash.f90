@@ -173,8 +173,8 @@ contains
     end do
     !$omp end parallel do
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
-    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
-    !     c_tile / c (register tile), c (simd), j (register tile), c
+    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd),
+    !     j_tile (simd), c, c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(4) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
@@ -822,6 +822,7 @@ contains
               row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
               row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
               row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
       64, n)) = probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
@@ -1843,6 +1844,7 @@ contains
               row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
               row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
               row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
       64, n)) = probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
@@ -2512,8 +2514,8 @@ contains
     end do
     !$omp end parallel do
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
-    ! for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile, c (simd)
-    !     / c (simd)
+    ! for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile (simd), c
+    !     (simd) / c (simd)
     !$omp parallel do collapse(4) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
@@ -2572,6 +2574,7 @@ contains
                     & r))*min(64, n))
               end do
               row_sum = row_sum * rescale + block_sum
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
                     & probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
@@ -2662,6 +2665,7 @@ contains
                     & r))*min(64, n))
               end do
               row_sum = row_sum * rescale + block_sum
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
                     & probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
@@ -2812,8 +2816,8 @@ contains
     end do
     !$omp end parallel do
     ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
-    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
-    !     c_tile / c (register tile), c (simd), j (register tile), c
+    ! for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd),
+    !     j_tile (simd), c, c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(4) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
@@ -3461,6 +3465,7 @@ contains
               row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
               row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
               row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
       64, n)) = probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
@@ -4481,6 +4486,7 @@ contains
               row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
               row_sum_4 = row_sum_4 * rescale_4 + block_sum_4
               row_sum_5 = row_sum_5 * rescale_5 + block_sum_5
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
       64, n)) = probs(-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*min( &
@@ -5149,8 +5155,8 @@ contains
     end do
     !$omp end parallel do
     ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
-    ! for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile, c (simd)
-    !     / c (simd)
+    ! for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile (simd), c
+    !     (simd) / c (simd)
     !$omp parallel do collapse(4) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
@@ -5209,6 +5215,7 @@ contains
                     & r))*min(64, n))
               end do
               row_sum = row_sum * rescale + block_sum
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
                     & probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
@@ -5299,6 +5306,7 @@ contains
                     & r))*min(64, n))
               end do
               row_sum = row_sum * rescale + block_sum
+              !$omp simd
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
                 probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n)) = &
                     & probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &

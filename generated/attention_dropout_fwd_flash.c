@@ -83,9 +83,12 @@ static inline int moagen_keep(int64_t row, int64_t group, int64_t piece, int64_t
         k0 += 0x9E3779B9u;  /* the key's Weyl sequence */
         k1 += 0xBB67AE85u;
     }
-    const uint32_t word = piece & 4 ? (piece & 2 ? c3 : c2) : (piece & 2 ? c1 : c0);
+    /* word piece / 2 by masks, not branches: a vector loop of draws whose pieces differ
+     * between its statements (the owner's 6 keys a tile) stays vectorizable */
+    const uint32_t high = -(uint32_t)((piece >> 2) & 1), odd = -(uint32_t)((piece >> 1) & 1);
+    const uint32_t word = (((c0 & ~odd) | (c1 & odd)) & ~high) | (((c2 & ~odd) | (c3 & odd)) & high);
     /* piece / 2^16 >= p, exactly, as integers: a float kernel's selects then stay 32-bit */
-    return ((piece & 1 ? word >> 16 : word) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
+    return ((word >> (16 * (piece & 1))) & 0xFFFFu) >= (uint32_t)ceil(p * 65536.0);
 }
 
 void attention_dropout_fwd_flash_f64(
@@ -143,8 +146,8 @@ void attention_dropout_fwd_flash_f64(
         }
     }
     /* rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
-     * for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
-     *     c_tile / c (register tile), c (simd), j (register tile), c
+     * for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd),
+     *     j_tile (simd), c, c_tile / c (register tile), c (simd), j (register tile), c
      */
     #pragma omp parallel for collapse(4) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -403,6 +406,7 @@ void attention_dropout_fwd_flash_f64(
                         row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
                         row_sum_4 = row_sum_4 * rescale_4 + block_sum_4;
                         row_sum_5 = row_sum_5 * rescale_5 + block_sum_5;
+                        #pragma omp simd
                         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
                             probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * (moagen_keep(6*i_tile + n*(group*(b*kv_heads + g) + r), j_tile, 0, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
                             probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] = probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] * (moagen_keep(6*i_tile + n*(group*(b*kv_heads + g) + r), j_tile, 1, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
@@ -662,8 +666,8 @@ void attention_dropout_fwd_flash_f64(
         }
     }
     /* rows.edge: writes O, lse; reads Q, K, V; scratch probs
-     * for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile, c (simd)
-     *     / c (simd)
+     * for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile (simd), c
+     *     (simd) / c (simd)
      */
     #pragma omp parallel for collapse(4) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -704,6 +708,7 @@ void attention_dropout_fwd_flash_f64(
                             block_sum += probs[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
                         }
                         row_sum = row_sum * rescale + block_sum;
+                        #pragma omp simd
                         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
                             probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * (moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 0, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
                             probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] = probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] * (moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 1, seed, dropout_p) ? 1.0 / (1.0 - dropout_p) : 0.0);
@@ -798,8 +803,8 @@ void attention_dropout_fwd_flash_f32(
         }
     }
     /* rows: writes O, lse; reads Q, K, V; scratch probs, K_panel, V_panel
-     * for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
-     *     c_tile / c (register tile), c (simd), j (register tile), c
+     * for b, g, r, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd),
+     *     j_tile (simd), c, c_tile / c (register tile), c (simd), j (register tile), c
      */
     #pragma omp parallel for collapse(4) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1058,6 +1063,7 @@ void attention_dropout_fwd_flash_f32(
                         row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
                         row_sum_4 = row_sum_4 * rescale_4 + block_sum_4;
                         row_sum_5 = row_sum_5 * rescale_5 + block_sum_5;
+                        #pragma omp simd
                         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
                             probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * (moagen_keep(6*i_tile + n*(group*(b*kv_heads + g) + r), j_tile, 0, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
                             probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] = probs[-64*j_blk + 8*j_tile + (6*i_tile + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] * (moagen_keep(6*i_tile + n*(group*(b*kv_heads + g) + r), j_tile, 1, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
@@ -1317,8 +1323,8 @@ void attention_dropout_fwd_flash_f32(
         }
     }
     /* rows.edge: writes O, lse; reads Q, K, V; scratch probs
-     * for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile, c (simd)
-     *     / c (simd)
+     * for b, g, r, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), j_tile (simd), c
+     *     (simd) / c (simd)
      */
     #pragma omp parallel for collapse(4) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1359,6 +1365,7 @@ void attention_dropout_fwd_flash_f32(
                             block_sum += probs[j - 64*j_blk + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
                         }
                         row_sum = row_sum * rescale + block_sum;
+                        #pragma omp simd
                         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
                             probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] * (moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 0, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);
                             probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] = probs[-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n) + 1] * (moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 1, seed, dropout_p) ? 1.0f / (1.0f - dropout_p) : 0.0f);

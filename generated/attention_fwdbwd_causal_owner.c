@@ -1206,7 +1206,7 @@ void attention_fwdbwd_causal_owner_f64(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1574,6 +1574,7 @@ void attention_fwdbwd_causal_owner_f64(
                                 dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = dov_4;
                                 dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = dov_5;
                             }
+                            #pragma omp simd
                             for (int64_t i = 8*(8*i_blk > ((6*j_in_tile + j_part) / 8) ? 8*i_blk : ((6*j_in_tile + j_part) / 8)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 double qk_0b = qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*(64 < n ? 64 : n)];
                                 double qk_1b = qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
@@ -3747,7 +3748,7 @@ void attention_fwdbwd_causal_owner_f32(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4403,6 +4404,7 @@ void attention_fwdbwd_causal_owner_f32(
                                 dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = dov_4;
                                 dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = dov_5;
                             }
+                            #pragma omp simd
                             for (int64_t i = 16*(4*i_blk > ((6*j_in_tile + j_part) / 16) ? 4*i_blk : ((6*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 float qk_0b = qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*(64 < n ? 64 : n)];
                                 float qk_1b = qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];

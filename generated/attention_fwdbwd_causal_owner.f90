@@ -1889,7 +1889,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -2786,6 +2786,7 @@ contains
                   dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 5)*min(64, &
                       & n)) = dov_5
                 end do
+                !$omp simd
                 do i = 8*max(8*i_blk, ((6*j_in_tile + j_part) / 8)), min(n, 64*i_blk + 64) - 1
                   qk_0b = qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
                       & h))*min(64, n))
@@ -6346,7 +6347,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -8019,6 +8020,7 @@ contains
                   dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 5)*min(64, &
                       & n)) = dov_5
                 end do
+                !$omp simd
                 do i = 16*max(4*i_blk, ((6*j_in_tile + j_part) / 16)), min(n, 64*i_blk + 64) - 1
                   qk_0b = qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
                       & h))*min(64, n))

@@ -161,7 +161,7 @@ void attention_gqa_bwd_flash_f64(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
      * for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-     *     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -530,6 +530,7 @@ void attention_gqa_bwd_flash_f64(
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 4) + r)*(64 < n ? 64 : n)] = dov_4;
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 5) + r)*(64 < n ? 64 : n)] = dov_5;
                                 }
+                                #pragma omp simd
                                 for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                     double qk_0 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                     double qk_1 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];
@@ -1114,7 +1115,7 @@ void attention_gqa_bwd_flash_f32(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
      * for b, g, j_part (parallel) / j_in_tile_blk / j_in_tile, r / c (simd), i_blk / j_in_tile
-     *     / i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     / i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1771,6 +1772,7 @@ void attention_gqa_bwd_flash_f32(
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 4) + r)*(64 < n ? 64 : n)] = dov_4;
                                     dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 5) + r)*(64 < n ? 64 : n)] = dov_5;
                                 }
+                                #pragma omp simd
                                 for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                     float qk_0 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g)) + r)*(64 < n ? 64 : n)];
                                     float qk_1 = qk_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 1) + r)*(64 < n ? 64 : n)];

@@ -1856,7 +1856,7 @@ void block_bwd_causal_composed_f64(
     }
     /* attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2224,6 +2224,7 @@ void block_bwd_causal_composed_f64(
                                 attn_dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = dov_4;
                                 attn_dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = dov_5;
                             }
+                            #pragma omp simd
                             for (int64_t i = 8*(8*i_blk > ((6*j_in_tile + j_part) / 8) ? 8*i_blk : ((6*j_in_tile + j_part) / 8)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 double qk_0 = attn_qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*(64 < n ? 64 : n)];
                                 double qk_1 = attn_qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];
@@ -6591,7 +6592,7 @@ void block_bwd_causal_composed_f32(
     }
     /* attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7247,6 +7248,7 @@ void block_bwd_causal_composed_f32(
                                 attn_dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 4)*(64 < n ? 64 : n)] = dov_4;
                                 attn_dov_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 5)*(64 < n ? 64 : n)] = dov_5;
                             }
+                            #pragma omp simd
                             for (int64_t i = 16*(4*i_blk > ((6*j_in_tile + j_part) / 16) ? 4*i_blk : ((6*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 float qk_0 = attn_qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h))*(64 < n ? 64 : n)];
                                 float qk_1 = attn_qk_block[i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + 1)*(64 < n ? 64 : n)];

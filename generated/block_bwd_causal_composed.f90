@@ -2529,7 +2529,7 @@ contains
     !$omp end parallel do
     ! attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -3434,6 +3434,7 @@ contains
                   attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
                       & 5)*min(64, n)) = dov_5
                 end do
+                !$omp simd
                 do i = 8*max(8*i_blk, ((6*j_in_tile + j_part) / 8)), min(n, 64*i_blk + 64) - 1
                   qk_0 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
                       & h))*min(64, n))
@@ -9854,7 +9855,7 @@ contains
     !$omp end parallel do
     ! attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i (register tile), c
     !$omp parallel do collapse(3) schedule(static) private( &
     !$omp&   j_in_tile_blk, &
     !$omp&   j_in_tile, &
@@ -11527,6 +11528,7 @@ contains
                   attn_dov_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + h) + &
                       & 5)*min(64, n)) = dov_5
                 end do
+                !$omp simd
                 do i = 16*max(4*i_blk, ((6*j_in_tile + j_part) / 16)), min(n, 64*i_blk + 64) - 1
                   qk_0 = attn_qk_block(i - 64*i_blk + (6*j_in_tile + j_part + n*(b*heads + &
                       & h))*min(64, n))

@@ -18,7 +18,7 @@ from moagen.moa.expr import Scalar, array, dropout, idiv, psi, sym
 from moagen.moa.rewrites import quadratic_temporaries
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
-from moagen.onf.loops import stmt_exprs, walk
+from moagen.onf.loops import Loop, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.philox import keep_mask, keep_pieces, philox4x32
 from moagen import reference
@@ -232,3 +232,16 @@ def test_the_flash_forward_draws_once_per_key_8_keys_a_step():
     assert len(unrolled) == 6 * 8  # 6 rows jammed, 8 keys each
     assert sorted(int(piece) for _, piece in unrolled) == sorted(list(range(8)) * 6)
     assert {group for group, _ in unrolled} == {sym("j_tile")}
+
+
+def test_the_flash_forwards_groups_of_keys_are_vector_lanes():
+    """UnrollDraws marks its loop over groups simd (its stores 8 apart, which MarkSimd does
+    not take): the compiler runs several groups' Philox rounds in one vector, plain or
+    causal. Its edge (under 8 keys a row, a key at a time) stays MarkSimd's to judge."""
+    for kernel in ("attention_dropout_fwd", "attention_dropout_fwd_causal"):
+        rows = next(n for n in onf_of(kernel, "flash").nests if n.label == "rows")
+        drawing = [s for s in walk(rows.body) if isinstance(s, Loop) and any(
+            isinstance(e, S.Dropout) for b in s.body for x in stmt_exprs(b)
+            for e in S.subexpressions(x))]
+        assert {loop.var.name for loop in drawing} == {"j_tile", "j"}
+        assert all(loop.simd for loop in drawing if loop.var.name == "j_tile"), kernel

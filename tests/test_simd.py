@@ -119,6 +119,33 @@ def test_rows_min_n_b_apart_are_vectorized():
     assert _rows_marked(64 * BLK, 3 * sympy.Min(N, 64), dims=(sym("cap"),))
 
 
+def test_rows_a_group_of_min_n_b_apart_are_vectorized():
+    """A block's scratch with a row per query head of a group and a key of the jammed tile
+    (the owner's t_block): rows group min(n, 64) apart, a whole multiple of the at most
+    min(n, 64) rows the loop runs (of min(64, n, 64 i_blk + 64) on a causal block, whose
+    rows start at Max(64 i_blk, k)), which sympy does not order. A multiple of min(n, 32),
+    or by a count given at call time (possibly 0), proves nothing."""
+    group, given = sym("group"), sym("given")
+    marked = lambda start, gap: _rows_marked(start, gap, (group, N), (group, N, given))
+    assert marked(64 * BLK, group * sympy.Min(N, 64))
+    assert marked(64 * BLK, -3 * group * sympy.Min(N, 64))
+    assert marked(8 * sympy.Max(8 * BLK, sym("k")), group * sympy.Min(N, 64))
+    assert not marked(64 * BLK, group * sympy.Min(N, 32))
+    assert not marked(64 * BLK, given * sympy.Min(N, 64))
+
+
+def test_the_owners_draws_and_exponentials_are_vectorized():
+    """The owner's pass over a block's rows that takes P and dS from the jammed keys' scores
+    (the exponentials; with dropout its draws, a Philox run a lane) is vectorized, plain or
+    causal, grouped or not."""
+    for kernel in ("attention_gqa_bwd", "attention_dropout_bwd", "attention_dropout_bwd_causal"):
+        draws = [s for s in _loops(kernel, "flash") if any(
+            isinstance(e, S.Dropout) or isinstance(e, S.Un) and e.fn.startswith("exp")
+            for b in s.body if isinstance(b, Let)
+            for e in S.subexpressions(b.value))]
+        assert draws and all(loop.simd for loop in draws), kernel
+
+
 def test_the_flash_forwards_block_passes_stay_vectorized():
     """attention_fwd flash: its score rows min(n, B) long, and every loop over a block's
     keys but the register tiles' vectorized (the exponentials included: a scalar exp per

@@ -136,7 +136,7 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
     unrolled copies), or a distance at least the longest the loop runs (the rows of a
     block's scratch: 64 apart, over at most the 64 keys of a block; 64 times the sizes in
     `positive`, each at least 1, when the scratch has a row per query head of a group;
-    min(n, 64) apart over at most min(n, 64) keys). Remembered: sympy's simplify is most of
+    min(n, 64) apart over at most min(n, 64) keys; group min(64, n) apart over as many). Remembered: sympy's simplify is most of
     the time the generator takes, and a kernel's dtypes and languages, and the block's
     stages, ask the same questions."""
     if sympy.diff(a, var) != 1 or sympy.diff(b, var) != 1:
@@ -147,12 +147,28 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
                         for s in positive & (gap.free_symbols | bounds[-1].free_symbols)}
         # |bound|: a loop whose bound is below 0 runs no iteration (decode's n, a count)
         if any((abs(gap.subs(at_least_one)) - abs(bound.subs(at_least_one))).is_nonnegative
+               or _whole_multiple(gap.subs(at_least_one), bound.subs(at_least_one))
                for bound in bounds):
             return True
         if gap.is_number:
             return False
     apart = simplified(gap / (stop - start))
     return bool(apart.is_integer) and apart != 0
+
+
+def _whole_multiple(gap, bound) -> bool:
+    """Whether gap is a nonzero whole multiple of bound, or of the least of some of its
+    arguments where it is a Min (a loop that runs past none of them), so at least as long:
+    the rows of a group's query heads in a block's scratch, group min(64, n) apart over
+    min(n, 64) keys (min(64, n, 64 i_blk + 64) on a causal block), which sympy does not
+    order. A bound below 0 is a loop that runs no iteration."""
+    args = bound.args if isinstance(bound, sympy.Min) else (bound,)
+    for count in range(len(args), 0, -1):
+        for some in combinations(args, count):
+            ratio = simplified(gap / sympy.Min(*some))
+            if ratio.is_integer and ratio.is_nonzero:
+                return True
+    return False
 
 
 @lru_cache(maxsize=1024)

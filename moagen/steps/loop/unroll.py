@@ -308,8 +308,10 @@ class UnrollDraws(Step):
 
     jam is UnrollJam's. The copies' draws then name one (row, group), j_tile
     (moagen.moa.scalar.Dropout.draw), and the compiler makes one Philox run for their 8
-    keys where the loop made 8. Legal where UnrollJam is (the iterations independent), and
-    when s is a multiple of 8, so that the groups are Philox's."""
+    keys where the loop made 8; j_tile, innermost, is marked simd, so that the compiler runs
+    several groups' rounds in the lanes of its vectors. Legal where UnrollJam is (the
+    iterations independent), and when s is a multiple of 8, so that the groups are
+    Philox's."""
     loop: str
     nest: Optional[str] = None
 
@@ -331,4 +333,10 @@ class UnrollDraws(Step):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its keys would not be Philox's groups")
         tile = claim_loop(names, loop_role(self.loop, "tile"), scope | loop_vars((loop,)), self)
-        return in_groups(self, loop, loop.body, f, tile, names)
+        tiles, rest = in_groups(self, loop, loop.body, f, tile, names)
+        if not any(isinstance(s, Loop) for s in tiles.body):
+            # the groups' runs side by side in vector lanes (their iterations independent,
+            # as the loop's were): MarkSimd takes only unit-stride stores, a group's are 8
+            # apart
+            tiles = replace(tiles, simd=True)
+        return [tiles, rest]
