@@ -6,6 +6,7 @@ it becomes `Load` with a flat offset. `Local` is a scalar the ONF introduced (a 
 value or an accumulator).
 """
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Tuple
 
 import sympy
@@ -124,13 +125,21 @@ LEAVES = (Access, Load, Num, Dim, Param, Local)
 
 
 def children(e: ScalarExpr):
-    return [getattr(e, f.name) for f in fields(e) if isinstance(getattr(e, f.name), ScalarExpr)]
+    return [c for c in map(e.__getattribute__, _field_names(type(e)))
+            if isinstance(c, ScalarExpr)]
+
+
+@lru_cache(maxsize=None)
+def _field_names(cls) -> tuple:
+    """A node class's fields, once (dataclasses.fields builds its tuple on every call, and
+    the generator's analyses walk millions of nodes)."""
+    return tuple(f.name for f in fields(cls))
 
 
 def map_children(e: ScalarExpr, fn) -> ScalarExpr:
     """A copy of e with fn applied to each direct child."""
-    changes = {f.name: fn(getattr(e, f.name)) for f in fields(e)
-               if isinstance(getattr(e, f.name), ScalarExpr)}
+    changes = {name: fn(child) for name in _field_names(type(e))
+               if isinstance(child := getattr(e, name), ScalarExpr)}
     return replace(e, **changes) if changes else e
 
 
@@ -217,10 +226,14 @@ def alpha_key(e: ScalarExpr):
 
 
 def subexpressions(e: ScalarExpr):
-    """e and every node below it, parents first."""
-    yield e
-    for c in children(e):
-        yield from subexpressions(c)
+    """e and every node below it, parents first (each before its children, the children in
+    order). By a stack, not generators nested as deep as the tree: each node would pass
+    through every generator above it."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
 
 
 def nested_sums(e: ScalarExpr):
