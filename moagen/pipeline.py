@@ -26,6 +26,7 @@ def onf_of(kernel: str, variant: str = None, layout: str = "row", params=None,
     """The kernel's final ONF for a target kind; params: schedule parameters over the
     variant's defaults for that kind and dtype; upto = K: the ONF after its first K steps."""
     k = get_kernel(kernel)
+    variant = k.variant(variant, target, dtype).name  # None: the target's default
     chosen = k.variant(variant).params(params, target, dtype)
     if isinstance(k, CompositeKernel):
         return _composed(k, chosen, layout, target, dtype, upto)

@@ -68,7 +68,7 @@ def resolve(kernel: str, variant: Optional[str] = None, lang: str = "c",
     portable defaults, what generated/ holds)."""
     target, dtype = get_target(lang), check_dtype(dtype)
     k = get_kernel(kernel)
-    v = k.variant(variant)
+    v = k.variant(variant, target.kind, dtype)
     if params is None and here:
         params = machine_choice(k.name, v.name, target, dtype, tuned)
     chosen = dict(params or {})

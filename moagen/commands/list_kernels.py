@@ -14,7 +14,20 @@ def run(args):
     for kernel in KERNELS.values():
         variants = [name + defaults_text(variant) for name, variant in kernel.variants.items()]
         also = "".join(f" (= {a})" for a, name in ALIASES.items() if name == kernel.name)
-        print(f"{kernel.name}{also}: {', '.join(variants)}")
+        print(f"{kernel.name}{also}: {', '.join(variants)}{device_defaults_text(kernel)}")
+
+
+def device_defaults_text(kernel):
+    """; on cuda: tensor (float32: tiled) where a target kind runs another variant than the
+    first when none is named (Kernel.default_variant)."""
+    first, notes = next(iter(kernel.variants)), []
+    for target in DEFAULT_KINDS:
+        runs = {dtype: kernel.default_variant(target, dtype) for dtype in DTYPES}
+        if set(runs.values()) != {first}:
+            others = "".join(f" ({dtype}: {name})" for dtype, name in runs.items()
+                             if name != runs[DTYPES[0]])
+            notes.append(f"; on {target}: {runs[DTYPES[0]]}{others}")
+    return "".join(notes)
 
 
 def defaults_text(variant):

@@ -66,14 +66,21 @@ class Variant:
 
 
 class _Variants:
-    def variant(self, name=None):
-        """The named variant; the first one when name is None."""
+    def variant(self, name=None, target: str = "cpu", dtype: str = "float64"):
+        """The named variant; when name is None the target kind's default for the dtype
+        (default_variant)."""
         if name is None:
-            return next(iter(self.variants.values()))
+            return self.variants[self.default_variant(target, dtype)]
         if name not in self.variants:
             raise UnknownNameError(f"kernel {self.name} has no variant {name!r}; its variants: "
                                    f"{', '.join(self.variants)}")
         return self.variants[name]
+
+    def default_variant(self, target: str = "cpu", dtype: str = "float64") -> str:
+        """The variant a target kind runs where none is named: the module's DEVICE_DEFAULTS
+        entry for the kind and dtype (the CUDA GEMMs' tensor cores), else the first."""
+        by_dtype = getattr(self, "device_defaults", {}).get(get_kind(target).defaults, {})
+        return by_dtype.get(check_dtype(dtype), next(iter(self.variants)))
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Kernel(_Variants):
     # checks of a call's sizes and scalars beyond shapes: validate(sizes, scalars) raises
     # ValueError before native code runs
     validate: Optional[Callable] = None
+    # target kind -> dtype -> the variant it runs where none is named (default_variant)
+    device_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def name(self):
@@ -104,8 +113,8 @@ class Kernel(_Variants):
         upto = K: the ONF after its first K steps; element_bytes: those of the dtypes it is
         printed for (None: the dtype's)."""
         from moagen.onf.realize import realize
-        v = self.variant(variant)
-        return realize(self.dnf(variant), v.name, v.steps(params, target, dtype), layout, upto,
+        v = self.variant(variant, target, dtype)
+        return realize(self.dnf(v.name), v.name, v.steps(params, target, dtype), layout, upto,
                        element_bytes or (DTYPE_BYTES[dtype],))
 
 
@@ -153,8 +162,15 @@ def _kernel(module, spec, variants, validate=None):
     cases = (_declared(module, "CHECKS", spec.name), _declared(module, "BENCH", spec.name))
     if isinstance(spec, Composite):
         return CompositeKernel(spec, *cases, validate)
+    defaults = getattr(module, "DEVICE_DEFAULTS", {}).get(spec.name, {})
+    for kind, by_dtype in defaults.items():
+        unknown = set(by_dtype.values()) - set(variants)
+        if unknown or set(by_dtype) - set(DTYPES):
+            raise SpecError(f"{module.__name__}: DEVICE_DEFAULTS[{spec.name!r}][{kind!r}] names "
+                            f"{', '.join(sorted(set(by_dtype) - set(DTYPES)) or unknown)}, "
+                            f"not a dtype and a variant of {spec.name}")
     return Kernel(spec, {name: _variant(name, entry) for name, entry in variants.items()},
-                  *cases, validate)
+                  *cases, validate, defaults)
 
 
 def _declared(module, table, kernel):

@@ -44,6 +44,12 @@ TENSOR = {"block_rows": 32, "block_cols": 64, "chunk": 16, "warps_y": 2, "warps_
 TENSOR_DTYPES = {"float32": {"tf32": 3}}
 PRECISION = {0: "f64", 3: "3xtf32", 1: "tf32"}
 
+# the products' variant on CUDA where none is named, per dtype (a module's DEVICE_DEFAULTS),
+# chosen by the metrics, no GPU having timed them yet: the tensor cores' floor (`moagen cost
+# --cuda`) is half the FMA form's in float64 (DMMA at 67 TFLOP/s against DFMA's 34) and
+# under half in float32 (3xTF32, three TF32 products, against FFMA)
+TENSOR_CORES = {"cuda": {"float64": "tensor", "float32": "tensor"}}
+
 
 def on_gemms(layers, rest, products, block_rows, block_cols, chunk, thread_rows=0,
              thread_cols=0, warps_y=0, warps_x=0, tf32=None):

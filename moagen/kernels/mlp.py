@@ -20,7 +20,7 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_CORES, TENSOR_DTYPES, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -226,6 +226,8 @@ BACKWARD_VARIANTS = {
 
 SPECS = (forward_spec(), backward_spec())
 KERNELS = [(SPECS[0], FORWARD_VARIANTS), (SPECS[1], BACKWARD_VARIANTS)]
+# the variant CUDA runs where none is named (moagen.kernels.Kernel.default_variant)
+DEVICE_DEFAULTS = {name: TENSOR_CORES for name in ("mlp_fwd", "mlp_bwd")}
 # the name a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"mlp_fwd_vjp": "mlp_bwd"}
 # a stage's backward in a composite (moagen.kernels.chain)

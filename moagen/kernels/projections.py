@@ -18,7 +18,7 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
-from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_CORES, TENSOR_DTYPES, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
@@ -172,6 +172,8 @@ ROWS = Layers(mapping=cpu(Parallel(("b", "i"))))
 
 KERNELS = [(QKV, QKV_VARIANTS), (QKV_BWD, QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
            (OUT_BWD, OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), ROWS)})]
+# the variant CUDA runs where none is named (moagen.kernels.Kernel.default_variant)
+DEVICE_DEFAULTS = {name: TENSOR_CORES for name in ("qkv_proj", "out_proj")}
 # the names a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"qkv_proj_vjp": "qkv_proj_bwd", "out_proj_vjp": "out_proj_bwd"}
 # a stage's backward in a composite (moagen.kernels.chain); a residual's gradient is the

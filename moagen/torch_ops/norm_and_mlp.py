@@ -5,14 +5,23 @@ dimensions; the kernels see them as one batch of rows).
                 backward rmsnorm_bwd (dx, and dweight summed in fixed parts, 16 on a CPU
                 and 528 thread blocks on a GPU: the same bits on any thread count)
     swiglu_mlp  forward mlp_fwd (F, and U = x w_gate and V = x w_up, kept), backward
-                mlp_bwd (H recomputed from U and V); both register tiled ("tiled")
+                mlp_bwd (H recomputed from U and V); both register tiled ("tiled") on a
+                CPU, on a GPU the kernels' default there (`moagen list`: tensor cores)
 
 The weights are in the kernels' (and x @ W's) orientation: w_gate, w_up (d_model, d_ff),
 w_down (d_ff, d_model); an nn.Linear stores the transpose (its .weight.T)."""
+from typing import Optional
+
 from torch import Tensor
 
 from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
 from moagen.torch_ops.operator import Operator
+
+
+def _mlp_variant(x: Tensor) -> Optional[str]:
+    """The CPU's register-tiled kernels; on a GPU None: the variant the kernels' module makes
+    CUDA's default (Kernel.default_variant)."""
+    return None if x.is_cuda else "tiled"
 
 
 def _rows(x):
@@ -107,7 +116,7 @@ def _swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 lang: str) -> tuple[Tensor, Tensor, Tensor]:
     """F, U = x w_gate and V = x w_up."""
     hidden = (*x.shape[:-1], w_gate.shape[1])
-    return call("mlp_fwd", "tiled", lang, _rows(x), w_gate, w_up, w_down,
+    return call("mlp_fwd", _mlp_variant(x), lang, _rows(x), w_gate, w_up, w_down,
                 out_shapes=(x.shape, hidden, hidden))
 
 
@@ -119,7 +128,7 @@ def _swiglu_mlp_fake(x, w_gate, w_up, w_down, lang):
 def _swiglu_mlp_backward(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, u: Tensor,
                          v: Tensor, grad_f: Tensor,
                          lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down, _rows(u), _rows(v),
+    return call("mlp_bwd", _mlp_variant(x), lang, _rows(x), w_gate, w_up, w_down, _rows(u), _rows(v),
                 _rows(grad_f), out_shapes=(x.shape,))
 
 

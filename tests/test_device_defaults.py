@@ -1,0 +1,49 @@
+"""The variant a target kind runs where none is named (Kernel.default_variant): the CUDA
+GEMMs' tensor cores, chosen by the metrics (moagen.kernels.gemm.TENSOR_CORES); every
+other kernel and kind its first variant."""
+import types
+
+import pytest
+
+from moagen.cli import main
+from moagen.errors import SpecError
+from moagen.kernels import KERNELS, _kernel, get_kernel
+from moagen.onf.signature import DTYPES
+from moagen.pipeline import onf_of
+from moagen.request import resolve
+
+GEMMS = ("mlp_fwd", "mlp_bwd", "qkv_proj", "out_proj")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel", GEMMS)
+def test_cuda_runs_the_tensor_cores_where_no_variant_is_named(kernel, dtype):
+    assert resolve(kernel, None, "cuda", dtype).variant == "tensor"
+    assert onf_of(kernel, target="cuda", dtype=dtype).variant == "tensor"
+    first = next(iter(get_kernel(kernel).variants))
+    assert resolve(kernel, None, "c", dtype).variant == first != "tensor"
+    assert resolve(kernel, "tiled", "cuda", dtype).variant == "tiled"  # named: as named
+
+
+def test_every_other_kernel_runs_its_first_variant_everywhere():
+    for kernel in set(KERNELS) - set(GEMMS):
+        first = next(iter(KERNELS[kernel].variants))
+        assert {KERNELS[kernel].default_variant(kind, dtype) for kind in ("cpu", "cuda")
+                for dtype in DTYPES} == {first}, kernel
+
+
+def test_list_shows_what_cuda_runs(capsys):
+    assert main(["list"]) == 0
+    lines = {line.split(":")[0].split(" ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert all(lines[k].endswith("; on cuda: tensor") for k in GEMMS)
+    assert "; on cuda" not in lines["attention_fwd"]
+
+
+def test_a_default_that_is_no_variant_is_refused():
+    spec, variants = KERNELS["rmsnorm_apply"].spec, KERNELS["rmsnorm_apply"].variants
+    module = types.SimpleNamespace(
+        __name__="moagen.kernels.new", CHECKS={spec.name: None}, BENCH={spec.name: None},
+        DEVICE_DEFAULTS={spec.name: {"cuda": {"float64": "tensor"}}})
+    with pytest.raises(SpecError, match="DEVICE_DEFAULTS.*names tensor, not a dtype and a "
+                                        "variant of rmsnorm_apply"):
+        _kernel(module, spec, variants)
