@@ -61,7 +61,7 @@ def _compose(name, params, target, dtype):
     `<stage label>.<parameter>`) for the target and dtype."""
     by_stage = stage_params(name, params)
     return compose(get_kernel(name).composite,
-                   lambda st: onf_of(st.kernel, st.variant, params=by_stage[st.label],
+                   lambda st: onf_of(st.kernel, st.variant_on(target, dtype), params=by_stage[st.label],
                                      target=target, dtype=dtype))
 
 

@@ -47,3 +47,15 @@ def test_a_default_that_is_no_variant_is_refused():
     with pytest.raises(SpecError, match="DEVICE_DEFAULTS.*names tensor, not a dtype and a "
                                         "variant of rmsnorm_apply"):
         _kernel(module, spec, variants)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_block_runs_its_gemm_stages_as_the_target_does(dtype):
+    """The block's stages on CUDA run their kernels' CUDA defaults (tensor cores for the
+    GEMMs; verified with the rest of the block: moagen verify block_fwd --lang cuda
+    --emulate); on a CPU the variants the composite names."""
+    on_cuda = set(onf_of("block_fwd", target="cuda", dtype=dtype).schedule)
+    assert {"qkv = qkv_proj tensor", "out = out_proj tensor", "mlp = mlp_fwd tensor"} <= on_cuda
+    assert "mlp = mlp_bwd tensor" in onf_of("block_bwd", target="cuda", dtype=dtype).schedule
+    on_cpu = set(onf_of("block_fwd", dtype=dtype).schedule)
+    assert {"qkv = qkv_proj tiled", "out = out_proj tiled", "mlp = mlp_fwd tiled"} <= on_cpu

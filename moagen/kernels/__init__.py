@@ -76,11 +76,13 @@ class _Variants:
                                    f"{', '.join(self.variants)}")
         return self.variants[name]
 
-    def default_variant(self, target: str = "cpu", dtype: str = "float64") -> str:
+    def default_variant(self, target: str = "cpu", dtype: str = "float64",
+                        otherwise: str = None) -> str:
         """The variant a target kind runs where none is named: the module's DEVICE_DEFAULTS
-        entry for the kind and dtype (the CUDA GEMMs' tensor cores), else the first."""
+        entry for the kind and dtype (the CUDA GEMMs' tensor cores), else `otherwise`, else
+        the first."""
         by_dtype = getattr(self, "device_defaults", {}).get(get_kind(target).defaults, {})
-        return by_dtype.get(check_dtype(dtype), next(iter(self.variants)))
+        return by_dtype.get(check_dtype(dtype), otherwise or next(iter(self.variants)))
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ class CompositeKernel(_Variants):
     @cached_property
     def variants(self):
         def defaults_for(target, dtype):
-            return self.stage_params(lambda st: get_kernel(st.kernel).variant(st.variant)
+            return self.stage_params(lambda st: get_kernel(st.kernel)
+                                     .variant(st.variant_on(target, dtype))
                                      .defaults_for(target, dtype))
 
         defaults = {target: {dtype: defaults_for(target, dtype) for dtype in DTYPES}

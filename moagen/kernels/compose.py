@@ -22,8 +22,8 @@ from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
 from moagen.moa.spec import sizes_of
-from moagen.onf.loops import (ONF, Barrier, Buffer, Grid, LaneReduce, Let, Loop, Nest, SharedArray,
-                              Store, Update, bound_symbol)
+from moagen.onf.loops import (ONF, Barrier, Buffer, Grid, LaneReduce, Let, Loop, Mma, Nest,
+                              SharedArray, Store, Update, bound_symbol)
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,13 @@ class Stage:
     variant: str
     arrays: Dict[str, str]  # the stage kernel's array -> the composite's
     sizes: Dict[str, str] = field(default_factory=dict)  # the stage's size -> the composite's
+
+    def variant_on(self, target: str, dtype: str) -> str:
+        """The variant the stage runs on a target kind: its kernel's default there where the
+        kernel's module declares one (DEVICE_DEFAULTS: CUDA's GEMMs on tensor cores), else
+        the one it names."""
+        from moagen.kernels import get_kernel
+        return get_kernel(self.kernel).default_variant(target, dtype, self.variant)
 
     def size_map(self, symbols) -> Dict[sympy.Symbol, sympy.Expr]:
         """Each of the stage kernel's size symbols -> the composite's size it stands for."""
@@ -117,11 +124,11 @@ def compose(composite: Composite, stage_onf) -> ONF:
         rename = _Renamer(names, sizes, bounds)
         nests += [Nest(names.get(n.target, n.target),
                        tuple(rename.stmt(s) for s in n.body),
-                       f"stage {st.label}: {st.kernel} {st.variant}\n{n.origin}",
+                       f"stage {st.label}: {st.kernel} {onf.variant}\n{n.origin}",
                        f"{st.label}.{n.label}",
                        shared_layouts=tuple(map(rename.layout, n.shared_layouts)))
                   for n in onf.nests]
-        schedule.append(f"{st.label} = {st.kernel} {st.variant}")
+        schedule.append(f"{st.label} = {st.kernel} {onf.variant}")
     returned = composite.outputs + composite.kept()
     missing = [a for a in returned if a not in shapes]
     if missing:
@@ -173,6 +180,9 @@ class _Renamer:
     def stmt(self, s):
         if isinstance(s, Loop):
             gpu = s.gpu
+            if isinstance(gpu, Mma):
+                gpu = replace(gpu, terms=tuple(tuple(map(self.operand, t)) for t in gpu.terms),
+                              c=self.operand(gpu.c))
             if isinstance(gpu, Grid) and gpu.bounds:
                 if any(name not in self.bounds for name, _ in gpu.bounds):
                     raise SpecError(f"a tiled stage's bounded size is no size of the composite: "
@@ -192,6 +202,10 @@ class _Renamer:
                                                     then_array=self.arrays[h.then_array])
                                             for h in s.hazards))
         raise SpecError(f"cannot rename statement {s!r}")
+
+    def operand(self, operand):
+        """A tensor-core product's shared tile in the composite's name."""
+        return replace(operand, array=self.arrays[operand.array])
 
     def layout(self, layout):
         """A tiled stage's shared layout in the composite's array and bound names."""
