@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moagen.bench import atomics, calls, languages, machine, report, slurm, suite, sweep, topology
-from moagen.bench.timing import time_calls
+from moagen.bench.timing import ratio_rounds, time_calls
 from moagen.bench.worker import _call
 from moagen.cli import main
 from moagen.emit import emit
@@ -342,3 +342,19 @@ def test_the_baselines_that_run_are_chosen():
     assert baselines(calls.BASELINES) == ["numpy", "torch", "compiled"]
     assert baselines(("torch",)) == ["torch"]
     assert baselines(()) == []
+
+
+
+def test_ratio_rounds_take_each_ratio_within_a_round():
+    """The calls in turn after their warm-ups; under a clock ten times slower each round
+    (load from elsewhere) a call twice the baseline's is 2.0, and each call's median is its
+    middle round's."""
+    calls = []
+
+    def clock(fn):
+        fn()
+        return {"a": 1.0, "b": 2.0}[calls[-1]] * 10 ** ((len(calls) - 3) // 2)
+    seconds, ratios = ratio_rounds([lambda: calls.append("a"), lambda: calls.append("b")],
+                                   warmup=1, repeats=5, clock=clock)
+    assert calls == ["a", "b"] + ["a", "b"] * 5
+    assert ratios == [1.0, 2.0] and seconds == [100.0, 200.0]

@@ -52,6 +52,21 @@ def time_calls(calls, warmup=1, repeats=5, clock=wall_clock, batch_s=BATCH_S) ->
     return [dict(_stats(t, warmup), calls_per_sample=batch) for t, batch in zip(times, batches)]
 
 
+def ratio_rounds(calls, warmup=2, repeats=7, clock=wall_clock) -> tuple:
+    """(each call's median seconds, each call's median ratio to the first's): the calls
+    (callables of no argument, the first the baseline) each warmed up `warmup` times, then
+    timed in `repeats` rounds, each call once a round in turn; a ratio is taken within a
+    round and the ratios' median reported, so that load from elsewhere on the machine, which
+    moves a whole round, moves no ratio (medians of separately taken medians it would)."""
+    for fn in calls:
+        for _ in range(warmup):
+            fn()
+    rounds = [[clock(fn) for fn in calls] for _ in range(repeats)]
+    times = list(zip(*rounds))
+    return ([float(np.median(t)) for t in times],
+            [float(np.median([r[k] / r[0] for r in rounds])) for k in range(len(calls))])
+
+
 def _batch(seconds, batch_s):
     """How many back-to-back calls one sample takes: enough to last batch_s."""
     if seconds is None or seconds >= batch_s:
