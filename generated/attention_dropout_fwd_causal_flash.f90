@@ -2581,34 +2581,41 @@ contains
                     & n)) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
                     & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 0_c_int64_t, seed, &
                     & real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 1) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 1) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 2) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 2) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 3) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 3) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 4) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 4) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 5) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 5) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 6) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 6) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 7) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 7) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
               end do
               !$omp simd
               do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
@@ -2672,34 +2679,41 @@ contains
                     & n)) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
                     & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 0_c_int64_t, seed, &
                     & real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 1) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 1) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 2) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 2) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 3) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 3) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 4) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 4) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 5) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 5) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 6) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 6) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 7) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 7) * merge(1.0_c_double / (1.0_c_double - dropout_p), 0.0_c_double, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
               end do
               !$omp simd
               do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
@@ -5222,34 +5236,41 @@ contains
                     & n)) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
                     & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 0_c_int64_t, seed, &
                     & real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 1) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 1) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 2) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 2) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 3) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 3) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 4) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 4) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 5) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 5) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 6) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 6) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 7) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 7) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
               end do
               !$omp simd
               do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
@@ -5313,34 +5334,41 @@ contains
                     & n)) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
                     & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 0_c_int64_t, seed, &
                     & real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      1) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      2) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      3) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      4) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      5) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      6) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, real(dropout_p, c_double)))
-                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + &
-      7) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, moagen_keep(i + &
-          & n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 1) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 1) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 1_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 2) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 2) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 2_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 3) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 3) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 3_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 4) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 4) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 4_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 5) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 5) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 5_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 6) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 6) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 6_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
+                probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, n) + 7) &
+                    & = probs(-64*j_blk + 8*j_tile + (i + n*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n) + 7) * merge(1.0_c_float / (1.0_c_float - dropout_p), 0.0_c_float, &
+                    & moagen_keep(i + n*(group*(b*kv_heads + g) + r), j_tile, 7_c_int64_t, seed, &
+                    & real(dropout_p, c_double)))
               end do
               !$omp simd
               do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1

@@ -501,5 +501,11 @@ def dnf_comment(onfs) -> list:
 
 @lru_cache(maxsize=None)
 def _print_index(printer, e) -> str:
-    """sympy's printers are slow; a register tile prints the same offsets many times."""
+    """sympy's printers are slow; a register tile prints the same offsets many times, and
+    the same row plus one constant after another (five in six of the offsets printed): such
+    a sum is printed as its other terms, once, and the constant."""
+    if isinstance(e, sympy.Add) and e.args[0].is_Integer:
+        constant, rest = e.args[0], sympy.Add(*e.args[1:])
+        sign = "+" if constant > 0 else "-"
+        return f"{_print_index(printer, rest)} {sign} {printer.doprint(abs(constant))}"
     return printer.doprint(e)
