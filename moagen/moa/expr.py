@@ -55,12 +55,13 @@ def simplified(e):
     faster; one with Min, Max or idiv terms the same way with each such term (its arguments
     simplified first) held as a symbol of its own: (x + 2) Min(128, n) - (x + 5) Min(128,
     n) is -3 Min(128, n), as simplify finds it, in a third of the time (simplify tries
-    rewrites of the Min that never apply to index expressions). Remembered: the GPU
-    printers ask for the same loops' extents hundreds of times."""
-    if e.is_rational_function():
-        return sympy.cancel(e)
+    rewrites of the Min that never apply to index expressions). A polynomial (most are: a
+    distance between two offsets) is only expanded: cancel gives it the same form, more
+    slowly. Remembered: the GPU printers ask for the same loops' extents hundreds of times."""
     held = {}
-    return sympy.cancel(_holding_terms(e, held)).xreplace({s: t for t, s in held.items()})
+    poly = e if e.is_rational_function() else _holding_terms(e, held)
+    poly = sympy.expand(poly) if poly.is_polynomial() else sympy.cancel(poly)
+    return poly.xreplace({s: t for t, s in held.items()})
 
 
 def _holding_terms(e, held):
