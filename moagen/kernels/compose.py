@@ -172,7 +172,10 @@ class _Renamer:
     """A stage's statements in the composite's names: arrays renamed, sizes substituted."""
 
     def __init__(self, arrays, sizes, bounds):
-        self.arrays, self.sizes, self.bounds = arrays, tuple(sizes.items()), bounds
+        # a size the composite calls as the stage does (n, batch) left out: xreplace would
+        # rebuild every expression holding it, each Min and Max compared again
+        self.arrays, self.bounds = arrays, bounds
+        self.sizes = tuple((x, v) for x, v in sizes.items() if x != v)
 
     def index(self, e):
         return _renamed(e, self.sizes)
