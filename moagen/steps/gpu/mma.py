@@ -67,88 +67,102 @@ class WarpMma(Step):
                 visit(s.body, frags + ((s,) if is_fragment_loop(s) else ()))
 
         visit(nest.body, ())
-        if len(found) != 1:
-            raise ScheduleError(f"{self}: nest {nest.label} has {len(found)} loops over "
-                                f"{self.loop} inside fragment loops, not one")
-        summed, frags = found[0]
-        if len(frags) != 2 or (frags[0].gpu.axis, frags[1].gpu.axis) != ("y", "x") or \
-                (frags[0].gpu.fragment, frags[1].gpu.fragment) != (m, n):
-            raise ScheduleError(f"{self}: the sum is not inside a warp's rows (y) and columns "
-                                f"(x) as fragments of {m} x {n} ({self.precision})")
-        rows, cols = frags
-        for lp in frags:
-            if max_extent(lp) != lp.gpu.threads * lp.gpu.tile:
-                raise ScheduleError(f"{self}: the loop over {lp.var} is not the block's warps' "
-                                    "tiles exactly")
-        chunk = max_extent(summed)
-        if chunk is None or chunk % k:
-            raise ScheduleError(f"{self}: the loop over {self.loop} is not whole steps of {k}")
-        updates = summed.body
-        if not updates or any(not isinstance(u, Update) or u.op != "+" or u.name != updates[0].name
-                              for u in updates):
-            raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum acc += a * b "
-                                "(+ a' * b' ...: AddTermwise's terms)")
-        update = updates[0]
-        terms = []
-        for u in updates:
-            value = u.value
-            if not (isinstance(value, S.Bin) and value.op == "*"
-                    and isinstance(value.left, S.Access) and isinstance(value.right, S.Access)):
-                raise ScheduleError(f"{self}: {u.name}'s sum is not of products of two arrays' "
-                                    "elements")
-            terms.append((self._operand(value.left, rows, summed, shared, m, k, element),
-                          self._operand(value.right, summed, cols, shared, k, n, element)))
-        # the accumulators: locals zeroed in the columns' loop (the sum's, and where it is a
-        # batch entry's, the entries' total, the sum added to it), one stored once at its end
-        body = cols.body
-        out = body[-1]
-        inside = [s for s in walk(body) if not isinstance(s, Loop) and not _in_copy(s, body)
-                  and not any(s is u for u in updates)]
-        zeroed = {s.name for s in inside if isinstance(s, Let) and s.value == S.Num(0.0)}
-        stored = {x.name for x in S.subexpressions(out.value) if isinstance(x, S.Local)} \
-            if isinstance(out, Store) else set()
-        if not (isinstance(out, Store) and not out.accumulate and len(stored) == 1
-                and stored <= zeroed and update.name in zeroed
-                and all(isinstance(s, Let) and s.name in zeroed
-                        or isinstance(s, Update) and s.op == "+" and s.name in zeroed
-                        and isinstance(s.value, S.Local) and s.value.name in zeroed
-                        or s is out for s in inside)):
-            raise ScheduleError(f"{self}: the loop over {cols.var} does more than zero "
-                                f"{update.name}, sum into it (and add it to a total) and store "
-                                "the result (of it and arrays' elements) once at its end")
-        result, = stored
+        if not found:
+            raise ScheduleError(f"{self}: nest {nest.label} has 0 loops over "
+                                f"{self.loop} inside fragment loops")
+        # several such sums (a causal kernel's unmasked and diagonal key blocks, one after
+        # the other): one output tile for all
         if self.tile in names.reserved:
             raise ScheduleError(f"{self}: the name {self.tile} is taken")
         tile = names.claim(self.tile)
-        extents = (max_extent(rows), max_extent(cols))
-        ldc = extents[1] + PAD
-        c = self._checked(Operand(tile, "row", ldc), m, element)
-        mark = Mma((m, n, k), tuple(terms), c, self.precision)
-        local = (rows.var - rows.start, cols.var - cols.start)
-        into = Store(tile, local, S.Local(result))
-        new_cols = replace(cols, body=body[:-1] + (into,))
-        new_rows = replace(rows, body=tuple(new_cols if s is cols else s for s in rows.body))
-        # the block's copy of its tile to the output: the rows and columns in range
-        coords = [sympy.Symbol(names.claim(names.new("e")), integer=True) for _ in range(2)]
-        at = {rows.var: rows.start + coords[0], cols.var: cols.start + coords[1]}
-        # what the output's element is of the result (Y = R + the heads' sum: out_proj's
-        # residual), the result read from the tile
-        def value(e):
-            if e == S.Local(result):
-                return S.Access(tile, tuple(coords))
-            return S.map_children(e, value)
+        done = {}  # id(rows) -> (the rows' loop marked, the copy out)
+        shapes = set()
+        for summed, frags in found:
+            if len(frags) != 2 or (frags[0].gpu.axis, frags[1].gpu.axis) != ("y", "x") or \
+                    (frags[0].gpu.fragment, frags[1].gpu.fragment) != (m, n):
+                raise ScheduleError(f"{self}: the sum is not inside a warp's rows (y) and columns "
+                                    f"(x) as fragments of {m} x {n} ({self.precision})")
+            rows, cols = frags
+            for lp in frags:
+                if max_extent(lp) != lp.gpu.threads * lp.gpu.tile:
+                    raise ScheduleError(f"{self}: the loop over {lp.var} is not the block's warps' "
+                                        "tiles exactly")
+            chunk = max_extent(summed)
+            # a sum of no constant extent (over d): whole steps of k where its operands' tiles
+            # are copied so, zero past the range (Stage's steps)
+            whole = chunk is not None and chunk % k == 0 or \
+                chunk is None and summed.start == 0 and all(
+                    _copied_in_steps(nest.body, x.array, k) for u in summed.body
+                    for x in S.subexpressions(u.value) if isinstance(x, S.Access))
+            if not whole:
+                raise ScheduleError(f"{self}: the loop over {self.loop} is not whole steps of {k}")
+            updates = summed.body
+            if not updates or any(not isinstance(u, Update) or u.op != "+" or u.name != updates[0].name
+                                  for u in updates):
+                raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum acc += a * b "
+                                    "(+ a' * b' ...: AddTermwise's terms)")
+            update = updates[0]
+            terms = []
+            for u in updates:
+                value = u.value
+                if not (isinstance(value, S.Bin) and value.op == "*"
+                        and isinstance(value.left, S.Access) and isinstance(value.right, S.Access)):
+                    raise ScheduleError(f"{self}: {u.name}'s sum is not of products of two arrays' "
+                                        "elements")
+                terms.append((self._operand(value.left, rows, summed, shared, m, k, element),
+                              self._operand(value.right, summed, cols, shared, k, n, element)))
+            # the accumulators: locals zeroed in the columns' loop (the sum's, and where it is a
+            # batch entry's, the entries' total, the sum added to it), one stored once at its end
+            body = cols.body
+            out = body[-1]
+            inside = [s for s in walk(body) if not isinstance(s, Loop) and not _in_copy(s, body)
+                      and not any(s is u for u in updates)]
+            zeroed = {s.name for s in inside if isinstance(s, Let) and s.value == S.Num(0.0)}
+            stored = {x.name for x in S.subexpressions(out.value) if isinstance(x, S.Local)} \
+                if isinstance(out, Store) else set()
+            if not (isinstance(out, Store) and not out.accumulate and len(stored) == 1
+                    and stored <= zeroed and update.name in zeroed
+                    and all(isinstance(s, Let) and s.name in zeroed
+                            or isinstance(s, Update) and s.op == "+" and s.name in zeroed
+                            and isinstance(s.value, S.Local) and s.value.name in zeroed
+                            or s is out for s in inside)):
+                raise ScheduleError(f"{self}: the loop over {cols.var} does more than zero "
+                                    f"{update.name}, sum into it (and add it to a total) and store "
+                                    "the result (of it and arrays' elements) once at its end")
+            result, = stored
+            extents = (max_extent(rows), max_extent(cols))
+            ldc = extents[1] + PAD
+            c = self._checked(Operand(tile, "row", ldc), m, element)
+            mark = Mma((m, n, k), tuple(terms), c, self.precision)
+            local = (rows.var - rows.start, cols.var - cols.start)
+            into = Store(tile, local, S.Local(result))
+            new_cols = replace(cols, body=body[:-1] + (into,))
+            new_rows = replace(rows, body=tuple(new_cols if s is cols else s for s in rows.body))
+            # the block's copy of its tile to the output: the rows and columns in range
+            coords = [sympy.Symbol(names.claim(names.new("e")), integer=True) for _ in range(2)]
+            at = {rows.var: rows.start + coords[0], cols.var: cols.start + coords[1]}
+            # what the output's element is of the result (Y = R + the heads' sum: out_proj's
+            # residual), the result read from the tile
+            def value(e):
+                if e == S.Local(result):
+                    return S.Access(tile, tuple(coords))
+                return S.map_children(e, value)
 
-        copy = Store(out.array, tuple(sympy.sympify(i).xreplace(at) for i in out.index),
-                     S.subs(value(out.value), at))
-        for coord, lp, axis in reversed(list(zip(coords, frags, "yx"))):
-            copy = Loop(coord, sympy.Integer(0), simplified(lp.stop - lp.start), (copy,),
-                        gpu=BlockCopy(axis))
+            copy = Store(out.array, tuple(sympy.sympify(i).xreplace(at) for i in out.index),
+                         S.subs(value(out.value), at))
+            for coord, lp, axis in reversed(list(zip(coords, frags, "yx"))):
+                copy = Loop(coord, sympy.Integer(0), simplified(lp.stop - lp.start), (copy,),
+                            gpu=BlockCopy(axis))
+            done[id(rows)] = (_marked(new_rows, summed, mark), copy)
+            shapes.add((extents[0], ldc))
+        if len(shapes) != 1:
+            raise ScheduleError(f"{self}: the sums' output tiles have {len(shapes)} shapes")
 
         def rewrite(stmts):
             out_stmts = []
             for s in stmts:
-                if s is rows:
-                    out_stmts += [_marked(new_rows, summed, mark), copy]
+                if id(s) in done:
+                    out_stmts += list(done[id(s)])
                 elif isinstance(s, Loop):
                     out_stmts.append(replace(s, body=rewrite(s.body)))
                 else:
@@ -159,7 +173,7 @@ class WarpMma(Step):
             raise ScheduleError(f"{self}: nest {nest.label} has no grid around its warps")
         nests = [replace(x, body=rewrite(x.body)) if x is nest else x for x in onf.nests]
         return replace(onf.with_nests(nests, str(self)),
-                       shared=onf.shared + (Buffer(tile, (extents[0], ldc)),))
+                       shared=onf.shared + (Buffer(tile, shapes.pop()),))
 
     def _operand(self, access, outer, inner, shared, rows, cols, element) -> Operand:
         """The fragment operand read by `access`: a shared tile indexed by the loops
@@ -190,6 +204,92 @@ class WarpMma(Step):
             raise ScheduleError(f"{self}: {operand.array}'s rows, {operand.ldm} elements "
                                 f"apart, keep no {ALIGN}-byte alignment of its fragments")
         return operand
+
+
+@dataclass(frozen=True)
+class WarpTiles(Step):
+    """The thread loops around the sum over `loop` (its rows along y, its columns along x
+    directly inside, nothing else in that; each such sum: a causal kernel's unmasked and
+    diagonal key blocks) taken by the block's warps as tiles of fragments
+    of the precision's shape (WarpMma's form): `warps` (along y, along x), each a tile of
+    the loop's most iterations over them. A thread loop of one mapping run with others
+    (ThreadPhases' phases): the rows' loop split around the columns', so that the product
+    is a phase of its own, the statements before and after it in loops of the rows' old
+    mapping. The block's threads stay as many along each axis (x: 32 lanes a warp).
+    Refused: no such sum, a loop past its warps' tiles or not whole fragments, and warps
+    that would change the block's threads."""
+    loop: str
+    precision: str = shown("{precision}")
+    warps: tuple = shown("{warps} warps", (1, 1))
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def rewrite_nest(self, nest, names):
+        from moagen.onf.loops import Threads, is_thread_loop
+        if self.precision not in SHAPES:
+            raise ScheduleError(f"{self}: the precision is one of {', '.join(SHAPES)}")
+        (m, n, _), _ = SHAPES[self.precision]
+        block = {lp.gpu.axis: lp.gpu.block_threads for lp in walk(nest.body)
+                 if is_thread_loop(lp)}
+        found = []
+
+        def mapped(lp, axis, warps, fragment):
+            most = max_extent(lp)
+            tile = -(-most // warps) if most else 0
+            if not most or tile % fragment:
+                raise ScheduleError(f"{self}: the loop over {lp.var} is no whole fragments of "
+                                    f"{fragment} for {warps} warps")
+            gpu = Threads(axis, warps, tile, fragment)
+            if block.get(axis, gpu.block_threads) != gpu.block_threads:
+                raise ScheduleError(f"{self}: {warps} warps along {axis} are "
+                                    f"{gpu.block_threads} threads, the block's {block[axis]}")
+            return replace(lp, gpu=gpu)
+
+        def product(cols):
+            return is_thread_loop(cols) and cols.gpu.axis == "x" and not cols.gpu.fragment \
+                and any(isinstance(x, Loop) and x.var.name == self.loop and x.gpu is None
+                        for x in cols.body)
+
+        def visit(stmts):
+            out = []
+            for s in stmts:
+                if is_thread_loop(s) and s.gpu.axis == "y" and not s.gpu.fragment and \
+                        any(product(c) for c in s.body):
+                    at = next(k for k, c in enumerate(s.body) if product(c))
+                    cols = s.body[at]
+                    found.append(s)
+                    if s.body[:at]:
+                        out.append(replace(s, body=s.body[:at]))
+                    out.append(replace(mapped(s, "y", self.warps[0], m),
+                                       body=(mapped(cols, "x", self.warps[1], n),)))
+                    if s.body[at + 1:]:
+                        out.append(replace(s, body=s.body[at + 1:]))
+                elif isinstance(s, Loop):
+                    out.append(replace(s, body=visit(s.body)))
+                else:
+                    out.append(s)
+            return tuple(out)
+
+        body = visit(nest.body)
+        if not found:
+            raise ScheduleError(f"{self}: nest {nest.label} has no sum over {self.loop} in "
+                                "thread loops of rows (y) and columns (x)")
+        return body
+
+
+def _copied_in_steps(body, tile, k) -> bool:
+    """Whether every block copy into `tile` runs whole steps of k along each axis (and so
+    zero-fills past a range of no constant extent)."""
+    copies = [lp for lp in walk(body) if is_block_copy(lp)
+              and any(isinstance(x, Store) and x.array == tile for x in walk(lp.body))]
+    if not copies:
+        return False
+    for lp in copies:
+        extent = sympy.sympify(simplified(lp.stop - lp.start))
+        coeff, _ = extent.as_coeff_Mul()
+        if not (coeff.is_Integer and int(coeff) % k == 0):
+            return False
+    return True
 
 
 def _in_copy(s, body) -> bool:
