@@ -92,7 +92,7 @@ def _upto_staged(label="U", dtype="float64"):
 @pytest.mark.parametrize("step, message", [
     (WarpMma("c", "f16", nest="U"), "the precision is one of"),
     (WarpMma("d", "f64", nest="U"), "0 loops over d inside fragment loops"),
-    (WarpMma("e", "f64", nest="U"), "not inside a warp.s rows"),  # the columns' loop
+    (WarpMma("e", "f64", nest="U"), "is a warp.s fragment loop, not a sum"),  # columns
     (WarpMma("c", "3xtf32", nest="U"), "fragments of 16 x 16"),  # the warps' are 8 x 8
 ])
 def test_warp_mma_refuses_what_it_cannot_do(step, message):
@@ -249,25 +249,44 @@ def _attention_errors(dtype, params=None, stem=None, source=None):
 
 @pytest.mark.parametrize("dtype, precision, shape, rows, ldq", [
     ("float64", "f64", (8, 8, 4), 8, 36), ("float32", "3xtf32", (16, 16, 8), 16, 68)])
-def test_attention_s_scores_are_the_warps_fragments_and_the_softmax_the_block_s_threads(
+def test_attention_s_two_products_are_the_warps_fragments_and_the_softmax_the_threads(
         dtype, precision, shape, rows, ldq):
-    """S = Q K^T a phase of its own (ThreadPhases, WarpTiles): 4 x 1 warps, each its
-    block's rows x the key block as fragments from Q's and K's tiles; the softmax and
-    O += P V by the same 128 threads, 4 along the rows and 32 lanes along the keys."""
+    """S = Q K^T and a key block's P V each a phase of its own (ThreadPhases, WarpTiles):
+    4 x 1 warps, each its block's rows x the key block (S) or 64 of O's columns a tile (P
+    V, as many tiles as d's bound needs) as fragments from the staged tiles and the
+    probabilities; the softmax and O's rescale and addition by the same 128 threads, 4
+    along the rows and 32 lanes along the keys or columns."""
     onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype=dtype)
     loops = [s for s in walk(_nest(onf, "rows").body) if isinstance(s, Loop)]
     assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile, lp.gpu.fragment)
             for lp in loops if is_fragment_loop(lp)} == \
-        {("y", "i", 4, rows, shape[0]), ("x", "j", 1, 64, shape[1])}
-    [mma] = [lp.gpu for lp in loops if isinstance(lp.gpu, Mma)]
-    assert mma == Mma(shape, ((Operand("rows_Q_tile", "col", ldq),
-                               Operand("rows_K_tile", "row", 68)),),
-                      Operand("rows_out_tile", "row", 68), precision)
-    assert {lp.gpu.block_threads for lp in loops if lp.gpu is not None
-            and hasattr(lp.gpu, "block_threads") and lp.gpu.axis == "x"} == {32}
+        {("y", "i", 4, rows, shape[0]), ("x", "j", 1, 64, shape[1]),
+         ("x", "c", 1, 64, shape[1])}
+    scores, pv = [(lp.var.name, lp.gpu) for lp in loops if isinstance(lp.gpu, Mma)]
+    assert scores == ("c", Mma(shape, ((Operand("rows_Q_tile", "col", ldq),
+                                        Operand("rows_K_tile", "row", 68)),),
+                               Operand("rows_out_tile", "row", 68), precision))
+    name, mark = pv
+    (a, b), = mark.terms
+    assert (name, a, b.array, b.major, str(b.ldm), mark.c.array, str(mark.c.ldm)) == \
+        ("j", Operand("probs", "col", ldq), "rows_V_tile", "row", "MAX_d + 4",
+         "rows_pv_tile", "MAX_d + 4")
     from moagen.targets.cuda.printer import CudaPrinter
     [kernel] = [k for k in CudaPrinter(onf, dtype).kernels() if k["tiled"]]
     assert kernel["block"] == (32, 4, 1)
+
+
+def test_attention_s_block_products_sum_a_key_block_apart_then_add_it_to_the_rescaled_o():
+    """BlockProducts: O = O * rescale, then O += p V a key, become a block's sum of
+    products into block_out, then O = O * rescale + block_out."""
+    from moagen.onf.loops import Store as St
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64")
+    stores = [s for s in walk(_nest(onf, "rows").body) if not isinstance(s, Loop)]
+    assert any(isinstance(s, St) and s.array == "block_out" for s in stores)
+    [added] = [s for s in stores if getattr(s, "name", None) == "O_reg"
+               and isinstance(s.value, S.Bin) and s.value.op == "+"]
+    assert {x.array for x in S.subexpressions(added.value) if isinstance(x, S.Load)} == \
+        {"block_out"}
 
 
 def test_attention_s_tensor_sum_over_d_needs_its_tiles_zero_to_whole_steps():
@@ -306,7 +325,8 @@ def test_attention_s_copy_of_the_scores_waits_for_every_warp_s_fragments():
     broken = source.replace(barrier, "//", 1)
     # it orders the scores' copy after the fragments' stores, and after the warps' reads of
     # K's tile, whose memory the scores take: the race check finds the first it meets
-    with pytest.raises(EmulationCheckError, match=r"race on shared `(rows_out_tile|rows_K_tile|probs)`"):
+    with pytest.raises(EmulationCheckError,
+                       match=r"race on shared `(rows_out_tile|rows_K_tile|probs)`"):
         _attention_errors("float64", stem="attention_tensor_race", source=broken)
 
 
@@ -322,3 +342,20 @@ def test_attention_s_scores_loop_is_on_tensor_cores(dtype, instruction):
         hot = max(r.loops, key=lambda lp: lp.counts[instruction])
         assert hot.counts[instruction] >= 8 and hot.fma == 0, (r.arch, r.name)
         assert r.spill_stores == r.spill_loads == 0
+
+
+def test_attention_s_scores_copy_zeroes_the_keys_past_n_that_p_v_sums_over():
+    """WarpMma's `whole` on the scores: their copy writes the whole 32 x 64 block (zero
+    past n, as K's tile is), since P V sums the last key block on to whole steps of k; the
+    copy of the output, P V's, only the rows and columns in range. (Copied only up to n,
+    the probabilities past n would be whatever shared memory held: in the emulation K's
+    stale, finite values, which V's zero rows cancel, so only the copy's range shows it.)"""
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64")
+    copies = {}
+    for lp in walk(_nest(onf, "rows").body):
+        if isinstance(lp, Loop) and lp.gpu is not None and str(lp.gpu).startswith("block-copy.y"):
+            [store] = [x for x in walk(lp.body) if not isinstance(x, Loop)]
+            inner = lp.body[0]
+            copies[store.array] = (str(lp.stop), str(inner.stop))
+    assert copies["probs"] == ("32", "64")
+    assert copies["block_out"] == ("-32*i_blk + Min(n, 32*i_blk + 32)", "d")

@@ -12,6 +12,7 @@ from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
                              psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
+from moagen.steps.algebra.block_products import BlockProducts
 from moagen.steps.algebra.causal import CausalBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.steps.algebra.online import OnlineSoftmax
@@ -214,14 +215,21 @@ def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS, queries=None, 
             raise ScheduleError(f"{precision} tensor cores: {queries or block} query rows "
                                 f"by {block} keys are no whole fragments for "
                                 f"{warps_y} x {warps_x} warps")
+        # O += P V so too: each key block's products summed apart (BlockProducts) as the
+        # warps' fragments, 64 of O's columns a warp's tile, added to O's rescaled rows by
+        # the threads
         return (tiles, *masked, *thread_tiles(nest, "i", "j", rows, lanes, WARP),
+                BlockProducts(key_blocks, "block_out", nest=nest),
                 RegisterTile("O", nest=nest),
                 Stage("Q", at="i", steps=k, nest=nest),
                 Stage("K", at=key_blocks, steps=k, nest=nest),
                 Stage("V", at=key_blocks, late=True, nest=nest), scratch,
+                SharedScratch("block_out", fastest="c", nest=nest),
                 ThreadPhases("i", nest=nest),
                 WarpTiles("c", precision, TENSOR_WARPS, nest=nest),
-                WarpMma("c", precision, nest=nest), UnrollInner("j", 4, nest=nest))
+                WarpTiles("j", precision, TENSOR_WARPS, tiles=(0, block), nest=nest),
+                WarpMma("c", precision, whole=True, nest=nest),
+                WarpMma("j", precision, out=f"{nest}_pv_tile", nest=nest))
     columns = block // lanes
     return (tiles, *masked,
             *thread_tiles(nest, "i", "j", rows, lanes, columns),

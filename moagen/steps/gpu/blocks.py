@@ -8,9 +8,9 @@ from moagen.cuda_archs import WARP
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (BlockCopy, Grid, Let, Loop, Store, Threads, Unrolled, Update, grid_bounds,
-                              is_grid, is_thread_loop, max_extent, most_iterations, names_read,
-                              perfect_chain, subs_stmts, walk)
+from moagen.onf.loops import (BlockCopy, Grid, Let, Loop, Store, Threads, Unrolled, Update,
+                              grid_bounds, is_grid, is_thread_loop, max_extent, most_iterations,
+                              names_read, perfect_chain, subs_stmts, walk)
 from moagen.onf.names import claim_loop, folded_loop, loop_role
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.step import NotApplicable, Step, hidden, option, shown

@@ -8,10 +8,11 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import simplified
 from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, Mma, ONF, Operand, Store, Update,
-                              is_block_copy, is_fragment_loop, is_grid, max_extent, walk)
+                              grid_bounds, is_block_copy, is_fragment_loop, is_grid,
+                              max_extent, most_iterations, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.staging import PAD
-from moagen.steps.step import Step, shown
+from moagen.steps.step import Step, flag, option, shown
 
 # (m, n, k) of a product on the tensor cores, and the bytes of its operands' elements: WMMA's
 # double m8n8k4 (DMMA on sm_80 and sm_90), its tf32 m16n16k8 (HMMA, float32 operands)
@@ -37,15 +38,26 @@ class WarpMma(Step):
     indexed by the sum's and the rows' (columns') variables, fragments of another shape than
     the precision's, a warp's fragments past the block's tile (each warp one tile), a chunk
     of the sum not whole steps of k, a tile whose rows are not 16 bytes apart or whose
-    fragments would not start 32-byte aligned."""
+    fragments would not start 32-byte aligned.
+    A sum of no constant extent (over d) is taken where its operands' tiles are copied in
+    whole steps of k (Stage's steps), and columns of no constant extent (O's over d) where
+    every compiled bound of the size is whole warps' tiles (the output tile as wide as the
+    bound). out: the output tile's name (a nest's second product); whole: the block copies
+    out its whole tile, the rows and columns past the ranges too (where the operands' tiles
+    are zero past them, so are those: a key block's scores past n, which the next product
+    sums over in whole steps of k)."""
     loop: str
     precision: str = shown("{precision}")
+    out: str = option("to {out}", "")
+    whole: bool = flag("whole")
     nest: Optional[str] = None
     layer = "mapping"
 
     @property
     def tile(self) -> str:
         """The shared tile of the block's output."""
+        if self.out:
+            return self.out
         return f"{self.nest.replace('.', '_')}_out_tile" if self.nest else "out_tile"
 
     def __call__(self, onf: ONF) -> ONF:
@@ -61,13 +73,16 @@ class WarpMma(Step):
             for s in stmts:
                 if not isinstance(s, Loop):
                     continue
-                if s.var.name == self.loop and frags:
+                if s.var.name == self.loop and frags and not is_fragment_loop(s):
                     found.append((s, frags))
                     continue
                 visit(s.body, frags + ((s,) if is_fragment_loop(s) else ()))
 
         visit(nest.body, ())
         if not found:
+            if any(is_fragment_loop(s) and s.var.name == self.loop for s in walk(nest.body)):
+                raise ScheduleError(f"{self}: the loop over {self.loop} is a warp's fragment "
+                                    "loop, not a sum inside a warp's rows and columns")
             raise ScheduleError(f"{self}: nest {nest.label} has 0 loops over "
                                 f"{self.loop} inside fragment loops")
         # several such sums (a causal kernel's unmasked and diagonal key blocks, one after
@@ -83,10 +98,21 @@ class WarpMma(Step):
                 raise ScheduleError(f"{self}: the sum is not inside a warp's rows (y) and columns "
                                     f"(x) as fragments of {m} x {n} ({self.precision})")
             rows, cols = frags
+            bounds = grid_bounds(nest.body)
+            spans = []
             for lp in frags:
-                if max_extent(lp) != lp.gpu.threads * lp.gpu.tile:
-                    raise ScheduleError(f"{self}: the loop over {lp.var} is not the block's warps' "
-                                        "tiles exactly")
+                span = lp.gpu.threads * lp.gpu.tile
+                most = max_extent(lp)
+                if most is None and not self.whole and all(
+                        v % span == 0 for _, values in bounds for v in values):
+                    most = most_iterations(lp, bounds)  # in the bound: MAX_d
+                    spans.append(most)
+                    if most is not None:
+                        continue
+                if most != span:
+                    raise ScheduleError(f"{self}: the loop over {lp.var} is not the block's "
+                                        "warps' tiles exactly")
+                spans.append(most)
             chunk = max_extent(summed)
             # a sum of no constant extent (over d): whole steps of k where its operands' tiles
             # are copied so, zero past the range (Stage's steps)
@@ -96,11 +122,16 @@ class WarpMma(Step):
                     for x in S.subexpressions(u.value) if isinstance(x, S.Access))
             if not whole:
                 raise ScheduleError(f"{self}: the loop over {self.loop} is not whole steps of {k}")
+            if self.whole and not all(
+                    _copied_in_steps(nest.body, x.array, 1) for u in summed.body
+                    for x in S.subexpressions(u.value) if isinstance(x, S.Access)):
+                raise ScheduleError(f"{self}: whole: the operands are not tiles a block's copy "
+                                    "fills, zero past their ranges")
             updates = summed.body
-            if not updates or any(not isinstance(u, Update) or u.op != "+" or u.name != updates[0].name
-                                  for u in updates):
-                raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum acc += a * b "
-                                    "(+ a' * b' ...: AddTermwise's terms)")
+            if not updates or any(not isinstance(u, Update) or u.op != "+"
+                                  or u.name != updates[0].name for u in updates):
+                raise ScheduleError(f"{self}: the loop over {self.loop} is not one sum "
+                                    "acc += a * b (+ a' * b' ...: AddTermwise's terms)")
             update = updates[0]
             terms = []
             for u in updates:
@@ -109,8 +140,10 @@ class WarpMma(Step):
                         and isinstance(value.left, S.Access) and isinstance(value.right, S.Access)):
                     raise ScheduleError(f"{self}: {u.name}'s sum is not of products of two arrays' "
                                         "elements")
-                terms.append((self._operand(value.left, rows, summed, shared, m, k, element),
-                              self._operand(value.right, summed, cols, shared, k, n, element)))
+                terms.append((self._operand(value.left, rows, summed, shared, m, k, element,
+                                            bounds),
+                              self._operand(value.right, summed, cols, shared, k, n, element,
+                                            bounds)))
             # the accumulators: locals zeroed in the columns' loop (the sum's, and where it is a
             # batch entry's, the entries' total, the sum added to it), one stored once at its end
             body = cols.body
@@ -130,9 +163,9 @@ class WarpMma(Step):
                                     f"{update.name}, sum into it (and add it to a total) and store "
                                     "the result (of it and arrays' elements) once at its end")
             result, = stored
-            extents = (max_extent(rows), max_extent(cols))
+            extents = tuple(spans)
             ldc = extents[1] + PAD
-            c = self._checked(Operand(tile, "row", ldc), m, element)
+            c = self._checked(Operand(tile, "row", ldc), m, element, bounds)
             mark = Mma((m, n, k), tuple(terms), c, self.precision)
             local = (rows.var - rows.start, cols.var - cols.start)
             into = Store(tile, local, S.Local(result))
@@ -150,9 +183,9 @@ class WarpMma(Step):
 
             copy = Store(out.array, tuple(sympy.sympify(i).xreplace(at) for i in out.index),
                          S.subs(value(out.value), at))
-            for coord, lp, axis in reversed(list(zip(coords, frags, "yx"))):
-                copy = Loop(coord, sympy.Integer(0), simplified(lp.stop - lp.start), (copy,),
-                            gpu=BlockCopy(axis))
+            for coord, lp, axis, span in reversed(list(zip(coords, frags, "yx", spans))):
+                stop = sympy.Integer(span) if self.whole else simplified(lp.stop - lp.start)
+                copy = Loop(coord, sympy.Integer(0), stop, (copy,), gpu=BlockCopy(axis))
             done[id(rows)] = (_marked(new_rows, summed, mark), copy)
             shapes.add((extents[0], ldc))
         if len(shapes) != 1:
@@ -175,7 +208,7 @@ class WarpMma(Step):
         return replace(onf.with_nests(nests, str(self)),
                        shared=onf.shared + (Buffer(tile, shapes.pop()),))
 
-    def _operand(self, access, outer, inner, shared, rows, cols, element) -> Operand:
+    def _operand(self, access, outer, inner, shared, rows, cols, element, bounds=()) -> Operand:
         """The fragment operand read by `access`: a shared tile indexed by the loops
         `outer` (the fragment's rows) and `inner` (its columns), each less its start."""
         tile = shared.get(access.array)
@@ -190,19 +223,22 @@ class WarpMma(Step):
         else:
             raise ScheduleError(f"{self}: {access.array}'s index {tuple(access.index)} is not "
                                 f"({expected[0]}, {expected[1]}) or its transpose")
-        ldm = tile.shape[-1]
-        if not sympy.sympify(ldm).is_Integer:
+        ldm = sympy.sympify(tile.shape[-1])
+        if not ldm.is_Integer and not _at_bounds(ldm, bounds):
             raise ScheduleError(f"{self}: {access.array}'s rows are not of a constant length")
-        return self._checked(Operand(access.array, major, int(ldm)),
-                             rows if major == "row" else cols, element)
+        return self._checked(Operand(access.array, major, int(ldm) if ldm.is_Integer else ldm),
+                             rows if major == "row" else cols, element, bounds)
 
-    def _checked(self, operand, apart, element) -> Operand:
+    def _checked(self, operand, apart, element, bounds=()) -> Operand:
         """operand where its rows are LDM_BYTES apart and each fragment starts ALIGN-aligned
         (its tile does: moagen.steps.gpu.closing places it so): `apart` rows of it (a
-        fragment's) and the fragment's extent along its rows keep that."""
-        if (operand.ldm * element) % LDM_BYTES or (apart * operand.ldm * element) % ALIGN:
-            raise ScheduleError(f"{self}: {operand.array}'s rows, {operand.ldm} elements "
-                                f"apart, keep no {ALIGN}-byte alignment of its fragments")
+        fragment's) and the fragment's extent along its rows keep that; a length of a
+        size's bound (MAX_d + 4) at every compiled bound."""
+        for ldm in _at_bounds(sympy.sympify(operand.ldm), bounds) or [operand.ldm]:
+            ldm = int(ldm)
+            if (ldm * element) % LDM_BYTES or (apart * ldm * element) % ALIGN:
+                raise ScheduleError(f"{self}: {operand.array}'s rows, {operand.ldm} elements "
+                                    f"apart, keep no {ALIGN}-byte alignment of its fragments")
         return operand
 
 
@@ -221,6 +257,9 @@ class WarpTiles(Step):
     loop: str
     precision: str = shown("{precision}")
     warps: tuple = shown("{warps} warps", (1, 1))
+    # a warp's tile along y, x where the loop has no constant extent (O's columns over d:
+    # a warp then takes as many tiles as the size's bound needs); 0: the loop's extent
+    tiles: tuple = option("tiles {tiles}", (0, 0))
     nest: Optional[str] = None
     layer = "mapping"
 
@@ -233,10 +272,16 @@ class WarpTiles(Step):
                  if is_thread_loop(lp)}
         found = []
 
+        bounds = grid_bounds(nest.body)
+
         def mapped(lp, axis, warps, fragment):
             most = max_extent(lp)
-            tile = -(-most // warps) if most else 0
-            if not most or tile % fragment:
+            tile = self.tiles["yx".index(axis)] or (-(-most // warps) if most else 0)
+            if most is None and not (tile and all(
+                    v % (warps * tile) == 0 for _, values in bounds for v in values)
+                    and most_iterations(lp, bounds) is not None):
+                tile = 0  # no constant extent, and no bound of whole warps' tiles
+            if not tile or tile % fragment or most is not None and most > warps * tile:
                 raise ScheduleError(f"{self}: the loop over {lp.var} is no whole fragments of "
                                     f"{fragment} for {warps} warps")
             gpu = Threads(axis, warps, tile, fragment)
@@ -275,6 +320,16 @@ class WarpTiles(Step):
             raise ScheduleError(f"{self}: nest {nest.label} has no sum over {self.loop} in "
                                 "thread loops of rows (y) and columns (x)")
         return body
+
+
+def _at_bounds(e, bounds):
+    """e (in MAX_ symbols) at each compiled bound, integers; [] where e is a number or
+    another size's."""
+    from moagen.onf.loops import bound_symbol
+    if e.is_Integer or not bounds:
+        return []
+    values = [e.xreplace({bound_symbol(name): v}) for name, vs in bounds for v in vs]
+    return values if all(v.is_Integer for v in values) else []
 
 
 def _copied_in_steps(body, tile, k) -> bool:

@@ -283,7 +283,7 @@ class SharedScratch(Step):
                 e = sympy.sympify(e)
                 if _of_block(e, scope, grid):
                     continue
-                span = _span(e, scope)
+                span = _span(e, scope, grid_bounds(nest.body))
                 if span is None or (spans[p] is not None and spans[p] != span):
                     raise ScheduleError(f"{self}: {self.array}'s index {e} spans no one range")
                 spans[p] = span
@@ -330,13 +330,17 @@ def _arrays(nest):
     return arrays_read(nest.body) | {s.array for s in walk(nest.body) if isinstance(s, Store)}
 
 
-def _span(e, scope):
+def _span(e, scope, bounds=()):
     """(the loop variable, the least value of e, the most elements) of an index e that is a
     loop's variable plus what does not change inside that loop (j - 64*j_blk in [64*j_blk,
-    ...)); None otherwise."""
+    ...)); None otherwise. bounds: the sizes' compiled bounds (BlockTiles'), a loop over
+    [0, d) then spanning MAX_d."""
     for var in e.free_symbols & set(scope):
         lp = scope[var]
         most = max_extent(lp)
+        if most is None and bounds and lp.start == 0 and \
+                {x.name for x in lp.stop.free_symbols} <= set(dict(bounds)):
+            most = bounded(lp.stop, bounds)
         if most is None or sympy.diff(e, var) != 1:
             continue
         return var, sympy.expand(e.xreplace({var: lp.start})), most
