@@ -270,7 +270,7 @@ def test_attention_s_two_products_are_the_warps_fragments_and_the_softmax_the_th
     (a, b), = mark.terms
     assert (name, a, b.array, b.major, str(b.ldm), mark.c.array, str(mark.c.ldm)) == \
         ("j", Operand("probs", "col", ldq), "rows_V_tile", "row", "MAX_d + 4",
-         "rows_pv_tile", "MAX_d + 4")
+         "block_out", "MAX_d + 4")
     from moagen.targets.cuda.printer import CudaPrinter
     [kernel] = [k for k in CudaPrinter(onf, dtype).kernels() if k["tiled"]]
     assert kernel["block"] == (32, 4, 1)
@@ -346,10 +346,10 @@ def test_attention_s_scores_loop_is_on_tensor_cores(dtype, instruction):
 
 def test_attention_s_scores_copy_zeroes_the_keys_past_n_that_p_v_sums_over():
     """WarpMma's `whole` on the scores: their copy writes the whole 32 x 64 block (zero
-    past n, as K's tile is), since P V sums the last key block on to whole steps of k; the
-    copy of the output, P V's, only the rows and columns in range. (Copied only up to n,
+    past n, as K's tile is), since P V sums the last key block on to whole steps of k. (Copied only up to n,
     the probabilities past n would be whatever shared memory held: in the emulation K's
-    stale, finite values, which V's zero rows cancel, so only the copy's range shows it.)"""
+    stale, finite values, which V's zero rows cancel, so only the copy's range shows it.)
+    P V's output, the block's own shared scratch, is stored into from the fragments."""
     onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64")
     copies = {}
     for lp in walk(_nest(onf, "rows").body):
@@ -358,4 +358,6 @@ def test_attention_s_scores_copy_zeroes_the_keys_past_n_that_p_v_sums_over():
             inner = lp.body[0]
             copies[store.array] = (str(lp.stop), str(inner.stop))
     assert copies["probs"] == ("32", "64")
-    assert copies["block_out"] == ("-32*i_blk + Min(n, 32*i_blk + 32)", "d")
+    # P V's accumulators go straight into block_out (the block's shared scratch): no copy
+    assert "block_out" not in copies and {b.name for b in onf.shared} >= {"block_out"}
+    assert not any(b.name.endswith("pv_tile") for b in onf.shared)

@@ -229,7 +229,7 @@ def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS, queries=None, 
                 WarpTiles("c", precision, TENSOR_WARPS, nest=nest),
                 WarpTiles("j", precision, TENSOR_WARPS, tiles=(0, block), nest=nest),
                 WarpMma("c", precision, whole=True, nest=nest),
-                WarpMma("j", precision, out=f"{nest}_pv_tile", nest=nest))
+                WarpMma("j", precision, nest=nest))
     columns = block // lanes
     return (tiles, *masked,
             *thread_tiles(nest, "i", "j", rows, lanes, columns),

@@ -87,9 +87,7 @@ class WarpMma(Step):
                                 f"{self.loop} inside fragment loops")
         # several such sums (a causal kernel's unmasked and diagonal key blocks, one after
         # the other): one output tile for all
-        if self.tile in names.reserved:
-            raise ScheduleError(f"{self}: the name {self.tile} is taken")
-        tile = names.claim(self.tile)
+        tile = None  # claimed where a sum needs it
         done = {}  # id(rows) -> (the rows' loop marked, the copy out)
         shapes = set()
         for summed, frags in found:
@@ -164,6 +162,17 @@ class WarpMma(Step):
                                     "the result (of it and arrays' elements) once at its end")
             result, = stored
             extents = tuple(spans)
+            direct = self._direct(out, result, rows, cols, extents, shared, m, element, bounds)
+            if direct is not None:
+                # the accumulators stored straight into the block's shared output (a key
+                # block's P V into block_out): no tile of its own, no copy
+                mark = Mma((m, n, k), tuple(terms), direct, self.precision)
+                done[id(rows)] = (_marked(rows, summed, mark),)
+                continue
+            if tile is None:
+                if self.tile in names.reserved:
+                    raise ScheduleError(f"{self}: the name {self.tile} is taken")
+                tile = names.claim(self.tile)
             ldc = extents[1] + PAD
             c = self._checked(Operand(tile, "row", ldc), m, element, bounds)
             mark = Mma((m, n, k), tuple(terms), c, self.precision)
@@ -188,7 +197,7 @@ class WarpMma(Step):
                 copy = Loop(coord, sympy.Integer(0), stop, (copy,), gpu=BlockCopy(axis))
             done[id(rows)] = (_marked(new_rows, summed, mark), copy)
             shapes.add((extents[0], ldc))
-        if len(shapes) != 1:
+        if len(shapes) > 1:
             raise ScheduleError(f"{self}: the sums' output tiles have {len(shapes)} shapes")
 
         def rewrite(stmts):
@@ -206,7 +215,27 @@ class WarpMma(Step):
             raise ScheduleError(f"{self}: nest {nest.label} has no grid around its warps")
         nests = [replace(x, body=rewrite(x.body)) if x is nest else x for x in onf.nests]
         return replace(onf.with_nests(nests, str(self)),
-                       shared=onf.shared + (Buffer(tile, shapes.pop()),))
+                       shared=onf.shared + ((Buffer(tile, shapes.pop()),) if tile else ()))
+
+    def _direct(self, out, result, rows, cols, extents, shared, m, element, bounds):
+        """The Operand of `out`'s array where the accumulators can be stored straight into
+        it: a shared array (SharedScratch's, the block's own), stored the accumulator
+        itself at (rows, columns) less their starts, rows major, as many rows and columns
+        as the warps' tiles (the fragments past the ranges land in it too); else None."""
+        target = shared.get(out.array)
+        if self.whole or target is None or out.value != S.Local(result) or \
+                len(out.index) != 2 or len(target.shape) != 2:
+            return None
+        local = [simplified(lp.var - lp.start) for lp in (rows, cols)]
+        if [simplified(sympy.sympify(i)) for i in out.index] != local:
+            return None
+        room = [sympy.sympify(x) - sympy.sympify(e) for x, e in zip(target.shape, extents)]
+        if not all(r.is_nonnegative or all(v >= 0 for v in _at_bounds(r, bounds))
+                   and _at_bounds(r, bounds) for r in room):
+            return None
+        ldm = sympy.sympify(target.shape[-1])
+        return self._checked(Operand(out.array, "row", int(ldm) if ldm.is_Integer else ldm),
+                             m, element, bounds)
 
     def _operand(self, access, outer, inner, shared, rows, cols, element, bounds=()) -> Operand:
         """The fragment operand read by `access`: a shared tile indexed by the loops
