@@ -331,16 +331,19 @@ def test_attention_s_copy_of_the_scores_waits_for_every_warp_s_fragments():
 
 
 @pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.parametrize("kernel", ["attention_fwd", "attention_gqa_fwd"])
 @pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
-def test_attention_s_scores_loop_is_on_tensor_cores(dtype, instruction):
-    """The scores' sum over d issues DMMA / HMMA and no FMA (every compiled head-dim
-    bound, sm_80 and sm_90), no spills."""
+def test_attention_s_two_products_loops_are_on_tensor_cores(kernel, dtype, instruction):
+    """Both products' loops (S's sum over d, P V's over a key block) issue DMMA / HMMA,
+    and no innermost loop of the kernel an FMA (every compiled head-dim bound, sm_80 and
+    sm_90), no spills."""
     from moagen.cost import sass
-    reports = sass.inspect("attention_fwd", VARIANT, dtype)
+    reports = sass.inspect(kernel, VARIANT, dtype)
     assert len(reports) == 4  # d <= 64, d <= 128; sm_80, sm_90
     for r in reports:
-        hot = max(r.loops, key=lambda lp: lp.counts[instruction])
-        assert hot.counts[instruction] >= 8 and hot.fma == 0, (r.arch, r.name)
+        on_tensor_cores = [lp for lp in r.loops if lp.counts[instruction] >= 8]
+        assert len(on_tensor_cores) >= 2, (r.arch, r.name)
+        assert all(lp.fma == 0 for lp in r.loops), (r.arch, r.name)
         assert r.spill_stores == r.spill_loads == 0
 
 
