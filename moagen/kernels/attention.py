@@ -256,11 +256,9 @@ def variants(causal: bool):
                           space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
                           cuda={"rows": 4, "keys": 4}),
         "flash": flash_variant(causal),
-        # flash with the scores' product on CUDA tensor cores (float64 DMMA, float32
-        # 3xTF32; tf32=1, one TF32 product, an opt-in); its C and Fortran are flash's. Not
-        # yet causal: its two key-block loops' tiles ask 191,488 bytes a float64 block at
-        # d 128, over sm_80's 166,912
-        **({} if causal else {"tensor": flash_variant(causal, tensor=True)}),
+        # flash with CUDA's two products on tensor cores (float64 DMMA, float32 3xTF32;
+        # tf32=1, one TF32 product, an opt-in); its C and Fortran are flash's
+        "tensor": flash_variant(causal, tensor=True),
     }
 
 
@@ -269,7 +267,9 @@ def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False, tensor=False)
     GPU, float32 and AVX-512 defaults; then, unseen: flash's. tensor: the scores' product
     on CUDA tensor cores (gpu_flash's tf32: 0 float64, 3 float32), a thread's tile the
     warps' (rows and lanes taken from the block's)."""
-    tf32 = {"tf32": 0} if tensor else {}
+    # causal: key blocks of 32 on tensor cores (its two key-block loops' tiles at 64 ask
+    # 225,280 bytes a float64 block at d 128, over sm_80's 166,912; at 32, 147,456)
+    tf32 = {"tf32": 0, **({"block": 32} if causal else {})} if tensor else {}
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops, then=then,
                                         unseen=unseen),
                    defaults=FLASH_DEFAULTS,
