@@ -53,7 +53,7 @@ def test_only_naive_variants_hold_temporaries_quadratic_in_n(kernel, variant):
     if variant == "naive":
         assert 2 in degrees.values(), degrees
     else:
-        assert variant in ("dnf", "online", "flash", "atomic", "dq_atomic", "owner")
+        assert variant in ("dnf", "online", "flash", "tensor", "atomic", "dq_atomic", "owner")
         assert all(deg <= 1 for deg in degrees.values()), degrees
 
 

@@ -92,7 +92,7 @@ def _upto_staged(label="U", dtype="float64"):
 @pytest.mark.parametrize("step, message", [
     (WarpMma("c", "f16", nest="U"), "the precision is one of"),
     (WarpMma("d", "f64", nest="U"), "0 loops over d inside fragment loops"),
-    (WarpMma("e", "f64", nest="U"), "not inside a warp.s rows"),  # the columns' loop
+    (WarpMma("e", "f64", nest="U"), "is a warp.s fragment loop, not a sum"),  # columns
     (WarpMma("c", "3xtf32", nest="U"), "fragments of 16 x 16"),  # the warps' are 8 x 8
 ])
 def test_warp_mma_refuses_what_it_cannot_do(step, message):
@@ -225,3 +225,144 @@ def test_the_cost_bound_of_a_tensor_core_kernel_is_at_the_tensor_cores_peak(caps
     u = next(k for k in call["kernels"] if k["nest"] == "U")
     assert u["bound_by"] == "compute (f64)"
     assert u["bound_s"] == pytest.approx(u["flops"] / 67e12)
+
+
+# ---- attention's scores on tensor cores (attention_fwd `tensor`) ----------------------
+ATTENTION_SIZES = dict(batch=1, heads=2, n=70, d=13)  # a partial query and key block, d odd
+
+
+def _attention_errors(dtype, params=None, stem=None, source=None):
+    """The emulated attention_fwd tensor's error against numpy under the race check."""
+    source = source or emit("attention_fwd", VARIANT, "cuda-emulated", (dtype,), params=params)
+
+    def load(kernel, variant, lang, dtype):
+        request = resolve(kernel, variant, lang, dtype, params, here=False)
+        return emulated.bind(build_cuda_emulated(source, stem or f"attention_tensor_{dtype}",
+                                                 racecheck=True), request.signature())
+
+    row = check_case("attention_fwd", VARIANT, "cuda-emulated", dtype, ATTENTION_SIZES, load,
+                     seed=3)
+    if row.status.startswith("FAIL: "):
+        raise EmulationCheckError(row.status[len("FAIL: "):])
+    return row.errors["numpy"]
+
+
+@pytest.mark.parametrize("dtype, precision, shape, rows, ldq", [
+    ("float64", "f64", (8, 8, 4), 8, 36), ("float32", "3xtf32", (16, 16, 8), 16, 68)])
+def test_attention_s_two_products_are_the_warps_fragments_and_the_softmax_the_threads(
+        dtype, precision, shape, rows, ldq):
+    """S = Q K^T and a key block's P V each a phase of its own (ThreadPhases, WarpTiles):
+    4 x 1 warps, each its block's rows x the key block (S) or 64 of O's columns a tile (P
+    V, as many tiles as d's bound needs) as fragments from the staged tiles and the
+    probabilities; the softmax and O's rescale and addition by the same 128 threads, 4
+    along the rows and 32 lanes along the keys or columns."""
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype=dtype)
+    loops = [s for s in walk(_nest(onf, "rows").body) if isinstance(s, Loop)]
+    assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile, lp.gpu.fragment)
+            for lp in loops if is_fragment_loop(lp)} == \
+        {("y", "i", 4, rows, shape[0]), ("x", "j", 1, 64, shape[1]),
+         ("x", "c", 1, 64, shape[1])}
+    scores, pv = [(lp.var.name, lp.gpu) for lp in loops if isinstance(lp.gpu, Mma)]
+    assert scores == ("c", Mma(shape, ((Operand("rows_Q_tile", "col", ldq),
+                                        Operand("rows_K_tile", "row", 68)),),
+                               Operand("rows_out_tile", "row", 68), precision))
+    name, mark = pv
+    (a, b), = mark.terms
+    assert (name, a, b.array, b.major, str(b.ldm), mark.c.array, str(mark.c.ldm)) == \
+        ("j", Operand("probs", "col", ldq), "rows_V_tile", "row", "MAX_d + 4",
+         "block_out", "MAX_d + 4")
+    from moagen.targets.cuda.printer import CudaPrinter
+    [kernel] = [k for k in CudaPrinter(onf, dtype).kernels() if k["tiled"]]
+    assert kernel["block"] == (32, 4, 1)
+
+
+def test_attention_s_block_products_sum_a_key_block_apart_then_add_it_to_the_rescaled_o():
+    """BlockProducts: O = O * rescale, then O += p V a key, become a block's sum of
+    products into block_out, then O = O * rescale + block_out."""
+    from moagen.onf.loops import Store as St
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64")
+    stores = [s for s in walk(_nest(onf, "rows").body) if not isinstance(s, Loop)]
+    assert any(isinstance(s, St) and s.array == "block_out" for s in stores)
+    [added] = [s for s in stores if getattr(s, "name", None) == "O_reg"
+               and isinstance(s.value, S.Bin) and s.value.op == "+"]
+    assert {x.array for x in S.subexpressions(added.value) if isinstance(x, S.Load)} == \
+        {"block_out"}
+
+
+def test_attention_s_tensor_sum_over_d_needs_its_tiles_zero_to_whole_steps():
+    """d is no constant: WarpMma takes the sum over it only where Q's and K's copies run
+    on to whole steps of k, zero past d (Stage's steps); without them it refuses."""
+    from dataclasses import replace as copy_of
+    from moagen.kernels import get_kernel
+    from moagen.steps.gpu.staging import Stage
+    steps = get_kernel("attention_fwd").variant(VARIANT).steps(None, "cuda", "float64")
+    first = next(k for k, s in enumerate(steps) if isinstance(s, Stage))
+    last = next(k for k, s in enumerate(steps) if isinstance(s, WarpMma))
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64", upto=first)
+    for step in steps[first:last]:
+        onf = (copy_of(step, steps=0) if isinstance(step, Stage) else step)(onf)
+    with pytest.raises(ScheduleError, match="not whole steps of 4"):
+        steps[last](onf)
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64", upto=last + 1)
+    assert any(isinstance(lp.gpu, Mma) for lp in walk(_nest(onf, "rows").body)
+               if isinstance(lp, Loop))
+
+
+def test_attention_float64_scores_on_dmma_match_numpy_and_pass_the_race_check():
+    assert _attention_errors("float64") < 1e-12
+
+
+def test_attention_float32_by_3xtf32_is_within_tolerance_where_one_tf32_product_is_not():
+    assert _attention_errors("float32") < 2e-5
+    one = _attention_errors("float32", params={"tf32": 1}, stem="attention_tensor_tf32")
+    assert 5e-5 < one < 5e-3
+
+
+def test_attention_s_copy_of_the_scores_waits_for_every_warp_s_fragments():
+    source = emit("attention_fwd", VARIANT, "cuda-emulated", ("float64",))
+    barrier = "__syncthreads();  // rows_out_tile copied after rows_out_tile written"
+    assert source.count(barrier) == 1
+    broken = source.replace(barrier, "//", 1)
+    # it orders the scores' copy after the fragments' stores, and after the warps' reads of
+    # K's tile, whose memory the scores take: the race check finds the first it meets
+    with pytest.raises(EmulationCheckError,
+                       match=r"race on shared `(rows_out_tile|rows_K_tile|probs)`"):
+        _attention_errors("float64", stem="attention_tensor_race", source=broken)
+
+
+@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.parametrize("kernel", ["attention_fwd", "attention_gqa_fwd",
+                                    "attention_fwd_causal", "attention_gqa_fwd_causal"])
+@pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
+def test_attention_s_two_products_loops_are_on_tensor_cores(kernel, dtype, instruction):
+    """Both products' loops (S's sum over d, P V's over a key block) issue DMMA / HMMA,
+    and no innermost loop of the kernel an FMA (every compiled head-dim bound, sm_80 and
+    sm_90), no spills."""
+    from moagen.cost import sass
+    reports = sass.inspect(kernel, VARIANT, dtype)
+    assert len(reports) == 4  # d <= 64, d <= 128; sm_80, sm_90
+    for r in reports:
+        # each product's loop (the causal kernels: in each of their two key-block loops)
+        on_tensor_cores = [lp for lp in r.loops if lp.counts[instruction] >= 4]
+        assert len(on_tensor_cores) >= (4 if "causal" in kernel else 2), (r.arch, r.name)
+        assert all(lp.fma == 0 for lp in r.loops), (r.arch, r.name)
+        assert r.spill_stores == r.spill_loads == 0
+
+
+def test_attention_s_scores_copy_zeroes_the_keys_past_n_that_p_v_sums_over():
+    """WarpMma's `whole` on the scores: their copy writes the whole 32 x 64 block (zero
+    past n, as K's tile is), since P V sums the last key block on to whole steps of k. (Copied only up to n,
+    the probabilities past n would be whatever shared memory held: in the emulation K's
+    stale, finite values, which V's zero rows cancel, so only the copy's range shows it.)
+    P V's output, the block's own shared scratch, is stored into from the fragments."""
+    onf = onf_of("attention_fwd", VARIANT, target="cuda", dtype="float64")
+    copies = {}
+    for lp in walk(_nest(onf, "rows").body):
+        if isinstance(lp, Loop) and lp.gpu is not None and str(lp.gpu).startswith("block-copy.y"):
+            [store] = [x for x in walk(lp.body) if not isinstance(x, Loop)]
+            inner = lp.body[0]
+            copies[store.array] = (str(lp.stop), str(inner.stop))
+    assert copies["probs"] == ("32", "64")
+    # P V's accumulators go straight into block_out (the block's shared scratch): no copy
+    assert "block_out" not in copies and {b.name for b in onf.shared} >= {"block_out"}
+    assert not any(b.name.endswith("pv_tile") for b in onf.shared)

@@ -302,9 +302,10 @@ def test_only_naive_attention_has_n_by_n_temporaries(variant):
     temps = {t.name for t in onf.temps}
     if variant == "naive":
         assert square == {"scores", "probs"} == temps
-    else:  # online: one block of keys' scores per query row; flash: and K and V in panels
-        scratch = {"online": {"probs"},
-                   "flash": {"probs", "K_panel", "V_panel"}}.get(variant, set())
+    else:  # online: one block of keys' scores per query row; flash (and tensor, flash on
+        # a CPU): and K and V in panels
+        scratch = {"online": {"probs"}, "flash": {"probs", "K_panel", "V_panel"},
+                   "tensor": {"probs", "K_panel", "V_panel"}}.get(variant, set())
         assert square == set() and temps == scratch
     assert _arrays_touched(onf) == {"Q", "K", "V", "O", "lse"} | temps
 

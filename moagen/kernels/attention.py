@@ -12,11 +12,16 @@ from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
                              psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
+from moagen.steps.algebra.block_products import BlockProducts
 from moagen.steps.algebra.causal import CausalBlocks
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.onf.names import loop_role
-from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
+from moagen.cuda_archs import WARP
+from moagen.errors import ScheduleError
+from moagen.kernels.gemm import PRECISION, TENSOR_DTYPES
+from moagen.steps.gpu.blocks import BlockTiles, ThreadPhases, ThreadTiles, UnrollInner
+from moagen.steps.gpu.mma import SHAPES, WarpMma, WarpTiles
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.fusion import FuseNests
@@ -143,7 +148,8 @@ FLASH_QUERIES = {"queries": KEY_BLOCK}
 FLASH_CUDA_DTYPES = {"float64": {"queries": 32}}
 
 
-def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False, queries=None):
+def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False, queries=None,
+          tf32=None):
     """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
     loops: the query rows' (the query row last); then: steps the CPU's schedule takes after
     the tiles' (a kernel's own); unseen: a block may hold none of a row's keys (an added
@@ -158,7 +164,7 @@ def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False, queries
                             "cuda": (LowerReductions(),)},
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
                            "cuda": gpu_flash("rows", rows, lanes, block, causal, loops,
-                                             queries)})
+                                             queries, tf32)})
 
 
 # the head dims a tiled GPU kernel is compiled for: d up to each, a register tile's
@@ -175,7 +181,13 @@ def thread_tiles(nest, walking, other, rows, lanes, columns):
             ThreadTiles("c", lanes, "x", threads=columns, nest=nest))
 
 
-def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS, queries=None):
+# the tensor variant's warps a block: 4 along the query rows (y), 1 along the keys (x), so
+# that the softmax's threads (4 x 32) are the same block: a row's keys across one warp's
+# lanes, its max and sum by shuffles
+TENSOR_WARPS = (4, 1)
+
+
+def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS, queries=None, tf32=None):
     """FlashAttention-2's form on a GPU: a thread block per `queries` query rows of a head
     (None: `block`, the key blocks' size; the grid: the loops `loops` but the last, then
     row tiles; BlockTiles folds the middle ones where there are more than 3), queries /
@@ -187,16 +199,43 @@ def gpu_flash(nest, rows, lanes, block, causal=False, loops=ROWS, queries=None):
     Causal: the key blocks past the block's last row are not visited, the diagonal ones
     select (CausalBlocks over the block's rows; each of its two loops over key blocks
     stages its tiles)."""
-    columns = block // lanes
     key_blocks = loop_role("j", "blk")  # OnlineSoftmax's loop over blocks of keys
     masked = (CausalBlocks(nest, rows="i"),) if causal else ()
-    return (BlockTiles(loops, rows=queries or block, bounds=HEAD_DIM_BOUNDS, nest=nest),
-            *masked,
+    tiles = BlockTiles(loops, rows=queries or block, bounds=HEAD_DIM_BOUNDS, nest=nest)
+    scratch = SharedScratch("probs", fastest="i", nest=nest)
+    if tf32 is not None:
+        # the scores' product on tensor cores (WarpMma): the block's 4 x 1 warps, each
+        # queries / 4 rows by the key block as fragments; the softmax and O += P V by the
+        # same 128 threads, 4 along the rows, 32 lanes along a key block and O's columns
+        precision = PRECISION[tf32]
+        (m, _, k), _ = SHAPES[precision]
+        warps_y, warps_x = TENSOR_WARPS
+        rows, lanes = (queries or block) // warps_y, block // WARP
+        if rows % m or (queries or block) % warps_y or block % (WARP * warps_x):
+            raise ScheduleError(f"{precision} tensor cores: {queries or block} query rows "
+                                f"by {block} keys are no whole fragments for "
+                                f"{warps_y} x {warps_x} warps")
+        # O += P V so too: each key block's products summed apart (BlockProducts) as the
+        # warps' fragments, 64 of O's columns a warp's tile, added to O's rescaled rows by
+        # the threads
+        return (tiles, *masked, *thread_tiles(nest, "i", "j", rows, lanes, WARP),
+                BlockProducts(key_blocks, "block_out", nest=nest),
+                RegisterTile("O", nest=nest),
+                Stage("Q", at="i", steps=k, nest=nest),
+                Stage("K", at=key_blocks, steps=k, nest=nest),
+                Stage("V", at=key_blocks, late=True, nest=nest), scratch,
+                SharedScratch("block_out", fastest="c", nest=nest),
+                ThreadPhases("i", nest=nest),
+                WarpTiles("c", precision, TENSOR_WARPS, nest=nest),
+                WarpTiles("j", precision, TENSOR_WARPS, tiles=(0, block), nest=nest),
+                WarpMma("c", precision, whole=True, nest=nest),
+                WarpMma("j", precision, nest=nest))
+    columns = block // lanes
+    return (tiles, *masked,
             *thread_tiles(nest, "i", "j", rows, lanes, columns),
             RegisterTile("O", nest=nest),
             Stage("Q", at="i", nest=nest), Stage("K", at=key_blocks, nest=nest),
-            Stage("V", at=key_blocks, late=True, nest=nest),
-            SharedScratch("probs", fastest="i", nest=nest),
+            Stage("V", at=key_blocks, late=True, nest=nest), scratch,
             # the products' own loops, over d in the scores and a key block in O: 64 FMA of
             # a thread's 4 x 4 tile a back-edge
             UnrollInner("c", 4, nest=nest), UnrollInner("j", 4, nest=nest))
@@ -217,20 +256,30 @@ def variants(causal: bool):
                           space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
                           cuda={"rows": 4, "keys": 4}),
         "flash": flash_variant(causal),
+        # flash with CUDA's two products on tensor cores (float64 DMMA, float32 3xTF32;
+        # tf32=1, one TF32 product, an opt-in); its C and Fortran are flash's
+        "tensor": flash_variant(causal, tensor=True),
     }
 
 
-def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False) -> Tunable:
+def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False, tensor=False) -> Tunable:
     """The flash variant over the query rows `loops` (the query row last), with its CPU,
-    GPU, float32 and AVX-512 defaults; then, unseen: flash's."""
+    GPU, float32 and AVX-512 defaults; then, unseen: flash's. tensor: the scores' product
+    on CUDA tensor cores (gpu_flash's tf32: 0 float64, 3 float32), a thread's tile the
+    warps' (rows and lanes taken from the block's)."""
+    # causal: key blocks of 32 on tensor cores (its two key-block loops' tiles at 64 ask
+    # 225,280 bytes a float64 block at d 128, over sm_80's 166,912; at 32, 147,456)
+    tf32 = {"tf32": 0, **({"block": 32} if causal else {})} if tensor else {}
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops, then=then,
                                         unseen=unseen),
                    defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
                    # a thread's register tile on block tiles (gpu_flash), the causal and
                    # grouped-query kernels' too: 4 rows by 4 keys or columns
-                   cuda={"rows": 4, "lanes": 4, **FLASH_QUERIES},
-                   cuda_dtypes=FLASH_CUDA_DTYPES,
+                   cuda={"rows": 4, "lanes": 4, **FLASH_QUERIES, **tf32},
+                   cuda_dtypes={d: {**FLASH_CUDA_DTYPES.get(d, {}), **TENSOR_DTYPES.get(d, {})}
+                                for d in ("float64", "float32")} if tensor
+                   else FLASH_CUDA_DTYPES,
                    dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
 
 

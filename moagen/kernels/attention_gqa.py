@@ -56,7 +56,10 @@ def backward_spec(causal: bool) -> KernelSpec:
 
 
 KERNELS = [kernel for causal in (False, True) for kernel in (
-    (spec(causal), {"flash": attention.flash_variant(causal, loops=LOOPS.query)}),
+    (spec(causal), {"flash": attention.flash_variant(causal, loops=LOOPS.query),
+                    # flash with CUDA's two products on tensor cores (attention_fwd's)
+                    "tensor": attention.flash_variant(causal, loops=LOOPS.query,
+                                                      tensor=True)}),
     (backward_spec(causal), {"flash": attention_bwd.flash_variant(causal, loops=LOOPS)}))]
 # the names a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"attention_gqa_fwd_vjp": "attention_gqa_bwd",

@@ -8,9 +8,9 @@ from moagen.cuda_archs import WARP
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Grid, Let, Loop, Store, Threads, Unrolled, Update, grid_bounds,
-                              is_grid, is_thread_loop, max_extent, most_iterations, names_read,
-                              perfect_chain, subs_stmts, walk)
+from moagen.onf.loops import (BlockCopy, Grid, Let, Loop, Store, Threads, Unrolled, Update,
+                              grid_bounds, is_grid, is_thread_loop, max_extent, most_iterations,
+                              names_read, perfect_chain, subs_stmts, walk)
 from moagen.onf.names import claim_loop, folded_loop, loop_role
 from moagen.steps.loop.parallel import Parallel
 from moagen.steps.step import NotApplicable, Step, hidden, option, shown
@@ -148,7 +148,7 @@ class ThreadTiles(Step):
         constant, or a size BlockTiles gives bounds for."""
         bounds = grid_bounds(body)
         mine = [lp for lp in walk(body) if is_thread_loop(lp) and lp.gpu.axis == self.axis]
-        counts = sorted({lp.gpu.threads for lp in mine})
+        counts = sorted({lp.gpu.block_threads for lp in mine})
         if len(counts) > 1:
             raise ScheduleError(f"{self}: the block's threads along {self.axis} would be "
                                 f"{' and '.join(map(str, counts))} in different loops")
@@ -216,6 +216,69 @@ class ThreadTiles(Step):
                     return False
                 accumulated.add(s.name)
         return not (accumulated & names_read(loop.body))
+
+
+@dataclass(frozen=True)
+class ThreadPhases(Step):
+    """The thread loop over `loop` around a block's phases (a flash block's whole pass: its
+    key blocks' loop, each staging tiles) as one such loop around each run of statements
+    between the block's copies, pushed into the sequential loops that hold a copy (the key
+    blocks'): a thread runs every loop of one mapping, variable and range alike, its locals
+    one register tile across them (the printer's slots), so the value is the same; each
+    phase then a loop of its own, which a later step may map otherwise (WarpTiles: a
+    product's rows as warps' fragments). Refused: no such thread loop, and a sequential
+    loop holding a copy whose range depends on the loop's variable."""
+    loop: str
+    nest: Optional[str] = None
+    layer = "mapping"
+
+    def rewrite_nest(self, nest, names):
+        count = [0]
+
+        def holds_copy(s):
+            return any(isinstance(x, Loop) and isinstance(x.gpu, BlockCopy)
+                       for x in walk((s,)))
+
+        def spread(template, stmts):
+            out, run = [], []
+
+            def flush():
+                if run:
+                    out.append(replace(template, body=tuple(run)))
+                    run.clear()
+
+            for s in stmts:
+                if isinstance(s, Loop) and isinstance(s.gpu, BlockCopy):
+                    flush()
+                    out.append(s)
+                elif isinstance(s, Loop) and s.gpu is None and holds_copy(s):
+                    if template.var in (s.start.free_symbols | s.stop.free_symbols):
+                        raise ScheduleError(f"{self}: the loop over {s.var} holding a block's "
+                                            f"copy depends on {template.var}")
+                    flush()
+                    out.append(replace(s, body=tuple(spread(template, s.body))))
+                else:
+                    run.append(s)
+            flush()
+            return out
+
+        def visit(stmts):
+            out = []
+            for s in stmts:
+                if is_thread_loop(s) and s.var.name == self.loop and holds_copy(s):
+                    count[0] += 1
+                    out += spread(s, s.body)
+                elif isinstance(s, Loop):
+                    out.append(replace(s, body=visit(s.body)))
+                else:
+                    out.append(s)
+            return tuple(out)
+
+        body = visit(nest.body)
+        if not count[0]:
+            raise NotApplicable(f"{self}: nest {nest.label} has no thread loop over {self.loop} "
+                                "around a block's copy")
+        return body
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import sympy
 
 from moagen.cuda_archs import WARP, tightest_shared_limit
 from moagen.errors import ScheduleError
-from moagen.moa.expr import simplified
+from moagen.moa.expr import idiv, simplified
 from moagen.onf.loops import (ONF, Barrier, Hazard, LaneReduce, Let, Loop, Mma, SharedArray,
                               SharedLayout, Update, bound_symbol, enclose, grid_chain,
                               is_block_copy, is_grid, is_thread_loop, loop_key, walk)
@@ -216,6 +216,8 @@ def place(shared, body, element_bytes, bound_values, granule=16) -> SharedLayout
 
     for b in sorted(shared, key=lambda b: ranges[b.name][0]):
         size = granule * sympy.ceiling(sympy.Mul(*b.shape) * element_bytes / sympy.Integer(granule))
+        if size.has(sympy.ceiling):  # of a size's bound (MAX_d): an integer division
+            size = granule * idiv(sympy.Mul(*b.shape) * element_bytes + granule - 1, granule)
         live = [placed[n] for n in placed if together(n, b.name)]
         candidates = sorted({sympy.Integer(0)} | {o + n for o, n in live}, key=at)
         # past every live array's end fits at every bound: the last resort

@@ -8,7 +8,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import simplified
+from moagen.moa.expr import idiv, simplified
 from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, ONF, Store, Update, ancestors,
                               arrays_read, bound_symbol, grid_bounds, is_grid, is_thread_loop,
                               loop_key, map_stmt_exprs, max_extent, rewrite_loops, walk)
@@ -148,6 +148,10 @@ class Stage(Step):
     at: str = shown("at {at}")
     late: bool = flag("late")
     by: str = option("by {by}", "")
+    # >0: along an axis of no constant extent (d), the copy runs on to whole steps of
+    # `steps` (the tile's bound one too), zero past the range: a tensor-core sum reads
+    # whole steps of k (WarpMma)
+    steps: int = option("zero to steps of {steps}", 0)
     nest: Optional[str] = None
     layer = "mapping"
 
@@ -201,7 +205,11 @@ class Stage(Step):
                 raise ScheduleError(f"{self}: the loops over {self.at} read tiles of "
                                     f"{self.array} of two shapes")
             tiles.append((order, shape))
-            copy = _copy(name, self.array, region, order, names)
+            if self.steps and any(v % self.steps for _, values in grid_bounds(nest.body)
+                                  for v in values):
+                raise ScheduleError(f"{self}: a size's compiled bounds are not whole steps of "
+                                    f"{self.steps}: the copy would run past the tile")
+            copy = _copy(name, self.array, region, order, names, self.steps)
             moved = lambda a: S.Access(name, tuple(
                 sympy.sympify(a.index[p]) - region.loops[p].start for p in order))
             body = _replace_accesses(loop.body, self.array, moved, serves, (loop,))
@@ -218,12 +226,16 @@ class Stage(Step):
         return replace(onf.with_nests(nests, str(self)), shared=tuple(shared))
 
 
-def _copy(tile, array, region, order, names) -> Loop:
+def _copy(tile, array, region, order, names, steps=0) -> Loop:
     """The block's copy of the tile: loops over its elements in the source's order, the
     last over the block's x threads (consecutive threads on consecutive addresses), the one
-    before over its y threads; a 1-D tile's one loop over all of them (copy.xy)."""
+    before over its y threads; a 1-D tile's one loop over all of them (copy.xy). steps:
+    an extent of no constant value rounded up to whole steps of it (zero past the range)."""
     spanned = [p for p, lp in enumerate(region.loops) if lp is not None]
     extents = dict(zip(spanned, region.extents()))
+    if steps:
+        extents = {p: e if sympy.sympify(e).is_Integer else steps * idiv(e + steps - 1, steps)
+                   for p, e in extents.items()}
     coords = {p: sympy.Symbol(names.claim(names.new("e")), integer=True) for p in spanned}
     source = tuple(region.fixed[p] if lp is None else lp.start + coords[p]
                    for p, lp in enumerate(region.loops))
@@ -271,7 +283,7 @@ class SharedScratch(Step):
                 e = sympy.sympify(e)
                 if _of_block(e, scope, grid):
                     continue
-                span = _span(e, scope)
+                span = _span(e, scope, grid_bounds(nest.body))
                 if span is None or (spans[p] is not None and spans[p] != span):
                     raise ScheduleError(f"{self}: {self.array}'s index {e} spans no one range")
                 spans[p] = span
@@ -318,13 +330,17 @@ def _arrays(nest):
     return arrays_read(nest.body) | {s.array for s in walk(nest.body) if isinstance(s, Store)}
 
 
-def _span(e, scope):
+def _span(e, scope, bounds=()):
     """(the loop variable, the least value of e, the most elements) of an index e that is a
     loop's variable plus what does not change inside that loop (j - 64*j_blk in [64*j_blk,
-    ...)); None otherwise."""
+    ...)); None otherwise. bounds: the sizes' compiled bounds (BlockTiles'), a loop over
+    [0, d) then spanning MAX_d."""
     for var in e.free_symbols & set(scope):
         lp = scope[var]
         most = max_extent(lp)
+        if most is None and bounds and lp.start == 0 and \
+                {x.name for x in lp.stop.free_symbols} <= set(dict(bounds)):
+            most = bounded(lp.stop, bounds)
         if most is None or sympy.diff(e, var) != 1:
             continue
         return var, sympy.expand(e.xreplace({var: lp.start})), most
