@@ -18,7 +18,7 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
-from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import GEMM, GEMM_SPLIT, TENSOR, TENSOR_DTYPES, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
@@ -77,16 +77,16 @@ def _layers(*tiled, reorder=(), mapping=()):
 TILE_PARAMS = ("mr", "nr")
 
 
-def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None):
+def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
     moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled GEMMs of the
     parameters `gemm` (GEMM's SIMT, TENSOR's on tensor cores), the variant having no other
-    nest."""
+    nest; split: on_gemms' (the products whose sums are cut into gemm's parts)."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
     if gemms:
         tiled, defaults = layers, gemm
         layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu()), gemms,
-                                                 **{**defaults, **gemm})
+                                                 split=split, **{**defaults, **gemm})
     return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
                    cuda={**pick(TILE_CUDA), **(gemm if gemms else {})},
                    dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()},
@@ -106,7 +106,10 @@ QKV = KernelSpec(
 QKV_GEMMS = {o: (BH, "i", "c", "m", ("X", f"W{o.lower()}")) for o in ("Q", "K", "V")}
 QKV_TILES = lambda mr, nr: _layers(*(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V")))
 # tensor: tiled, CUDA's products on tensor cores (float64 DMMA, float32 3xTF32)
-QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS),
+# split-K: a head's 2048 x 64 outputs are 64 tiles, 512 blocks at the bench's sizes (0.43
+# of a wave, float32); each sum over m in parts (moagen.kernels.gemm.GEMM_SPLIT)
+QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS, gemm=GEMM_SPLIT,
+                                  split={o: "m" for o in QKV_GEMMS}),
                 "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR, TENSOR_DTYPES)}
 
 
