@@ -49,6 +49,7 @@ GEMM_SPLIT = {**GEMM, "parts": 3}
 TENSOR = {"block_rows": 32, "block_cols": 64, "chunk": 16, "warps_y": 2, "warps_x": 2,
           "tf32": 0}
 TENSOR_DTYPES = {"float32": {"tf32": 3}}
+TENSOR_SPLIT = {**TENSOR, "parts": 3}  # as GEMM_SPLIT
 PRECISION = {0: "f64", 3: "3xtf32", 1: "tf32"}
 
 

@@ -20,7 +20,7 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import GEMM_SPLIT, TENSOR, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import GEMM_SPLIT, TENSOR_SPLIT, TENSOR_DTYPES, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -220,12 +220,12 @@ FORWARD_VARIANTS = {
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),
     "tiled": _tunable(FORWARD_TEMPS, FORWARD),
     # tiled, CUDA's products on tensor cores
-    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR, TENSOR_DTYPES),
+    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR_SPLIT, TENSOR_DTYPES),
 }
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
     "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
-    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR, TENSOR_DTYPES),
+    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR_SPLIT, TENSOR_DTYPES),
 }
 
 SPECS = (forward_spec(), backward_spec())

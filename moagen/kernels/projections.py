@@ -18,7 +18,7 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
-from moagen.kernels.gemm import GEMM, GEMM_SPLIT, TENSOR, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import GEMM, GEMM_SPLIT, TENSOR, TENSOR_DTYPES, TENSOR_SPLIT, on_gemms
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
@@ -110,7 +110,8 @@ QKV_TILES = lambda mr, nr: _layers(*(_row_tiles(o, "c", mr, nr) for o in ("Q", "
 # of a wave, float32); each sum over m in parts (moagen.kernels.gemm.GEMM_SPLIT)
 QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS, gemm=GEMM_SPLIT,
                                   split={o: "m" for o in QKV_GEMMS}),
-                "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR, TENSOR_DTYPES)}
+                "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR_SPLIT, TENSOR_DTYPES,
+                                   split={o: "m" for o in QKV_GEMMS})}
 
 
 # how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
