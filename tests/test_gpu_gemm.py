@@ -295,13 +295,14 @@ def _cuda_tools():
 
 SPLIT = {"mlp_fwd": {"F.partial"},
          "mlp_bwd": {"dX.partial", "dWg.partial", "dWu.partial", "dWd.partial"},
-         "qkv_proj": {"Q.partial", "K.partial", "V.partial"}}
-UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set()}
+         "qkv_proj": {"Q.partial", "K.partial", "V.partial"},
+         "out_proj_bwd": {"dO.partial", "dWo.partial"}}
+UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set(), "out_proj_bwd": set()}
 
 
 @pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel, variant", [("mlp_bwd", "tiled"), ("qkv_proj", "tiled"),
-                                             ("mlp_fwd", "tensor")])
+                                             ("out_proj_bwd", "tiled"), ("mlp_fwd", "tensor")])
 def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):
     """moagen cost --cuda at the bench's sizes (n 2048, dm 512, dff 1408, 8 heads of 64),
     float32 (the fewer waves: more blocks an SM): each GEMM at least a wave on the H200,
@@ -319,3 +320,23 @@ def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):
         if variant == "tiled":  # (on tensor cores the loop with the most FMA is a copy's)
             assert k["hot_loop"]["global_loads"] == 0
             assert k["hot_loop"]["fma_per_shared_load"] >= 8
+
+
+def test_out_proj_s_backward_is_two_split_gemms():
+    """out_proj_bwd: dO a block per (part of the sum over m, batch entry x head folded, 32 x
+    64 tile of a head's rows), dWo per (part of the rows x head, 32 x 64 tile of a head's
+    weight), both operands staged in chunks of 16; each merged over its 8 parts a thread an
+    element. Before: a thread per 2 x 4 tile from global memory."""
+    onf = onf_of("out_proj_bwd", VARIANT, target="cuda", dtype="float32")
+    expect = {"dO.partial": (["m_part_b_h", "i_blk", "c_blk"], "m_blk",
+                             {"dO_partial_dY_tile", "dO_partial_WoT_tile"}),
+              "dWo.partial": (["i_part_h", "c_blk", "m_blk"], "i_blk",
+                              {"dWo_partial_O_tile", "dWo_partial_dY_tile"})}
+    for label, (grid, chunks, tiles) in expect.items():
+        loops = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
+        assert [lp.var.name for lp in loops if is_grid(lp)] == grid
+        chunk = next(lp for lp in loops if lp.var.name == chunks)
+        assert {c.body[0].body[0].array for c in chunk.body if is_block_copy(c)} == tiles
+        assert set().union(*map(_reads, chunk.body[-1].body)) == tiles
+        merge = [s for s in walk(_nest(onf, label.split(".")[0]).body) if isinstance(s, Loop)]
+        assert merge[0].parallel and merge[-1].stop == 8

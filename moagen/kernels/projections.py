@@ -77,15 +77,16 @@ def _layers(*tiled, reorder=(), mapping=()):
 TILE_PARAMS = ("mr", "nr")
 
 
-def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None):
+def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None, rest=()):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
     moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled GEMMs of the
     parameters `gemm` (GEMM's SIMT, TENSOR's on tensor cores), the variant having no other
-    nest; split: on_gemms' (the products whose sums are cut into gemm's parts)."""
+    nest but those `rest` maps (CPU steps, the GPU's derived: a weight's transpose); split:
+    on_gemms' (the products whose sums are cut into gemm's parts)."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
     if gemms:
         tiled, defaults = layers, gemm
-        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu()), gemms,
+        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu(*rest)), gemms,
                                                  split=split, **{**defaults, **gemm})
     return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
                    cuda={**pick(TILE_CUDA), **(gemm if gemms else {})},
@@ -164,9 +165,17 @@ OUT_VARIANTS = {"tiled": _tunable(frozenset(), OUT_TILES, gemms=OUT_GEMMS),
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))
 
 
+# on CUDA dO a block per (part of the sum over m x batch entry x head, 32 x 64 tile of a
+# head's rows), dWo a block per (part of the rows, head, 32 x 64 tile of its weight):
+# both have few output tiles (a weight's 8 x 512 x 64: 128 blocks whole at the bench's
+# sizes), their sums cut into 8 parts
+OUT_BWD_GEMMS = {"dO": (BH, "i", "c", "m", ("dY", "WoT")),
+                 "dWo": (("h",), "c", "m", "i", ("O", "dY"))}
 OUT_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WoT"}), lambda mr, nr: _layers(
     _row_tiles("dO", "c", mr, nr), _tiles(RegisterTile("dWo", "c", "m", mr, nr), ("h",)),
-    mapping=(Parallel(("h",), nest="WoT"),)))}
+    mapping=(Parallel(("h",), nest="WoT"),)), gemms=OUT_BWD_GEMMS,
+    gemm={**GEMM_SPLIT, "parts": 8}, split={"dO": "m", "dWo": "i"},
+    rest=(Parallel(("h",), nest="WoT"),))}
 
 
 RESIDUAL = array("x", "batch", "n", "dm")
