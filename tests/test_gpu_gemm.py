@@ -6,6 +6,8 @@ projections alike; the backward's dX, two sums, as one adding a term at a time
 (MergeSums, AddTermwise); what the steps refuse; the barriers each needed; the emulated
 kernel against numpy at sizes that cut every tile."""
 from dataclasses import replace
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -19,23 +21,26 @@ from moagen.onf.loops import Barrier, Let, Loop, Store, Update, is_block_copy, i
     is_thread_loop, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
+from moagen.steps.algebra.partials import SplitK
 from moagen.steps.gpu.blocks import BlockTiles
 from moagen.steps.gpu.staging import Stage
 from moagen.steps.loop.merge_sums import AddTermwise, MergeSums
 from moagen.steps.loop.reductions import LowerReductions
+from moagen.steps.loop.split import Split
 from moagen.targets.cuda import emulated
 from moagen.targets.cuda.build import build_cuda_emulated
 from moagen.targets.cuda.loader import EmulationCheckError
 
 KERNEL, VARIANT = "mlp_fwd", "tiled"
 # each product: (its kernel, its columns' loop, the loop over its sum's chunks, its
-# operands' tiles)
+# operands' tiles); F and dX (too few output tiles for a wave) summed in parts (split-K),
+# their GEMMs the nests F.partial, dX.partial, the parts' grid axis folded with the batch's
 PRODUCTS = {"U": ("mlp_fwd", "e", "c_blk", {"U_X_tile", "U_Wg_tile"}),
             "V": ("mlp_fwd", "e", "c_blk", {"V_X_tile", "V_Wu_tile"}),
-            "F": ("mlp_fwd", "c", "e_blk", {"F_H_tile", "F_Wd_tile"}),
+            "F.partial": ("mlp_fwd", "c", "e_blk", {"F_partial_H_tile", "F_partial_Wd_tile"}),
             "dH": ("mlp_bwd", "e", "c_blk", {"dH_dF_tile", "dH_WdT_tile"}),
-            "dX": ("mlp_bwd", "c", "e_blk", {"dX_dU_tile", "dX_WgT_tile", "dX_dV_tile",
-                                              "dX_WuT_tile"})}
+            "dX.partial": ("mlp_bwd", "c", "e_blk", {"dX_partial_dU_tile", "dX_partial_WgT_tile",
+                                                      "dX_partial_dV_tile", "dX_partial_WuT_tile"})}
 
 
 def _nest(onf, label):
@@ -53,7 +58,8 @@ def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
     onf = onf_of(kernel, VARIANT, target="cuda", dtype="float32")
     nest = _nest(onf, label)
     loops = [s for s in walk(nest.body) if isinstance(s, Loop)]
-    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", f"{cols}_blk"]
+    outer = "e_part_b" if label.endswith(".partial") else "b"
+    assert [lp.var.name for lp in loops if is_grid(lp)] == [outer, "i_blk", f"{cols}_blk"]
     assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile)
             for lp in loops if is_thread_loop(lp)} == {("y", "i", 8, 4), ("x", cols, 16, 4)}
     # the accumulator (a thread's 4 x 4 registers) defined before the chunks, stored after
@@ -70,19 +76,27 @@ def test_each_product_is_a_block_per_output_tile_summing_staged_chunks(label):
     # a step of the sum an FMA an operand pair: dX's two products added one at a time
     assert [type(s) for s in product.body] == [Update] * (len(tiles) // 2)
     assert {b.name for b in onf.shared} >= tiles
-    assert not any(b.name.startswith(label + "_") for b in onf.temps)  # no panels
+    # no panels; a split product's one temp: its parts
+    assert [b.name for b in onf.temps if b.name.startswith(label.split(".")[0] + "_")] == \
+        ([label.split(".")[0] + "_part"] if label.endswith(".partial") else [])
 
 
 @pytest.mark.parametrize("label, rows, cols, tiles", [
-    ("dWg", "c", "e", {"dWg_XT_tile", "dWg_dU_tile"}),
-    ("dWu", "c", "e", {"dWu_XT_tile", "dWu_dV_tile"}),
-    ("dWd", "e", "c", {"dWd_HT_tile", "dWd_dF_tile"})])
+    ("dWg", "c", "e", {"dWg_partial_XT_tile", "dWg_partial_dU_tile"}),
+    ("dWu", "c", "e", {"dWu_partial_XT_tile", "dWu_partial_dV_tile"}),
+    ("dWd", "e", "c", {"dWd_partial_HT_tile", "dWd_partial_dF_tile"})])
 def test_a_weight_gradient_sums_a_batch_entry_s_rows_in_staged_chunks(label, rows, cols, tiles):
-    """A block per tile of the weight; its threads' sums over the rows of each batch entry
-    in chunks of 16 rows, both operands staged, then added across the entries."""
+    """A block per (part of the rows, tile of the weight); its threads' sums over the rows
+    of each batch entry in the part in chunks of 16 rows, both operands staged, then added
+    across the entries into the part's partial; the parts then added in order, a thread a
+    weight."""
     onf = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64")
-    loops = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
-    assert [lp.var.name for lp in loops if is_grid(lp)] == [f"{rows}_blk", f"{cols}_blk"]
+    loops = [s for s in walk(_nest(onf, f"{label}.partial").body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["i_part", f"{rows}_blk",
+                                                            f"{cols}_blk"]
+    merge = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
+    assert [lp.var.name for lp in merge] == [rows, cols, "i_part"]
+    assert merge[0].parallel == 2 and merge[-1].stop == 3 and not any(map(is_grid, merge))
     assert {(lp.gpu.axis, lp.var.name) for lp in loops if is_thread_loop(lp)} == \
         {("y", rows), ("x", cols)}
     batch = next(lp for lp in loops if lp.var.name == "b")
@@ -92,12 +106,12 @@ def test_a_weight_gradient_sums_a_batch_entry_s_rows_in_staged_chunks(label, row
 
 
 def test_the_projections_fold_batch_and_head_into_one_grid_axis_and_sum_heads_in_chunks():
-    """qkv_proj's Q: a block per (batch entry x head, row tile, column tile), BlockTiles
-    folding b and h into one axis; out_proj's Y: each head's sum over c in staged chunks,
+    """qkv_proj's Q: a block per (part of the sum x batch entry x head, row tile, column
+    tile), BlockTiles folding the part, b and h into one axis; out_proj's Y: each head's sum over c in staged chunks,
     the heads' sums added in registers."""
-    q = _nest(onf_of("qkv_proj", VARIANT, target="cuda", dtype="float32"), "Q")
+    q = _nest(onf_of("qkv_proj", VARIANT, target="cuda", dtype="float32"), "Q.partial")
     assert [lp.var.name for lp in walk(q.body) if isinstance(lp, Loop) and is_grid(lp)] == \
-        ["b_h", "i_blk", "c_blk"]
+        ["m_part_b_h", "i_blk", "c_blk"]  # split-K: the parts of the sum over m folded too
     y = _nest(onf_of("out_proj", VARIANT, target="cuda", dtype="float32"), "Y")
     loops = [lp for lp in walk(y.body) if isinstance(lp, Loop)]
     assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", "m_blk"]
@@ -109,14 +123,14 @@ def test_the_projections_fold_batch_and_head_into_one_grid_axis_and_sum_heads_in
 def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
     from moagen.targets.cuda.printer import CudaPrinter
     onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
-    kernels = {k["name"].rsplit("_", 1)[1]: k for k in CudaPrinter(onf, "float32").kernels()
+    kernels = {k["name"].split("_f32_")[1]: k for k in CudaPrinter(onf, "float32").kernels()
                if k["tiled"]}
-    assert set(kernels) == {"U", "V", "F"}
+    assert set(kernels) == {"U", "V", "F_partial"}
     assert kernels["U"]["block"] == (16, 8, 1)
     assert [str(g) for g in kernels["U"]["grid"]] == ["idiv(dff + 63, 64)", "idiv(n + 31, 32)",
                                                       "batch"]
     # two tiles of 16 steps of the sum, the rows' 32 and the columns' 64, each padded by 4
-    (_, _, shared), = kernels["F"]["launches"]
+    (_, _, shared), = kernels["F_partial"]["launches"]
     assert int(shared) == 4 * 16 * (36 + 68)
 
 
@@ -207,3 +221,122 @@ def test_each_barrier_of_a_chunk_is_needed(which):
     broken = source[:cut] + source[cut + len("__syncthreads();"):]
     with pytest.raises(EmulationCheckError, match=r"race on shared `U_(X|Wg)_tile`"):
         _run(broken, f"gemm_race_without_{which}")
+
+
+# split-K (SplitK): a product with too few output tiles for a wave summed in parts
+
+
+@pytest.mark.parametrize("label, summed, loop", [("dX", "e", "e_blk"), ("dWd", "i", "i_blk")])
+def test_split_k_keeps_the_value_of_a_sum_and_of_a_sum_of_batch_entries(label, summed, loop):
+    """dX (two sums merged, a term at a time) and dWd (each batch entry's rows summed, the
+    entries added after) in 3 parts of their chunks of 2, interpreted against the spec's
+    sums: n 7 and dff 7 are 4 chunks, parts of 2, 2 and none."""
+    backward = onf_of("mlp_bwd", "naive", target="cpu", dtype="float64", upto=0)
+    steps = (MergeSums(nest="dX"), LowerReductions(), AddTermwise(nest="dX"),
+             Split(summed, 2, nest=label), SplitK(label, loop, 3))
+    split = backward
+    for step in steps:
+        split = step(split)
+    assert [n.label for n in split.nests].index(f"{label}.partial") == \
+        [n.label for n in split.nests].index(label) - 1
+    assert f"{label}_part" in {b.name for b in split.temps}
+    rng = np.random.default_rng(7)
+    sizes = dict(batch=2, n=7, dm=3, dff=7)
+    shapes = dict(X=("batch", "n", "dm"), Wg=("dm", "dff"), Wu=("dm", "dff"), Wd=("dff", "dm"),
+                  U=("batch", "n", "dff"), V=("batch", "n", "dff"), dF=("batch", "n", "dm"))
+    arrays = {k: rng.standard_normal(tuple(sizes[d] for d in v)) for k, v in shapes.items()}
+    want, got = (run_onf(onf, arrays, {}) for onf in (backward, split))
+    assert np.allclose(got[label], want[label], rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("step, message", [
+    (SplitK("U", "c_blk", 0), "parts must be at least 1"),
+    (SplitK("U", "e_blk", 3), "has not one loop e_blk"),
+    (SplitK("H", "e", 3), "not loops around a sum into a local"),
+])
+def test_split_k_refuses_what_it_cannot_split(step, message):
+    with pytest.raises(ScheduleError, match=message):
+        step(_upto_schedule())
+
+
+def test_split_k_refuses_a_loop_whose_range_moves_with_the_loops_around_it():
+    """A chunk's rows (i in [2 i_blk, ..)) are no parts of the sum: each chunk's would be."""
+    backward = onf_of("mlp_bwd", "naive", target="cpu", dtype="float64", upto=0)
+    chunked = Split("i", 2, nest="dWd")(LowerReductions()(backward))
+    with pytest.raises(ScheduleError, match="range of loop i depends on the loops around it"):
+        SplitK("dWd", "i", 3)(chunked)
+
+
+def test_two_emulated_runs_give_the_same_bits():
+    """The parts are added in one order, whatever order the blocks run in: no atomics."""
+    source = emit("mlp_bwd", VARIANT, "cuda-emulated")
+    request = resolve("mlp_bwd", VARIANT, "cuda-emulated", "float32", here=False)
+    fn = emulated.bind(build_cuda_emulated(source, "gemm_bits"), request.signature())
+    sizes = dict(batch=2, n=37, dm=19, dff=70)
+    rng = np.random.default_rng(3)
+    shapes = dict(X=("batch", "n", "dm"), Wg=("dm", "dff"), Wu=("dm", "dff"), Wd=("dff", "dm"),
+                  U=("batch", "n", "dff"), V=("batch", "n", "dff"), dF=("batch", "n", "dm"))
+    arrays = [rng.standard_normal(tuple(sizes[d] for d in shapes[name])).astype(np.float32)
+              for name in (p.name for p in request.signature().inputs)]
+    first, second = fn(*arrays), fn(*arrays)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+def _cuda_tools():
+    from moagen.cost import sass
+    from moagen.errors import CompilerNotFound
+    from moagen.targets.toolchain import Toolchain
+    try:
+        sass.cuobjdump()
+    except CompilerNotFound:
+        return False
+    return shutil.which(Toolchain().nvcc) is not None
+
+
+SPLIT = {"mlp_fwd": {"F.partial"},
+         "mlp_bwd": {"dX.partial", "dWg.partial", "dWu.partial", "dWd.partial"},
+         "qkv_proj": {"Q.partial", "K.partial", "V.partial"},
+         "out_proj_bwd": {"dO.partial", "dWo.partial"}}
+UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set(), "out_proj_bwd": set()}
+
+
+@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.parametrize("kernel, variant", [("mlp_bwd", "tiled"), ("qkv_proj", "tiled"),
+                                             ("out_proj_bwd", "tiled"), ("mlp_fwd", "tensor")])
+def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):
+    """moagen cost --cuda at the bench's sizes (n 2048, dm 512, dff 1408, 8 heads of 64),
+    float32 (the fewer waves: more blocks an SM): each GEMM at least a wave on the H200,
+    no spills, and in SIMT no global load in its hottest loop, FMA per shared load 8
+    (unsplit, F, dX, the weight gradients and Q, K, V were 0.33-0.43 of a wave)."""
+    from moagen.cli import main
+    assert main(["cost", kernel, "--variant", variant, "--cuda", "--json",
+                 "--dtype", "float32"]) == 0
+    [call] = json.loads(capsys.readouterr()[0])["gpu"]
+    gemms = [k for k in call["kernels"] if k["nest"] in SPLIT[kernel] | UNSPLIT[kernel]]
+    assert len(gemms) == len(SPLIT[kernel] | UNSPLIT[kernel])
+    for k in gemms:
+        assert k["waves"] >= 1.0, (k["nest"], k["waves"])
+        assert k["spill_stores"] == 0
+        if variant == "tiled":  # (on tensor cores the loop with the most FMA is a copy's)
+            assert k["hot_loop"]["global_loads"] == 0
+            assert k["hot_loop"]["fma_per_shared_load"] >= 8
+
+
+def test_out_proj_s_backward_is_two_split_gemms():
+    """out_proj_bwd: dO a block per (part of the sum over m, batch entry x head folded, 32 x
+    64 tile of a head's rows), dWo per (part of the rows x head, 32 x 64 tile of a head's
+    weight), both operands staged in chunks of 16; each merged over its 8 parts a thread an
+    element. Before: a thread per 2 x 4 tile from global memory."""
+    onf = onf_of("out_proj_bwd", VARIANT, target="cuda", dtype="float32")
+    expect = {"dO.partial": (["m_part_b_h", "i_blk", "c_blk"], "m_blk",
+                             {"dO_partial_dY_tile", "dO_partial_WoT_tile"}),
+              "dWo.partial": (["i_part_h", "c_blk", "m_blk"], "i_blk",
+                              {"dWo_partial_O_tile", "dWo_partial_dY_tile"})}
+    for label, (grid, chunks, tiles) in expect.items():
+        loops = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
+        assert [lp.var.name for lp in loops if is_grid(lp)] == grid
+        chunk = next(lp for lp in loops if lp.var.name == chunks)
+        assert {c.body[0].body[0].array for c in chunk.body if is_block_copy(c)} == tiles
+        assert set().union(*map(_reads, chunk.body[-1].body)) == tiles
+        merge = [s for s in walk(_nest(onf, label.split(".")[0]).body) if isinstance(s, Loop)]
+        assert merge[0].parallel and merge[-1].stop == 8

@@ -26,8 +26,9 @@ from moagen.verify import check_case
 KERNEL, VARIANT = "mlp_fwd", "tensor"
 # each product: its columns' loop, its sum's, its operands' tiles (the row operand's laid
 # out with the rows last: column major as a fragment's rows x k; the weight's row major)
+# F summed in parts (split-K): its GEMM the nest F.partial
 PRODUCTS = {"U": ("e", "c", "U_X_tile", "U_Wg_tile"), "V": ("e", "c", "V_X_tile", "V_Wu_tile"),
-            "F": ("c", "e", "F_H_tile", "F_Wd_tile")}
+            "F.partial": ("c", "e", "F_partial_H_tile", "F_partial_Wd_tile")}
 
 
 def _nest(onf, label):
@@ -48,7 +49,7 @@ def test_each_product_is_a_warp_tile_of_fragments_from_the_staged_tiles(label, d
         {("y", "i", 2, warp[0], shape[0]), ("x", cols, 2, warp[1], shape[1])}
     [mma] = [lp.gpu for lp in loops if isinstance(lp.gpu, Mma)]
     assert mma == Mma(shape, ((Operand(a, "col", 36), Operand(b, "row", 68)),),
-                      Operand(f"{label}_out_tile", "row", 68), precision)
+                      Operand(f"{label.replace('.', '_')}_out_tile", "row", 68), precision)
     assert [lp.var.name for lp in loops if isinstance(lp.gpu, Mma)] == [summed]
 
 
@@ -57,13 +58,13 @@ def test_dx_s_two_sums_are_two_terms_and_a_weight_gradient_a_total_of_fragments(
     AddTermwise), each term's fragments from its own tiles; dWg a sum a batch entry, zeroed
     and added to the entries' total, both accumulators fragments."""
     onf = onf_of("mlp_bwd", VARIANT, target="cuda", dtype="float64")
-    [dx] = [lp.gpu for lp in walk(_nest(onf, "dX").body) if isinstance(lp, Loop)
+    [dx] = [lp.gpu for lp in walk(_nest(onf, "dX.partial").body) if isinstance(lp, Loop)
             and isinstance(lp.gpu, Mma)]
-    assert [(a.array, b.array) for a, b in dx.terms] == [("dX_dU_tile", "dX_WgT_tile"),
-                                                         ("dX_dV_tile", "dX_WuT_tile")]
+    assert [(a.array, b.array) for a, b in dx.terms] == [
+        ("dX_partial_dU_tile", "dX_partial_WgT_tile"), ("dX_partial_dV_tile", "dX_partial_WuT_tile")]
     from moagen.targets.cuda.printer import CudaPrinter
     source = "\n".join(line for k in CudaPrinter(onf, "float64").kernels()
-                       if k["name"].endswith("_dWg") for line in k["prologue"] + k["body"])
+                       if k["name"].endswith("_dWg_partial") for line in k["prologue"] + k["body"])
     assert "wmma::fragment<wmma::accumulator, 8, 8, 4, double> over_b[2][4];" in source
     assert "over_b[s_c][s_e].x[t] += acc[s_c][s_e].x[t];" in source
 
@@ -71,12 +72,12 @@ def test_dx_s_two_sums_are_two_terms_and_a_weight_gradient_a_total_of_fragments(
 def test_the_launch_is_2_by_2_warps_with_the_output_tile_in_shared_memory():
     from moagen.targets.cuda.printer import CudaPrinter
     onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float64")
-    kernels = {k["name"].rsplit("_", 1)[1]: k for k in CudaPrinter(onf, "float64").kernels()
+    kernels = {k["name"].split("_f64_")[1]: k for k in CudaPrinter(onf, "float64").kernels()
                if k["tiled"]}
-    assert set(kernels) == {"U", "V", "F"}
+    assert set(kernels) == {"U", "V", "F_partial"}
     assert kernels["U"]["block"] == (64, 2, 1)  # two warps along x, two along y
     # the operands' tiles (16 x (32 + 4), 16 x (64 + 4)) and the output's, 32 x (64 + 4)
-    (_, _, shared), = kernels["F"]["launches"]
+    (_, _, shared), = kernels["F_partial"]["launches"]
     assert int(shared) == 8 * (16 * (36 + 68) + 32 * 68)
 
 
@@ -196,9 +197,11 @@ def _cuda_tools():
 
 
 @pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
-@pytest.mark.parametrize("kernel, products", [("mlp_fwd", ("U", "V", "F")),
-                                               ("mlp_bwd", ("dH", "dX", "dWg", "dWu", "dWd")),
-                                               ("qkv_proj", ("Q", "K", "V")),
+@pytest.mark.parametrize("kernel, products", [("mlp_fwd", ("U", "V", "F.partial")),
+                                               ("mlp_bwd", ("dH", "dX.partial", "dWg.partial",
+                                                            "dWu.partial", "dWd.partial")),
+                                               ("qkv_proj", ("Q.partial", "K.partial",
+                                                             "V.partial")),
                                                ("out_proj", ("Y",))])
 @pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
 def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):

@@ -169,11 +169,9 @@ def test_the_cuda_launch_takes_the_threads_a_block_its_mapping_gives():
 
 
 
-# (the MLP's products and the forward projections are GEMM blocks on CUDA:
-# tests/test_gpu_gemm.py)
-@pytest.mark.parametrize("kernel, nest, tiles", [("out_proj_bwd", "dO", ("b", "h", "c_tile",
-                                                                         "i_tile")),
-                                                 ("qkv_proj_bwd", "dX", ("b", "m_tile",
+# (the MLP's products, the forward projections and out_proj_bwd's are GEMM blocks on
+# CUDA: tests/test_gpu_gemm.py)
+@pytest.mark.parametrize("kernel, nest, tiles", [("qkv_proj_bwd", "dX", ("b", "m_tile",
                                                                          "i_tile"))])
 def test_a_gpu_runs_a_thread_per_register_tile(kernel, nest, tiles):
     """The CPU runs a thread per column (or block of rows) of tiles, a GPU a thread per

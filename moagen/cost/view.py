@@ -95,6 +95,7 @@ def counting_view(onf: ONF) -> View:
     def stmt(s, maxima, parts):
         if isinstance(s, Loop):
             start, stop = bound(s.start, maxima, parts), bound(s.stop, maxima, parts)
+            stop = _whole_part(start, stop, sizes, assumed)
             if simplified(stop - start) == 0:
                 return None  # the columns after the last full tile: none
             periods = _periods(replace(s, start=start, stop=stop), sizes)
@@ -121,6 +122,27 @@ def counting_view(onf: ONF) -> View:
 
 
 CAUSAL_ROWS_UNCUT = "the causal rows' cut not counted (an over-count of the key rows' pass)"
+WHOLE_PARTS = "each part of a split sum whole (its parts divide its chunks)"
+
+
+def _whole_part(start, stop, sizes, assumed):
+    """The end of a part of a split sum (SplitK: from a q-th part's first chunk R q,
+    Min(R q + R, N), R and N of the sizes, q a quotient of a grid axis) as R q + R, a
+    part's R chunks whole, and so the end of a chunk inside it, Min(N', T c + T), T a
+    number, which _full_tile leaves (c's last value is a quotient's): sympy sums no
+    minimum over such a quotient. A stop whose other terms are not sizes alone (a causal
+    row's) unchanged, and so a stop of a loop from sizes alone."""
+    if not isinstance(stop, sympy.Min) or start.free_symbols <= sizes:
+        return stop
+    for arg in stop.args:
+        length = simplified(arg - start)
+        others = [a for a in stop.args if a != arg]
+        if length != 0 and length.free_symbols <= sizes and \
+                all(a.free_symbols <= sizes for a in others):
+            if length.free_symbols:
+                assumed.append(WHOLE_PARTS)
+            return arg
+    return stop
 
 
 def _uncut_causal_rows(e, sizes):

@@ -20,9 +20,11 @@ from dataclasses import replace
 
 from moagen.errors import ScheduleError
 
+from moagen.steps.algebra.partials import SplitK
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles, UnrollInner
 from moagen.steps.gpu.mma import SHAPES, WarpMma
 from moagen.steps.gpu.staging import Stage
+from moagen.steps.loop.parallel import GpuThreads
 from moagen.steps.loop.merge_sums import AddTermwise, MergeSums
 from moagen.steps.loop.reductions import LowerReductions
 from moagen.steps.loop.split import Split
@@ -34,6 +36,11 @@ UNROLL = 4
 # n 512) still has 128 blocks; chunks of 16 of the sum: tiles of 16 x (32 + 4) and
 # 16 x (64 + 4) numbers, 6.5 KB (float32) of shared memory a block
 GEMM = {"block_rows": 32, "block_cols": 64, "chunk": 16, "thread_rows": 4, "thread_cols": 4}
+# GEMM's where a kernel names products with too few output tiles for a wave, their sums in
+# `parts` parts (on_gemms' split): at the bench's sizes on the H200's 132 SMs, mlp's F, dX
+# and weight gradients and qkv_proj's Q, K, V were 0.33-0.67 of a wave whole (float32), in
+# 3 parts 1.1-2.0 (docs/journal/2026-12-07-gemm-waves.md)
+GEMM_SPLIT = {**GEMM, "parts": 3}
 # On tensor cores (the `tensor` variants): the same blocks and chunks, 2 x 2 warps a block
 # (128 threads), each a 16 x 32 tile of the block's as fragments (float64: 2 x 4 DMMA
 # m8n8k4 accumulators; float32: 1 x 2 of m16n16k8). tf32: how float32 is multiplied,
@@ -42,6 +49,7 @@ GEMM = {"block_rows": 32, "block_cols": 64, "chunk": 16, "thread_rows": 4, "thre
 TENSOR = {"block_rows": 32, "block_cols": 64, "chunk": 16, "warps_y": 2, "warps_x": 2,
           "tf32": 0}
 TENSOR_DTYPES = {"float32": {"tf32": 3}}
+TENSOR_SPLIT = {**TENSOR, "parts": 3}  # as GEMM_SPLIT
 PRECISION = {0: "f64", 3: "3xtf32", 1: "tf32"}
 
 # the products' variant on CUDA where none is named, per dtype (a module's DEVICE_DEFAULTS),
@@ -52,15 +60,29 @@ TENSOR_CORES = {"cuda": {"float64": "tensor", "float32": "tensor"}}
 
 
 def on_gemms(layers, rest, products, block_rows, block_cols, chunk, thread_rows=0,
-             thread_cols=0, warps_y=0, warps_x=0, tf32=None):
+             thread_cols=0, warps_y=0, warps_x=0, tf32=None, parts=1, split=None):
     """`layers` with CUDA's schedule and mapping `rest`'s (a Layers of every other nest)
     and each product (label -> (the loops outside its output tiles, its rows, columns, the
     axis summed, the operands staged)) a tiled GEMM in block_rows x block_cols blocks,
     summing in chunks of `chunk`: SIMT, thread_rows x thread_cols register tiles; or, where
-    tf32 is given, on tensor cores (warps_y x warps_x warps a block, PRECISION[tf32])."""
+    tf32 is given, on tensor cores (warps_y x warps_x warps a block, PRECISION[tf32]).
+
+    split: label -> an axis the product sums over, for the products with too few output
+    tiles to fill the GPU: their sums over it cut into `parts` parts (split-K, SplitK: a
+    block per (part, output tile), each part's sum into a partial, the parts then added in
+    order by the product's own nest, a thread an element; where the axis is the one summed
+    in chunks, the parts are runs of whole chunks); the others summed whole."""
+    split = {label: SplitK(label, Split(axis, chunk, nest=label).blocks
+                           if axis == products[label][3] else axis, parts)
+             for label, axis in (split or {}).items() if parts > 1}
+    # a split product's GEMM is its partial nest, over the parts and the loops outside
+    gemms = {split[label].partial if label in split else label:
+             ((split[label].part,) + outer if label in split else outer, rows, cols, summed,
+              operands)
+             for label, (outer, rows, cols, summed, operands) in products.items()}
     schedule = rest.schedule_for("cuda") + gemm_schedule(
         {label: (summed, operands) for label, (_, _, _, summed, operands) in products.items()},
-        chunk)
+        chunk, split)
     if tf32 is None:
         threads = lambda label, rows, cols, summed: (
             ThreadTiles(rows, thread_rows, "y", nest=label),
@@ -71,22 +93,27 @@ def on_gemms(layers, rest, products, block_rows, block_cols, chunk, thread_rows=
             raise ScheduleError(f"tf32 is one of {', '.join(map(str, PRECISION))}, not {tf32}")
         threads = warp_tiles(block_rows, block_cols, warps_y, warps_x, PRECISION[tf32])
     mapping = rest.mapping_for("cuda") + tuple(
-        step for label, (outer, rows, cols, summed, operands) in products.items()
+        step for label, (outer, rows, cols, summed, operands) in gemms.items()
         for step in gemm_mapping(label, outer, rows, cols, summed, operands, threads,
-                                 block_rows, block_cols, chunk))
+                                 block_rows, block_cols, chunk)) + tuple(
+        GpuThreads(outer + (rows, cols), nest=label)  # the merges: a thread an element
+        for label, (outer, rows, cols, _, _) in products.items() if label in split)
     return replace(layers, schedule={"cpu": layers.schedule_for("cpu"), "cuda": schedule},
                    mapping={**layers.mapping, "cuda": mapping})
 
 
-def gemm_schedule(products, chunk):
+def gemm_schedule(products, chunk, split=None):
     """The schedule of the products (label -> (the axis summed, the operands staged)): a
     product of several sums (more than two operands) as one adding a term at a time, the
-    sums as loops, each cut into chunks of `chunk`."""
+    sums as loops, each cut into chunks of `chunk`; those in `split` (label -> its SplitK)
+    then cut into parts (its partial nest the GEMM)."""
+    split = split or {}
     merged = [label for label, (_, operands) in products.items() if len(operands) > 2]
     return (*(MergeSums(nest=label) for label in merged),
             LowerReductions(),
             *(AddTermwise(nest=label) for label in merged),
-            *(Split(summed, chunk, nest=label) for label, (summed, _) in products.items()))
+            *(Split(summed, chunk, nest=label) for label, (summed, _) in products.items()),
+            *split.values())
 
 
 def warp_tiles(block_rows, block_cols, warps_y, warps_x, precision):

@@ -20,7 +20,8 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_CORES, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import (GEMM_SPLIT, TENSOR_CORES, TENSOR_DTYPES, TENSOR_SPLIT,
+                                  on_gemms)
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
@@ -98,8 +99,11 @@ ELEMENTWISE = "dU_dV_H"  # the tiled backward's fused elementwise nest
 # the nests of each kernel: row-wise products (tiled rows x cols), weight gradients (tiled
 # weight rows x cols), elementwise row nests, the weights' transposes (weight rows) and the
 # per-batch transposes of row operands (their rows)
+# split: the products whose sums a GPU cuts into parts (moagen.kernels.gemm.on_gemms):
+# their output tiles too few for a wave at the bench's sizes (F: 2048 x 512, sums over
+# dff; the weight gradients: sums over every row)
 FORWARD = {"rows": {"U": "e", "V": "e", "F": "c"}, "weights": {}, "elementwise": ("H",),
-           "transposes": {}, "row_transposes": {}}
+           "transposes": {}, "row_transposes": {}, "split": ("F",)}
 # a product's operands on a GPU, each chunk's tiles of them staged in shared memory
 # (moagen.kernels.gemm); the axis a row product sums over, given its columns'
 GEMM_OPERANDS = {"U": ("X", "Wg"), "V": ("X", "Wu"), "F": ("H", "Wd"), "dH": ("dF", "WdT"),
@@ -109,7 +113,7 @@ SUMMED = {"e": "c", "c": "e"}
 BACKWARD = {"rows": {"dH": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
             "elementwise": ("dV", "dU", "H"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"},
-            "row_transposes": {"XT": "c", "HT": "e"}}
+            "row_transposes": {"XT": "c", "HT": "e"}, "split": ("dX", "dWg", "dWu", "dWd")}
 
 
 def _plain(nests):
@@ -170,8 +174,9 @@ def _gemms(nests, mr, nr, row_block, **gemm):
                 **{label: ((), rows, cols, "i", GEMM_OPERANDS[label])
                    for label, (rows, cols) in nests["weights"].items()}}
     return on_gemms(_tiled(nests, mr, nr, row_block),
-                    _tiled(dict(nests, rows={}, weights={}), mr, nr, row_block=0), products,
-                    **gemm)
+                    _tiled(dict(nests, rows={}, weights={}, split=()), mr, nr, row_block=0),
+                    products,
+                    split={label: products[label][3] for label in nests["split"]}, **gemm)
 
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64, AVX2); 96 rows of a
@@ -203,9 +208,9 @@ TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
 # are GEMMs (moagen.kernels.gemm.GEMM)
 
 
-def _tunable(temps, nests, gemm=GEMM, cuda_dtypes=None):
+def _tunable(temps, nests, gemm=GEMM_SPLIT, cuda_dtypes=None):
     """The CPU takes no GEMM blocks: the GPU's defaults stand there (unused). gemm: CUDA's
-    GEMMs' parameters (moagen.kernels.gemm: GEMM's SIMT, TENSOR's on tensor cores)."""
+    GEMMs' parameters (moagen.kernels.gemm: GEMM_SPLIT's SIMT, TENSOR's on tensor cores)."""
     return Tunable(temps, lambda **params: _gemms(nests, **{**gemm, **params}), TILE_DEFAULTS,
                    TILE_SPACE, cuda={**TILE_CUDA, **gemm}, dtypes=TILE_DTYPE_DEFAULTS,
                    cuda_dtypes=cuda_dtypes or {}, avx512=TILE_AVX512, accepts=_whole_tiles)
@@ -216,12 +221,12 @@ FORWARD_VARIANTS = {
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),
     "tiled": _tunable(FORWARD_TEMPS, FORWARD),
     # tiled, CUDA's products on tensor cores
-    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR, TENSOR_DTYPES),
+    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR_SPLIT, TENSOR_DTYPES),
 }
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
     "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
-    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR, TENSOR_DTYPES),
+    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR_SPLIT, TENSOR_DTYPES),
 }
 
 SPECS = (forward_spec(), backward_spec())

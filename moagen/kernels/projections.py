@@ -18,7 +18,8 @@ every tile reads contiguous rows.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
-from moagen.kernels.gemm import GEMM, TENSOR, TENSOR_CORES, TENSOR_DTYPES, on_gemms
+from moagen.kernels.gemm import (GEMM, GEMM_SPLIT, TENSOR, TENSOR_CORES, TENSOR_DTYPES,
+                                  TENSOR_SPLIT, on_gemms)
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
@@ -77,16 +78,17 @@ def _layers(*tiled, reorder=(), mapping=()):
 TILE_PARAMS = ("mr", "nr")
 
 
-def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None):
+def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None, rest=()):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
     moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled GEMMs of the
     parameters `gemm` (GEMM's SIMT, TENSOR's on tensor cores), the variant having no other
-    nest."""
+    nest but those `rest` maps (CPU steps, the GPU's derived: a weight's transpose); split:
+    on_gemms' (the products whose sums are cut into gemm's parts)."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
     if gemms:
         tiled, defaults = layers, gemm
-        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu()), gemms,
-                                                 **{**defaults, **gemm})
+        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu(*rest)), gemms,
+                                                 split=split, **{**defaults, **gemm})
     return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
                    cuda={**pick(TILE_CUDA), **(gemm if gemms else {})},
                    dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()},
@@ -106,8 +108,12 @@ QKV = KernelSpec(
 QKV_GEMMS = {o: (BH, "i", "c", "m", ("X", f"W{o.lower()}")) for o in ("Q", "K", "V")}
 QKV_TILES = lambda mr, nr: _layers(*(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V")))
 # tensor: tiled, CUDA's products on tensor cores (float64 DMMA, float32 3xTF32)
-QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS),
-                "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR, TENSOR_DTYPES)}
+# split-K: a head's 2048 x 64 outputs are 64 tiles, 512 blocks at the bench's sizes (0.43
+# of a wave, float32); each sum over m in parts (moagen.kernels.gemm.GEMM_SPLIT)
+QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS, gemm=GEMM_SPLIT,
+                                  split={o: "m" for o in QKV_GEMMS}),
+                "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR_SPLIT, TENSOR_DTYPES,
+                                   split={o: "m" for o in QKV_GEMMS})}
 
 
 # how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
@@ -160,9 +166,17 @@ OUT_VARIANTS = {"tiled": _tunable(frozenset(), OUT_TILES, gemms=OUT_GEMMS),
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))
 
 
+# on CUDA dO a block per (part of the sum over m x batch entry x head, 32 x 64 tile of a
+# head's rows), dWo a block per (part of the rows, head, 32 x 64 tile of its weight):
+# both have few output tiles (a weight's 8 x 512 x 64: 128 blocks whole at the bench's
+# sizes), their sums cut into 8 parts
+OUT_BWD_GEMMS = {"dO": (BH, "i", "c", "m", ("dY", "WoT")),
+                 "dWo": (("h",), "c", "m", "i", ("O", "dY"))}
 OUT_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WoT"}), lambda mr, nr: _layers(
     _row_tiles("dO", "c", mr, nr), _tiles(RegisterTile("dWo", "c", "m", mr, nr), ("h",)),
-    mapping=(Parallel(("h",), nest="WoT"),)))}
+    mapping=(Parallel(("h",), nest="WoT"),)), gemms=OUT_BWD_GEMMS,
+    gemm={**GEMM_SPLIT, "parts": 8}, split={"dO": "m", "dWo": "i"},
+    rest=(Parallel(("h",), nest="WoT"),))}
 
 
 RESIDUAL = array("x", "batch", "n", "dm")

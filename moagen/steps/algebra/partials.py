@@ -24,7 +24,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose,
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
                               loop_nest, loop_vars, perfect_chain, subs_stmts, walk)
 from moagen.onf.names import Names, base_name, claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.fusion import as_block, fuse_siblings, independent
@@ -244,3 +244,105 @@ def _into_part(stmts, array, part, p):
             s = replace(s, array=part, index=(p,) + tuple(s.index), atomic=False)
         out.append(s)
     return tuple(out)
+
+
+
+@dataclass(frozen=True)
+class SplitK(Step):
+    """Split-K: a lowered sum `for out..: acc = 0; .. for k in [a, b): acc += ..; out[out..]
+    = acc` whose output has too few tiles to fill a GPU, its loop `loop` (a GEMM's chunks,
+    Split's k_blk) cut into `parts` runs of consecutive iterations, a part each, its nest
+    two:
+
+        partial  for p in [0, parts): for out..:    (the nest's body, the loop over k
+                     acc = 0; ..                     in [a + L p, Min(b, a + L p + L)))
+                     out_part[p, out..] = acc
+        merge    for out..: out[out..] = sum_p out_part[p, out..]   (p = 0, 1, ... in order)
+
+    L = ceil((b - a) / parts). No atomics: each (p, out..) is written by one iteration, and
+    the parts are added in one fixed order, so the bits do not depend on how the partial
+    nest's iterations run. PartialSums' form for a product whose output tiles a later
+    BlockTiles gives to thread blocks: the part loop outermost (a grid axis), the loop cut
+    by its range (a staged tile's index stays its loop's variable); the merge a nest of its
+    own (a thread an element).
+
+    Legal when the sum is linear in what the loop adds: inside the nest's loops (perfectly
+    nested, its outputs' indices) only locals set to 0, loops, additions into locals of a
+    local (an inner sum carried out: a weight gradient's batch entries) or of a value
+    reading no local (a term), and last one store of a local, not accumulating; every term
+    added inside the loop (else the parts would each add it); the loop's range free of the
+    loops around it inside the nest. Refused otherwise, or parts below 1."""
+    layer = "schedule"
+    nest: str
+    loop: str
+    parts: int
+
+    @property
+    def part(self) -> str:
+        """The loop over the parts it creates (e_part for e_blk)."""
+        return loop_role(base_name(self.loop).split("_")[0], "part")
+
+    @property
+    def partial(self) -> str:
+        """The nest of the parts' sums it creates (the nest itself merges them)."""
+        return nest_role(self.nest, "partial")
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.parts < 1:
+            raise ScheduleError(f"{self}: the number of parts must be at least 1")
+        nest = self.nest_called(onf)
+        out_loops, stmts = loop_nest(nest.body)
+        store = stmts[-1] if stmts else None
+        if not isinstance(store, Store) or store.accumulate or store.atomic or \
+                not isinstance(store.value, S.Local) or \
+                len(store.index) != len(out_loops) or \
+                any(isinstance(s, Store) for s in walk(stmts[:-1])):
+            raise ScheduleError(f"{self}: nest {self.nest} is not loops around a sum into a "
+                                "local and one store of it")
+        cut = [s for s in walk(stmts) if isinstance(s, Loop) and s.var.name == self.loop]
+        if len(cut) != 1:
+            raise ScheduleError(f"{self}: nest {self.nest} has not one loop {self.loop}")
+        cut = cut[0]
+        inner = {id(s) for s in walk((cut,))}
+        for s in walk(stmts[:-1]):
+            if isinstance(s, Let) and s.value != S.Num(0.0) or \
+                    not isinstance(s, (Let, Loop, Update)) or \
+                    isinstance(s, Update) and (s.op != "+" or not (
+                        isinstance(s.value, S.Local) or
+                        not S.contains(s.value, S.Local) and id(s) in inner)):
+                raise ScheduleError(f"{self}: nest {self.nest}'s sum is not additions of "
+                                    f"terms inside its loop {self.loop} (at {s})")
+        around = {lp.var for lp in walk(stmts) if isinstance(lp, Loop) and cut in walk((lp,))}
+        if _free((cut.start, cut.stop)) & (around - {cut.var}):
+            raise ScheduleError(f"{self}: the range of loop {self.loop} depends on the loops "
+                                "around it")
+        names = kernel_names(onf)
+        p = claim_loop(names, self.part, {lp.var.name for lp in out_loops} | loop_vars(stmts),
+                       self)
+        part, buffer = _part_buffer(onf, names, store.array, self.parts)
+        run = idiv(cut.stop - cut.start + self.parts - 1, self.parts)
+        start = cut.start + run * p
+        body = _replaced(stmts[:-1], cut, replace(cut, start=start,
+                                                  stop=sympy.Min(cut.stop, start + run)))
+        body += (replace(store, array=part, index=(p,) + tuple(store.index)),)
+        partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
+                                          enclose(out_loops, body)),),
+                       nest.origin, self.partial)
+        total = _sum_of_parts(p, self.parts, part, store.index, store.array)
+        merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)),
+                        origin=f"{store.array} = the sum of its {self.parts} parts")
+        nests = []
+        for n in onf.nests:
+            nests += [partial, merge] if n is nest else [n]
+        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
+
+
+def _replaced(stmts, target, new):
+    """stmts with statement `target` (by identity) replaced by `new`."""
+    return tuple(new if s is target else
+                 replace(s, body=_replaced(s.body, target, new)) if isinstance(s, Loop) else s
+                 for s in stmts)
+
+
+def _free(exprs):
+    return set().union(*(sympy.sympify(e).free_symbols for e in exprs))
