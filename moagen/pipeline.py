@@ -6,7 +6,7 @@ module, never on each other."""
 from functools import lru_cache
 
 from moagen.errors import UnknownNameError
-from moagen.kernels import CompositeKernel, get_kernel
+from moagen.kernels import CompositeKernel, get_kernel, stage_variant
 from moagen.kernels.compose import compose
 from moagen.kinds import KINDS
 from moagen.onf.loops import ONF
@@ -61,7 +61,7 @@ def _compose(name, params, target, dtype):
     `<stage label>.<parameter>`) for the target and dtype."""
     by_stage = stage_params(name, params)
     return compose(get_kernel(name).composite,
-                   lambda st: onf_of(st.kernel, st.variant_on(target, dtype), params=by_stage[st.label],
+                   lambda st: onf_of(st.kernel, stage_variant(st, target, dtype), params=by_stage[st.label],
                                      target=target, dtype=dtype))
 
 

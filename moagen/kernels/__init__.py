@@ -141,7 +141,7 @@ class CompositeKernel(_Variants):
     def variants(self):
         def defaults_for(target, dtype):
             return self.stage_params(lambda st: get_kernel(st.kernel)
-                                     .variant(st.variant_on(target, dtype))
+                                     .variant(stage_variant(st, target, dtype))
                                      .defaults_for(target, dtype))
 
         defaults = {target: {dtype: defaults_for(target, dtype) for dtype in DTYPES}
@@ -153,6 +153,13 @@ class CompositeKernel(_Variants):
         stage kernel's parameters, or None for none), named under the stage's label."""
         return {f"{st.label}.{name}": value for st in self.composite.stages
                 for name, value in (choose(st) or {}).items()}
+
+
+def stage_variant(stage, target: str, dtype: str) -> str:
+    """The variant a composite's stage runs on a target kind: its kernel's default there
+    where the kernel's module declares one (DEVICE_DEFAULTS: CUDA's GEMMs on tensor cores),
+    else the one the stage names."""
+    return get_kernel(stage.kernel).default_variant(target, dtype, stage.variant)
 
 
 def _stage_layers(**stage_params):

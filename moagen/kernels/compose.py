@@ -34,13 +34,6 @@ class Stage:
     arrays: Dict[str, str]  # the stage kernel's array -> the composite's
     sizes: Dict[str, str] = field(default_factory=dict)  # the stage's size -> the composite's
 
-    def variant_on(self, target: str, dtype: str) -> str:
-        """The variant the stage runs on a target kind: its kernel's default there where the
-        kernel's module declares one (DEVICE_DEFAULTS: CUDA's GEMMs on tensor cores), else
-        the one it names."""
-        from moagen.kernels import get_kernel
-        return get_kernel(self.kernel).default_variant(target, dtype, self.variant)
-
     def size_map(self, symbols) -> Dict[sympy.Symbol, sympy.Expr]:
         """Each of the stage kernel's size symbols -> the composite's size it stands for."""
         return {s: E.as_dim(self.sizes.get(s.name, s.name)) for s in symbols}
