@@ -14,7 +14,6 @@ from moagen.cost import measure, model, sass
 from moagen.cost.flops import stmt_ops
 from moagen.cost.traffic import accesses, footprint, region
 from moagen.cost.view import CAUSAL_ROWS_UNCUT, counting_view
-from moagen.errors import CompilerNotFound
 from moagen.kernels import KERNELS, CompositeKernel, get_kernel
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, sym
@@ -437,15 +436,8 @@ def test_parse_reads_the_summary_line():
 
 # ---- measured: SASS -----------------------------------------------------------------
 
-def _cuda_tools():
-    try:
-        sass.cuobjdump()
-    except CompilerNotFound:
-        return False
-    return shutil.which("nvcc") is not None
 
-
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump not installed")
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump not installed")
 def test_sass_atomics_sit_where_the_onf_puts_them():
     # the separate backward (the fused kernels' passes, at a third of their build time) at
     # one arch: each arch's build is test_codegen's
@@ -461,7 +453,7 @@ def test_sass_atomics_sit_where_the_onf_puts_them():
     assert scatter_free and sum(r.sass_atomics for r in scatter_free) == 0
 
 
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump not installed")
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump not installed")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_the_flash_forwards_products_unroll_as_a_hand_written_kernels(dtype):
     """attention_fwd flash at d <= 64 (#66): the innermost loop with the most FMA does a

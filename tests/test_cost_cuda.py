@@ -3,7 +3,6 @@ occupancy and wave arithmetic on hand-computed cases, the measured times read fr
 bench summary, and one real kernel compiled with nvcc end to end."""
 import json
 import math
-import shutil
 
 import pytest
 
@@ -11,8 +10,6 @@ from moagen.cli import main
 from moagen.cost import gpu_measured, sass
 from moagen.cost.gpu import H200, occupancy, waves
 from moagen.cost.sass_loops import innermost_loops, loops, summarize
-from moagen.errors import CompilerNotFound
-from moagen.targets.toolchain import Toolchain
 
 # an outer loop (0x0040-0x0150) around an inner one (0x0070-0x0110), a forward branch out
 # of the inner one, and the trap after EXIT (a BRA to itself), as cuobjdump prints them
@@ -131,15 +128,8 @@ def test_measured_times_match_kernel_dtype_and_every_size(tmp_path):
     assert gpu_measured.torch_times(tmp_path / "none") == []
 
 
-def _cuda_tools():
-    try:
-        sass.cuobjdump()
-    except CompilerNotFound:
-        return False
-    return shutil.which(Toolchain().nvcc) is not None
 
-
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump (pip install "
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump (pip install "
                                                "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm) absent")
 def test_cost_cuda_reports_launch_occupancy_loops_and_bound(capsys):
     code = main(["cost", "rmsnorm_fwd", "--variant", "naive", "--cuda", "--json", "--dtype", "float32",

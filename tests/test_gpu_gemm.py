@@ -7,11 +7,11 @@ projections alike; the backward's dX, two sums, as one adding a term at a time
 kernel against numpy at sizes that cut every tile."""
 from dataclasses import replace
 import json
-import shutil
 
 import numpy as np
 import pytest
 
+from moagen.cost import sass
 from moagen import reference_block
 from moagen.emit import emit
 from moagen.errors import ScheduleError
@@ -282,16 +282,6 @@ def test_two_emulated_runs_give_the_same_bits():
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
 
 
-def _cuda_tools():
-    from moagen.cost import sass
-    from moagen.errors import CompilerNotFound
-    from moagen.targets.toolchain import Toolchain
-    try:
-        sass.cuobjdump()
-    except CompilerNotFound:
-        return False
-    return shutil.which(Toolchain().nvcc) is not None
-
 
 SPLIT = {"mlp_fwd": {"F.partial"},
          "mlp_bwd": {"dX.partial", "dWg.partial", "dWu.partial", "dWd.partial"},
@@ -300,7 +290,7 @@ SPLIT = {"mlp_fwd": {"F.partial"},
 UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set(), "out_proj_bwd": set()}
 
 
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel, variant", [("mlp_bwd", "tiled"), ("qkv_proj", "tiled"),
                                              ("out_proj_bwd", "tiled"), ("mlp_fwd", "tensor")])
 def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):

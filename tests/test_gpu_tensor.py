@@ -7,12 +7,12 @@ tile the block copies out; what WarpMma refuses; the barrier the copy out needs;
 emulated kernels (nvcuda::wmma on the host: templates/cuda/emulation/mma.h) against numpy
 at sizes that cut every tile, float32 by 3xTF32 within its tolerance where one TF32
 product is not; DMMA and HMMA in the SASS."""
-import shutil
 
 import pytest
 
+from moagen.cost import sass
 from moagen.emit import emit
-from moagen.errors import CompilerNotFound, ScheduleError
+from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, Mma, Operand, is_fragment_loop, walk
 from moagen.pipeline import onf_of
@@ -186,17 +186,8 @@ def test_the_copy_out_waits_for_every_warp_s_fragments():
         _errors(broken, "tensor_race_without_copy_barrier", "float64")
 
 
-def _cuda_tools():
-    from moagen.cost import sass
-    from moagen.targets.toolchain import Toolchain
-    try:
-        sass.cuobjdump()
-    except CompilerNotFound:
-        return False
-    return shutil.which(Toolchain().nvcc) is not None
 
-
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel, products", [("mlp_fwd", ("U", "V", "F.partial")),
                                                ("mlp_bwd", ("dH", "dX.partial", "dWg.partial",
                                                             "dWu.partial", "dWd.partial")),
@@ -207,7 +198,6 @@ def _cuda_tools():
 def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):
     """Each product's innermost loop (the sum) issues tensor-core instructions and no
     FMA, on sm_80 and sm_90."""
-    from moagen.cost import sass
     reports = [r for r in sass.inspect(kernel, VARIANT, dtype) if r.nest in products]
     assert len(reports) == 2 * len(products)
     for r in reports:
@@ -216,7 +206,7 @@ def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):
         assert r.spill_stores == r.spill_loads == 0
 
 
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
 def test_the_cost_bound_of_a_tensor_core_kernel_is_at_the_tensor_cores_peak(capsys):
     """moagen cost --cuda: a product on tensor cores bounded by their peak (the H200's
     FP64 tensor 67 TFLOP/s), not the SIMT pipe's 34."""
@@ -333,7 +323,7 @@ def test_attention_s_copy_of_the_scores_waits_for_every_warp_s_fragments():
         _attention_errors("float64", stem="attention_tensor_race", source=broken)
 
 
-@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump absent")
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel", ["attention_fwd", "attention_gqa_fwd",
                                     "attention_fwd_causal", "attention_gqa_fwd_causal"])
 @pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
@@ -341,7 +331,6 @@ def test_attention_s_two_products_loops_are_on_tensor_cores(kernel, dtype, instr
     """Both products' loops (S's sum over d, P V's over a key block) issue DMMA / HMMA,
     and no innermost loop of the kernel an FMA (every compiled head-dim bound, sm_80 and
     sm_90), no spills."""
-    from moagen.cost import sass
     reports = sass.inspect(kernel, VARIANT, dtype)
     assert len(reports) == 4  # d <= 64, d <= 128; sm_80, sm_90
     for r in reports:

@@ -99,6 +99,17 @@ def sass_by_function(cubin: Path) -> Dict[str, str]:
     return {_unmangle(name): body for name, body in zip(parts[::2], parts[1::2])}
 
 
+def tools_available() -> bool:
+    """Whether what reading a kernel's SASS takes is here: nvcc (the toolchain's) and
+    cuobjdump with nvdisasm."""
+    from moagen.targets.toolchain import Toolchain
+    try:
+        cuobjdump()
+    except CompilerNotFound:
+        return False
+    return shutil.which(Toolchain().nvcc) is not None
+
+
 def cuobjdump():
     """cuobjdump, with nvdisasm (which it runs) on its PATH: the pip packages' or the
     CUDA toolkit's."""
