@@ -17,8 +17,8 @@ from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.onf.interpret import run_onf
 from moagen.moa import scalar as S
-from moagen.onf.loops import Barrier, Let, Loop, Store, Update, is_block_copy, is_grid, \
-    is_thread_loop, stmt_exprs, walk
+from moagen.onf.loops import Barrier, Let, Loop, Store, Update, enclose, is_block_copy, \
+    is_grid, is_thread_loop, loop_nest, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.algebra.partials import SplitK
@@ -107,17 +107,23 @@ def test_a_weight_gradient_sums_a_batch_entry_s_rows_in_staged_chunks(label, row
 
 def test_the_projections_fold_batch_and_head_into_one_grid_axis_and_sum_heads_in_chunks():
     """qkv_proj's Q: a block per (part of the sum x batch entry x head, row tile, column
-    tile), BlockTiles folding the part, b and h into one axis; out_proj's Y: each head's sum over c in staged chunks,
-    the heads' sums added in registers."""
+    tile), BlockTiles folding the part, b and h into one axis; out_proj's Y: a block per
+    (part of the heads x batch entry, row tile, column tile), each head's sum over c in
+    staged chunks, a part's heads' sums added in registers, the residual R added by the
+    merge alone."""
     q = _nest(onf_of("qkv_proj", VARIANT, target="cuda", dtype="float32"), "Q.partial")
     assert [lp.var.name for lp in walk(q.body) if isinstance(lp, Loop) and is_grid(lp)] == \
         ["m_part_b_h", "i_blk", "c_blk"]  # split-K: the parts of the sum over m folded too
-    y = _nest(onf_of("out_proj", VARIANT, target="cuda", dtype="float32"), "Y")
+    out = onf_of("out_proj", VARIANT, target="cuda", dtype="float32")
+    y = _nest(out, "Y.partial")
     loops = [lp for lp in walk(y.body) if isinstance(lp, Loop)]
-    assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "i_blk", "m_blk"]
+    assert [lp.var.name for lp in loops if is_grid(lp)] == ["h_part_b", "i_blk", "m_blk"]
     heads = next(lp for lp in loops if lp.var.name == "h")
     chunks = next(lp for lp in walk(heads.body) if isinstance(lp, Loop) and lp.var.name == "c_blk")
-    assert set().union(*map(_reads, chunks.body[-1].body)) == {"Y_O_tile", "Y_Wo_tile"}
+    assert set().union(*map(_reads, chunks.body[-1].body)) == {"Y_partial_O_tile",
+                                                               "Y_partial_Wo_tile"}
+    assert "R" not in set().union(*map(_reads, walk(y.body)))
+    assert "R" in set().union(*map(_reads, walk(_nest(out, "Y").body)))
 
 
 def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
@@ -259,6 +265,42 @@ def test_split_k_refuses_what_it_cannot_split(step, message):
         step(_upto_schedule())
 
 
+def _out_proj_lowered():
+    """out_proj's Y = R + sum_h sum_c O W, its sums as loops into locals."""
+    return LowerReductions()(onf_of("out_proj", "tiled", target="cpu", dtype="float64", upto=0))
+
+
+def test_split_k_adds_a_stored_term_once_with_the_parts():
+    """Y = R + heads_sum: the parts store their heads' sums alone, the merge R + their sum
+    (heads 3 in parts of 1), interpreted against the unsplit nest."""
+    lowered = _out_proj_lowered()
+    split = SplitK("Y", "h", 3)(lowered)
+    partial, merge = (_nest(split, label) for label in ("Y.partial", "Y"))
+    assert "R" not in set().union(*map(_reads, walk(partial.body)))
+    assert "R" in set().union(*map(_reads, walk(merge.body)))
+    rng = np.random.default_rng(5)
+    sizes = dict(batch=2, n=5, dm=7, heads=3, dh=4)
+    shapes = dict(O=("batch", "heads", "n", "dh"), Wo=("heads", "dh", "dm"), R=("batch", "n", "dm"))
+    arrays = {k: rng.standard_normal(tuple(sizes[d] for d in v)) for k, v in shapes.items()}
+    want, got = (run_onf(onf, arrays, {}) for onf in (lowered, split))
+    assert np.allclose(got["Y"], want["Y"], rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("value", [
+    lambda term, acc: S.Bin("+", acc, acc),  # the term reads a local of the sum
+    lambda term, acc: S.Bin("*", term, acc),  # not a term plus the sum
+])
+def test_split_k_refuses_a_stored_value_other_than_a_term_plus_the_sum(value):
+    lowered = _out_proj_lowered()
+    [nest] = lowered.nests
+    loops, stmts = loop_nest(nest.body)
+    store = stmts[-1]  # Y[b, i, m] = R[b, i, m] + heads_sum
+    changed = replace(store, value=value(store.value.left, store.value.right))
+    body = enclose(loops, stmts[:-1] + (changed,))
+    with pytest.raises(ScheduleError, match="not loops around a sum into a local"):
+        SplitK("Y", "h", 3)(lowered.with_nests((replace(nest, body=body),), "changed"))
+
+
 def test_split_k_refuses_a_loop_whose_range_moves_with_the_loops_around_it():
     """A chunk's rows (i in [2 i_blk, ..)) are no parts of the sum: each chunk's would be."""
     backward = onf_of("mlp_bwd", "naive", target="cpu", dtype="float64", upto=0)
@@ -286,18 +328,21 @@ def test_two_emulated_runs_give_the_same_bits():
 SPLIT = {"mlp_fwd": {"F.partial"},
          "mlp_bwd": {"dX.partial", "dWg.partial", "dWu.partial", "dWd.partial"},
          "qkv_proj": {"Q.partial", "K.partial", "V.partial"},
-         "out_proj_bwd": {"dO.partial", "dWo.partial"}}
-UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set(), "out_proj_bwd": set()}
+         "out_proj": {"Y.partial"}, "out_proj_bwd": {"dO.partial", "dWo.partial"}}
+UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set(), "out_proj": set(),
+           "out_proj_bwd": set()}
 
 
 @pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel, variant", [("mlp_bwd", "tiled"), ("qkv_proj", "tiled"),
+                                             ("out_proj", "tiled"), ("out_proj", "tensor"),
                                              ("out_proj_bwd", "tiled"), ("mlp_fwd", "tensor")])
 def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):
     """moagen cost --cuda at the bench's sizes (n 2048, dm 512, dff 1408, 8 heads of 64),
     float32 (the fewer waves: more blocks an SM): each GEMM at least a wave on the H200,
     no spills, and in SIMT no global load in its hottest loop, FMA per shared load 8
-    (unsplit, F, dX, the weight gradients and Q, K, V were 0.33-0.43 of a wave)."""
+    (unsplit, F, dX, the weight gradients and Q, K, V were 0.33-0.43 of a wave, out_proj's
+    Y 0.55)."""
     from moagen.cli import main
     assert main(["cost", kernel, "--variant", variant, "--cuda", "--json",
                  "--dtype", "float32"]) == 0

@@ -14,7 +14,7 @@ from moagen.cost import sass
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Loop, Mma, Operand, is_fragment_loop, walk
+from moagen.onf.loops import Loop, Mma, Operand, Store, is_fragment_loop, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
 from moagen.steps.gpu.mma import WarpMma
@@ -148,16 +148,19 @@ def test_the_emulated_float64_gemms_match_numpy_and_pass_the_race_check(kernel):
     assert _errors(source, f"{kernel}_tensor_f64", "float64", kernel=kernel) < 1e-12
 
 
-def test_out_proj_adds_the_residual_as_it_copies_its_tile_out():
-    """Y = R + the heads' sums: the total fragment stored into Y's tile, R added by the
-    block's copy out (a residual the step computes where it writes the output)."""
+def test_out_proj_adds_the_residual_once_after_its_parts():
+    """Y = R + the heads' sums, split-K over the heads: the block's copy out stores a
+    part's total fragment alone, the merge adds R to the parts' sum."""
     onf = onf_of("out_proj", VARIANT, target="cuda", dtype="float64")
-    [copy] = [s for s in _nest(onf, "Y").body[0].body[0].body[0].body
+    [copy] = [s for s in _nest(onf, "Y.partial").body[0].body[0].body[0].body
               if isinstance(s, Loop) and not is_fragment_loop(s)]
     [store] = [s for s in walk((copy,)) if not isinstance(s, Loop)]
-    assert store.array == "Y"
+    assert store.array == "Y_part"
     assert {x.array for x in S.subexpressions(store.value) if isinstance(x, S.Load)} == \
-        {"R", "Y_out_tile"}
+        {"Y_partial_out_tile"}
+    [merge] = [s for s in walk(_nest(onf, "Y").body) if isinstance(s, Store)]
+    assert merge.array == "Y"
+    assert {x.array for x in S.subexpressions(merge.value) if isinstance(x, S.Load)} == {"R"}
 
 
 @pytest.mark.parametrize("kernel", ["mlp_fwd", "mlp_bwd"])
@@ -193,7 +196,7 @@ def test_the_copy_out_waits_for_every_warp_s_fragments():
                                                             "dWu.partial", "dWd.partial")),
                                                ("qkv_proj", ("Q.partial", "K.partial",
                                                              "V.partial")),
-                                               ("out_proj", ("Y",))])
+                                               ("out_proj", ("Y.partial",))])
 @pytest.mark.parametrize("dtype, instruction", [("float64", "DMMA"), ("float32", "HMMA")])
 def test_the_sass_sums_on_tensor_cores(kernel, products, dtype, instruction):
     """Each product's innermost loop (the sum) issues tensor-core instructions and no

@@ -156,11 +156,16 @@ OUT = KernelSpec(
     outputs=(Output("Y", lift(("b",), ("batch",), psi(("b",), R) + _sum_heads(
         inner(psi(("b", "h"), O), psi(("h",), WO), var="c", name="ow"))), ("b", "i", "m")),),
 )
-# on CUDA a block per batch entry and 32 x 64 tile of Y, each head's sum over c in chunks
+# on CUDA a block per (part of the heads, batch entry, 32 x 64 tile of Y), each head's sum
+# over c in chunks: Y's 2048 x 512 are 512 tiles at the bench's sizes (0.55 of a wave
+# whole, float32), so the sum over the heads is cut into parts, the residual R added once
+# with the parts (SplitK's term)
 OUT_GEMMS = {"Y": (("b",), "i", "m", "c", ("O", "Wo"))}
 OUT_TILES = lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr))
-OUT_VARIANTS = {"tiled": _tunable(frozenset(), OUT_TILES, gemms=OUT_GEMMS),
-                "tensor": _tunable(frozenset(), OUT_TILES, OUT_GEMMS, TENSOR, TENSOR_DTYPES)}
+OUT_VARIANTS = {"tiled": _tunable(frozenset(), OUT_TILES, gemms=OUT_GEMMS, gemm=GEMM_SPLIT,
+                                  split={"Y": "h"}),
+                "tensor": _tunable(frozenset(), OUT_TILES, OUT_GEMMS, TENSOR_SPLIT, TENSOR_DTYPES,
+                                   split={"Y": "h"})}
 
 
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))

@@ -259,6 +259,10 @@ class SplitK(Step):
                      out_part[p, out..] = acc
         merge    for out..: out[out..] = sum_p out_part[p, out..]   (p = 0, 1, ... in order)
 
+    A store of a term plus the sum, `out[out..] = term + acc` (out_proj's residual R + the
+    heads' sum), keeps its term in the merge alone: the parts store acc, the merge term +
+    sum_p out_part[p, out..] (the parts in the same order), so the term is added once.
+
     L = ceil((b - a) / parts). No atomics: each (p, out..) is written by one iteration, and
     the parts are added in one fixed order, so the bits do not depend on how the partial
     nest's iterations run. PartialSums' form for a product whose output tiles a later
@@ -269,8 +273,10 @@ class SplitK(Step):
     Legal when the sum is linear in what the loop adds: inside the nest's loops (perfectly
     nested, its outputs' indices) only locals set to 0, loops, additions into locals of a
     local (an inner sum carried out: a weight gradient's batch entries) or of a value
-    reading no local (a term), and last one store of a local, not accumulating; every term
-    added inside the loop (else the parts would each add it); the loop's range free of the
+    reading no local (a term), and last one store, not accumulating, of a local or of a
+    value reading no local plus a local (the term then read in the merge, after the
+    parts: as before, since the parts write only their own new array); every term added
+    inside the loop (else the parts would each add it); the loop's range free of the
     loops around it inside the nest. Refused otherwise, or parts below 1."""
     layer = "schedule"
     nest: str
@@ -293,12 +299,12 @@ class SplitK(Step):
         nest = self.nest_called(onf)
         out_loops, stmts = loop_nest(nest.body)
         store = stmts[-1] if stmts else None
-        if not isinstance(store, Store) or store.accumulate or store.atomic or \
-                not isinstance(store.value, S.Local) or \
+        acc, term = _local_and_term(store.value) if isinstance(store, Store) else (None, None)
+        if acc is None or store.accumulate or store.atomic or \
                 len(store.index) != len(out_loops) or \
                 any(isinstance(s, Store) for s in walk(stmts[:-1])):
             raise ScheduleError(f"{self}: nest {self.nest} is not loops around a sum into a "
-                                "local and one store of it")
+                                "local and one store of it (or of a term plus it)")
         cut = [s for s in walk(stmts) if isinstance(s, Loop) and s.var.name == self.loop]
         if len(cut) != 1:
             raise ScheduleError(f"{self}: nest {self.nest} has not one loop {self.loop}")
@@ -324,17 +330,31 @@ class SplitK(Step):
         start = cut.start + run * p
         body = _replaced(stmts[:-1], cut, replace(cut, start=start,
                                                   stop=sympy.Min(cut.stop, start + run)))
-        body += (replace(store, array=part, index=(p,) + tuple(store.index)),)
+        body += (replace(store, array=part, index=(p,) + tuple(store.index), value=acc),)
         partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
                                           enclose(out_loops, body)),),
                        nest.origin, self.partial)
         total = _sum_of_parts(p, self.parts, part, store.index, store.array)
+        if term is not None:
+            total = S.Bin("+", term, total)
         merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)),
-                        origin=f"{store.array} = the sum of its {self.parts} parts")
+                        origin=f"{store.array} = {'its term + ' if term else ''}the sum of its "
+                               f"{self.parts} parts")
         nests = []
         for n in onf.nests:
             nests += [partial, merge] if n is nest else [n]
         return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
+
+
+def _local_and_term(value):
+    """(the local, the term) of a stored `acc` (no term: None) or `term + acc`, the term
+    reading no local; (None, None) for any other value."""
+    if isinstance(value, S.Local):
+        return value, None
+    if isinstance(value, S.Bin) and value.op == "+" and isinstance(value.right, S.Local) and \
+            not S.contains(value.left, S.Local):
+        return value.right, value.left
+    return None, None
 
 
 def _replaced(stmts, target, new):
