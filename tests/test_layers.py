@@ -169,18 +169,17 @@ def test_the_cuda_launch_takes_the_threads_a_block_its_mapping_gives():
 
 
 
-# (the MLP's products, the forward projections and out_proj_bwd's are GEMM blocks on
-# CUDA: tests/test_gpu_gemm.py)
+# (on CUDA the MLP's products and the projections' are GEMM blocks: tests/test_gpu_gemm.py)
 @pytest.mark.parametrize("kernel, nest, tiles", [("qkv_proj_bwd", "dX", ("b", "m_tile",
                                                                          "i_tile"))])
 def test_a_gpu_runs_a_thread_per_register_tile(kernel, nest, tiles):
-    """The CPU runs a thread per column (or block of rows) of tiles, a GPU a thread per
-    tile (each tile a thread's own outputs)."""
+    """The CPU runs a thread per column (or block of rows) of tiles, OpenACC's GPU a thread
+    per tile (each tile a thread's own outputs)."""
     loops = lambda target: [s for s in walk(next(n.body for n in onf_of(kernel, "tiled",
                                                                            target=target).nests
                                                      if n.label == nest))
                             if isinstance(s, Loop)]
-    on_gpu = loops("cuda")
+    on_gpu = loops("openacc")
     assert on_gpu[0].parallel == len(tiles)
     assert [lp.var.name for lp in on_gpu[:len(tiles)]] == list(tiles)
     assert loops("cpu")[0].parallel < len(tiles)

@@ -78,17 +78,20 @@ def _layers(*tiled, reorder=(), mapping=()):
 TILE_PARAMS = ("mr", "nr")
 
 
-def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None, rest=()):
+def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None, rest=(),
+             reorder=()):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
     moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled GEMMs of the
     parameters `gemm` (GEMM's SIMT, TENSOR's on tensor cores), the variant having no other
-    nest but those `rest` maps (CPU steps, the GPU's derived: a weight's transpose); split:
+    nest but those `rest` maps (CPU steps, the GPU's derived: a weight's transpose), after
+    the CPU's loop orders `reorder` (a product's loops as on_gemms takes them); split:
     on_gemms' (the products whose sums are cut into gemm's parts)."""
     pick = lambda params: {k: params[k] for k in TILE_PARAMS if k in params}
     if gemms:
         tiled, defaults = layers, gemm
-        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), Layers(mapping=cpu(*rest)), gemms,
-                                                 split=split, **{**defaults, **gemm})
+        others = Layers(schedule=tuple(reorder), mapping=cpu(*rest))
+        layers = lambda mr, nr, **gemm: on_gemms(tiled(mr, nr), others, gemms, split=split,
+                                                 **{**defaults, **gemm})
     return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
                    cuda={**pick(TILE_CUDA), **(gemm if gemms else {})},
                    dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()},
@@ -141,12 +144,23 @@ QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2
                    ("h", "c", "m"))
 WEIGHT_ORDER = ("h", "m", "c")  # a weight gradient's loops: head outermost, then its rows
 QKV_BWD_STORED = frozenset({"WqT", "WkT", "WvT", "XT"})  # what its variant stores
+WEIGHT_REORDER = tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv"))
+TRANSPOSES = tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")) + \
+    (Parallel(("b", "m"), nest="XT"),)
+# on CUDA dX a block per (part of the heads x batch entry, 32 x 64 tile of its rows), its
+# three sums over c merged into one (MergeSums) staging four operands' chunks; each
+# weight's gradient a block per (part of the rows x head, 32 x 64 tile of the head's
+# dm x dh weight), summed over every row: a weight's 8 x 16 x 1 tiles are 128 blocks
+# whole at the bench's sizes, so both cut into 8 parts
+QKV_BWD_GEMMS = {"dX": (("b",), "i", "m", "c", ("dQ", "WqT", "dK", "WkT", "dV", "WvT")),
+                 **{f"d{w}": (("h",), "m", "c", "i", ("XT", f"d{w[1].upper()}"))
+                    for w in ("Wq", "Wk", "Wv")}}
 QKV_BWD_VARIANTS = {"tiled": _tunable(QKV_BWD_STORED, lambda mr, nr: _layers(
     _row_tiles("dX", "m", mr, nr),
     *(_tiles(RegisterTile(f"d{w}", "m", "c", mr, nr), ("h",)) for w in ("Wq", "Wk", "Wv")),
-    reorder=tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv")),
-    mapping=tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv"))
-    + (Parallel(("b", "m"), nest="XT"),)))}
+    reorder=WEIGHT_REORDER, mapping=TRANSPOSES), gemms=QKV_BWD_GEMMS,
+    gemm={**GEMM_SPLIT, "parts": 8}, split={"dX": "h", "dWq": "i", "dWk": "i", "dWv": "i"},
+    rest=TRANSPOSES, reorder=WEIGHT_REORDER)}
 
 
 OUT = KernelSpec(
