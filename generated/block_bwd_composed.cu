@@ -984,7 +984,7 @@ __global__ void block_bwd_composed_f64_sum_resid_y(
 }
 
 /* out.WoT: reads Wo; scratch out_WoT
- * for h (parallel) / m / c (simd)
+ * for h, m, c (parallel)
  */
 __global__ void block_bwd_composed_f64_out_WoT(
     const double *__restrict__ Wo,
@@ -995,13 +995,11 @@ __global__ void block_bwd_composed_f64_out_WoT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t m = 0; m < dm; ++m) {
-        for (int64_t c = 0; c < dh; ++c) {
-            out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t c = tid % dh;
+    const int64_t m = (tid / dh) % dm;
+    const int64_t h = (tid / (dh*dm));
+    out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
 }
 
 /* out.dO.partial: writes out_dO_partial_WoT_tile, out_dO_partial_dY_tile; scratch out_dO_part, out_WoT, dresid
@@ -1717,7 +1715,7 @@ __global__ void block_bwd_composed_f64_norm1_recompute_z(
 }
 
 /* qkv.WqT: reads Wq; scratch qkv_WqT
- * for h (parallel) / c / m (simd)
+ * for h, c, m (parallel)
  */
 __global__ void block_bwd_composed_f64_qkv_WqT(
     const double *__restrict__ Wq,
@@ -1728,17 +1726,15 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t c = 0; c < dh; ++c) {
-        for (int64_t m = 0; m < dm; ++m) {
-            qkv_WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t m = tid % dm;
+    const int64_t c = (tid / dm) % dh;
+    const int64_t h = (tid / (dh*dm));
+    qkv_WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
 }
 
 /* qkv.WkT: reads Wk; scratch qkv_WkT
- * for h (parallel) / c / m (simd)
+ * for h, c, m (parallel)
  */
 __global__ void block_bwd_composed_f64_qkv_WkT(
     const double *__restrict__ Wk,
@@ -1749,17 +1745,15 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t c = 0; c < dh; ++c) {
-        for (int64_t m = 0; m < dm; ++m) {
-            qkv_WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t m = tid % dm;
+    const int64_t c = (tid / dm) % dh;
+    const int64_t h = (tid / (dh*dm));
+    qkv_WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
 }
 
 /* qkv.WvT: reads Wv; scratch qkv_WvT
- * for h (parallel) / c / m (simd)
+ * for h, c, m (parallel)
  */
 __global__ void block_bwd_composed_f64_qkv_WvT(
     const double *__restrict__ Wv,
@@ -1770,13 +1764,11 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t c = 0; c < dh; ++c) {
-        for (int64_t m = 0; m < dm; ++m) {
-            qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t m = tid % dm;
+    const int64_t c = (tid / dm) % dh;
+    const int64_t h = (tid / (dh*dm));
+    qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
 }
 
 /* qkv.dX.partial: writes qkv_dX_partial_WvT_tile, qkv_dX_partial_dV_tile, qkv_dX_partial_WkT_tile, qkv_dX_partial_dK_tile, qkv_dX_partial_WqT_tile, qkv_dX_partial_dQ_tile; scratch qkv_dX_part, qkv_WvT, dV, qkv_WkT, dK, qkv_WqT, dQ
@@ -1935,7 +1927,7 @@ __global__ void block_bwd_composed_f64_qkv_dX(
 }
 
 /* qkv.XT: scratch qkv_XT, xn1
- * for b, m (parallel) / i (simd)
+ * for b, m, i (parallel)
  */
 __global__ void block_bwd_composed_f64_qkv_XT(
     double *__restrict__ xn1,
@@ -1946,12 +1938,11 @@ __global__ void block_bwd_composed_f64_qkv_XT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*dm) return;
-    const int64_t m = tid % dm;
-    const int64_t b = (tid / dm);
-    for (int64_t i = 0; i < n; ++i) {
-        qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
-    }
+    if (tid >= batch*dm*n) return;
+    const int64_t i = tid % n;
+    const int64_t m = (tid / n) % dm;
+    const int64_t b = (tid / (dm*n));
+    qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
 }
 
 /* qkv.dWq.partial: writes qkv_dWq_partial_dQ_tile, qkv_dWq_partial_XT_tile; scratch qkv_dWq_part, dQ, qkv_XT
@@ -2630,7 +2621,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_WoT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, out_WoT, dm, heads, dh);
@@ -2739,7 +2730,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, qkv_WqT, dm, heads, dh);
@@ -2748,7 +2739,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, qkv_WkT, dm, heads, dh);
@@ -2757,7 +2748,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, qkv_WvT, dm, heads, dh);
@@ -2787,7 +2778,7 @@ extern "C" int block_bwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*dm, threads = 128;
+        const int64_t count = batch*dm*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           xn1, qkv_XT, batch, n, dm);
@@ -3728,7 +3719,7 @@ __global__ void block_bwd_composed_f32_sum_resid_y(
 }
 
 /* out.WoT: reads Wo; scratch out_WoT
- * for h (parallel) / m / c (simd)
+ * for h, m, c (parallel)
  */
 __global__ void block_bwd_composed_f32_out_WoT(
     const float *__restrict__ Wo,
@@ -3739,13 +3730,11 @@ __global__ void block_bwd_composed_f32_out_WoT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t m = 0; m < dm; ++m) {
-        for (int64_t c = 0; c < dh; ++c) {
-            out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t c = tid % dh;
+    const int64_t m = (tid / dh) % dm;
+    const int64_t h = (tid / (dh*dm));
+    out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
 }
 
 /* out.dO.partial: writes out_dO_partial_WoT_tile, out_dO_partial_dY_tile; scratch out_dO_part, out_WoT, dresid
@@ -4461,7 +4450,7 @@ __global__ void block_bwd_composed_f32_norm1_recompute_z(
 }
 
 /* qkv.WqT: reads Wq; scratch qkv_WqT
- * for h (parallel) / c / m (simd)
+ * for h, c, m (parallel)
  */
 __global__ void block_bwd_composed_f32_qkv_WqT(
     const float *__restrict__ Wq,
@@ -4472,17 +4461,15 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t c = 0; c < dh; ++c) {
-        for (int64_t m = 0; m < dm; ++m) {
-            qkv_WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t m = tid % dm;
+    const int64_t c = (tid / dm) % dh;
+    const int64_t h = (tid / (dh*dm));
+    qkv_WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
 }
 
 /* qkv.WkT: reads Wk; scratch qkv_WkT
- * for h (parallel) / c / m (simd)
+ * for h, c, m (parallel)
  */
 __global__ void block_bwd_composed_f32_qkv_WkT(
     const float *__restrict__ Wk,
@@ -4493,17 +4480,15 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t c = 0; c < dh; ++c) {
-        for (int64_t m = 0; m < dm; ++m) {
-            qkv_WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t m = tid % dm;
+    const int64_t c = (tid / dm) % dh;
+    const int64_t h = (tid / (dh*dm));
+    qkv_WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
 }
 
 /* qkv.WvT: reads Wv; scratch qkv_WvT
- * for h (parallel) / c / m (simd)
+ * for h, c, m (parallel)
  */
 __global__ void block_bwd_composed_f32_qkv_WvT(
     const float *__restrict__ Wv,
@@ -4514,13 +4499,11 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= heads) return;
-    const int64_t h = tid;
-    for (int64_t c = 0; c < dh; ++c) {
-        for (int64_t m = 0; m < dm; ++m) {
-            qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
-        }
-    }
+    if (tid >= dh*dm*heads) return;
+    const int64_t m = tid % dm;
+    const int64_t c = (tid / dm) % dh;
+    const int64_t h = (tid / (dh*dm));
+    qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
 }
 
 /* qkv.dX.partial: writes qkv_dX_partial_WvT_tile, qkv_dX_partial_dV_tile, qkv_dX_partial_WkT_tile, qkv_dX_partial_dK_tile, qkv_dX_partial_WqT_tile, qkv_dX_partial_dQ_tile; scratch qkv_dX_part, qkv_WvT, dV, qkv_WkT, dK, qkv_WqT, dQ
@@ -4679,7 +4662,7 @@ __global__ void block_bwd_composed_f32_qkv_dX(
 }
 
 /* qkv.XT: scratch qkv_XT, xn1
- * for b, m (parallel) / i (simd)
+ * for b, m, i (parallel)
  */
 __global__ void block_bwd_composed_f32_qkv_XT(
     float *__restrict__ xn1,
@@ -4690,12 +4673,11 @@ __global__ void block_bwd_composed_f32_qkv_XT(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*dm) return;
-    const int64_t m = tid % dm;
-    const int64_t b = (tid / dm);
-    for (int64_t i = 0; i < n; ++i) {
-        qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
-    }
+    if (tid >= batch*dm*n) return;
+    const int64_t i = tid % n;
+    const int64_t m = (tid / n) % dm;
+    const int64_t b = (tid / (dm*n));
+    qkv_XT[i + n*(b*dm + m)] = xn1[dm*(b*n + i) + m];
 }
 
 /* qkv.dWq.partial: writes qkv_dWq_partial_dQ_tile, qkv_dWq_partial_XT_tile; scratch qkv_dWq_part, dQ, qkv_XT
@@ -5374,7 +5356,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_WoT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wo, out_WoT, dm, heads, dh);
@@ -5483,7 +5465,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WqT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wq, qkv_WqT, dm, heads, dh);
@@ -5492,7 +5474,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WkT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wk, qkv_WkT, dm, heads, dh);
@@ -5501,7 +5483,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = heads, threads = 128;
+        const int64_t count = dh*dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WvT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           Wv, qkv_WvT, dm, heads, dh);
@@ -5531,7 +5513,7 @@ extern "C" int block_bwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*dm, threads = 128;
+        const int64_t count = batch*dm*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_XT, dim3((unsigned int)((count + threads - 1) / threads)), dim3((unsigned int)threads), 0, stream,
                           xn1, qkv_XT, batch, n, dm);

@@ -390,3 +390,14 @@ def test_the_projections_backwards_are_split_gemms(kernel):
         chunk = next(lp for lp in loops if lp.var.name == chunks)
         assert {c.body[0].body[0].array for c in chunk.body if is_block_copy(c)} == tiles
         assert set().union(*map(_reads, chunk.body[-1].body)) == tiles
+
+
+@pytest.mark.parametrize("kernel, transposes", [("out_proj_bwd", ("WoT",)),
+                                                ("qkv_proj_bwd", ("WqT", "WkT", "WvT", "XT"))])
+def test_the_backwards_transposes_run_a_gpu_thread_an_element(kernel, transposes):
+    """Each transpose's three loops as GPU threads (before: a thread a head, 8 threads at
+    the bench's sizes, as the CPU's)."""
+    onf = onf_of(kernel, VARIANT, target="cuda", dtype="float32")
+    for label in transposes:
+        [loop] = _nest(onf, label).body
+        assert loop.parallel == 3, label

@@ -147,6 +147,10 @@ QKV_BWD_STORED = frozenset({"WqT", "WkT", "WvT", "XT"})  # what its variant stor
 WEIGHT_REORDER = tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv"))
 TRANSPOSES = tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")) + \
     (Parallel(("b", "m"), nest="XT"),)
+# on CUDA a thread an element of a transpose (the CPU's thread a head is 8 GPU threads
+# copying 32768 elements each at the bench's sizes), consecutive threads writing along a row
+GPU_TRANSPOSES = tuple(Parallel(("h", "c", "m"), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")) + \
+    (Parallel(("b", "m", "i"), nest="XT"),)
 # on CUDA dX a block per (part of the heads x batch entry, 32 x 64 tile of its rows), its
 # three sums over c merged into one (MergeSums) staging four operands' chunks; each
 # weight's gradient a block per (part of the rows x head, 32 x 64 tile of the head's
@@ -160,7 +164,7 @@ QKV_BWD_VARIANTS = {"tiled": _tunable(QKV_BWD_STORED, lambda mr, nr: _layers(
     *(_tiles(RegisterTile(f"d{w}", "m", "c", mr, nr), ("h",)) for w in ("Wq", "Wk", "Wv")),
     reorder=WEIGHT_REORDER, mapping=TRANSPOSES), gemms=QKV_BWD_GEMMS,
     gemm={**GEMM_SPLIT, "parts": 8}, split={"dX": "h", "dWq": "i", "dWk": "i", "dWv": "i"},
-    rest=TRANSPOSES, reorder=WEIGHT_REORDER)}
+    rest=GPU_TRANSPOSES, reorder=WEIGHT_REORDER)}
 
 
 OUT = KernelSpec(
@@ -188,14 +192,15 @@ OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "
 # on CUDA dO a block per (part of the sum over m x batch entry x head, 32 x 64 tile of a
 # head's rows), dWo a block per (part of the rows, head, 32 x 64 tile of its weight):
 # both have few output tiles (a weight's 8 x 512 x 64: 128 blocks whole at the bench's
-# sizes), their sums cut into 8 parts
+# sizes), their sums cut into 8 parts; the transpose WoT a thread an element (as
+# GPU_TRANSPOSES)
 OUT_BWD_GEMMS = {"dO": (BH, "i", "c", "m", ("dY", "WoT")),
                  "dWo": (("h",), "c", "m", "i", ("O", "dY"))}
 OUT_BWD_VARIANTS = {"tiled": _tunable(frozenset({"WoT"}), lambda mr, nr: _layers(
     _row_tiles("dO", "c", mr, nr), _tiles(RegisterTile("dWo", "c", "m", mr, nr), ("h",)),
     mapping=(Parallel(("h",), nest="WoT"),)), gemms=OUT_BWD_GEMMS,
     gemm={**GEMM_SPLIT, "parts": 8}, split={"dO": "m", "dWo": "i"},
-    rest=(Parallel(("h",), nest="WoT"),))}
+    rest=(Parallel(("h", "m", "c"), nest="WoT"),))}
 
 
 RESIDUAL = array("x", "batch", "n", "dm")
