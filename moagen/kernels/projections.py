@@ -152,7 +152,7 @@ TRANSPOSES = tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")) +
 GPU_TRANSPOSES = tuple(Parallel(("h", "c", "m"), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")) + \
     (Parallel(("b", "m", "i"), nest="XT"),)
 # on CUDA dX a block per (part of the heads x batch entry, 32 x 64 tile of its rows), its
-# three sums over c merged into one (MergeSums) staging four operands' chunks; each
+# three sums over c merged into one (MergeSums) staging six operands' chunks; each
 # weight's gradient a block per (part of the rows x head, 32 x 64 tile of the head's
 # dm x dh weight), summed over every row: a weight's 8 x 16 x 1 tiles are 128 blocks
 # whole at the bench's sizes, so both cut into 8 parts

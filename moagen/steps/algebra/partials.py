@@ -335,11 +335,11 @@ class SplitK(Step):
                                           enclose(out_loops, body)),),
                        nest.origin, self.partial)
         total = _sum_of_parts(p, self.parts, part, store.index, store.array)
-        if term is not None:
-            total = S.Bin("+", term, total)
+        what = f"the sum of its {self.parts} parts"
+        if term is not None:  # added once, after the parts
+            total, what = S.Bin("+", term, total), f"its term + {what}"
         merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)),
-                        origin=f"{store.array} = {'its term + ' if term else ''}the sum of its "
-                               f"{self.parts} parts")
+                        origin=f"{store.array} = {what}")
         nests = []
         for n in onf.nests:
             nests += [partial, merge] if n is nest else [n]
