@@ -23,7 +23,9 @@ from moagen.steps.gpu.closing import check_block_form
 from moagen.steps.gpu.staging import RegisterTile
 from moagen.steps.gpu.vector import VECTOR_TILE, VectorLoads
 from moagen.targets.cuda import emulated
+from moagen.targets.cuda.arrays import to_device
 from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.cuda.loader import EmulationCheckError
 
 KERNEL, VARIANT = "attention_decode", "grouped"
 
@@ -153,25 +155,54 @@ def test_the_emulated_kernel_is_numpy_s_where_warps_walk_different_key_counts(si
     np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_a_cache_at_an_odd_offset_runs_the_scalar_loads(dtype):
-    """K and V one element past a 16-byte boundary (views into a larger buffer): the
-    emulation fails a misaligned vector load, so the launch must take the scalar instance."""
+class _Offset:
+    """A device array's elements from `first` on, as `shape`: a view another library hands
+    over (its __cuda_array_interface__ only)."""
+
+    def __init__(self, base, first, shape):
+        self.base = base  # keeps the memory
+        self.__cuda_array_interface__ = dict(
+            base.__cuda_array_interface__, shape=shape,
+            data=(base.ptr + first * base.dtype.itemsize, False))
+
+
+def _odd_offset_call(dtype, source, stem):
+    """The emulated kernel (`source`) on a cache whose K and V are device views one element
+    past a 16-byte boundary (run where they are, no copy), and numpy's result."""
     rng = np.random.default_rng(5)
     b, qh, kvh, cap, d, n = 1, 8, 2, 80, 64, 75
     q = rng.standard_normal((b, qh, d)).astype(dtype)
     size = b * kvh * cap * d
-    flat = rng.standard_normal(2 * size + 2).astype(dtype)
-    K, V = (flat[1 + k * size:1 + (k + 1) * size].reshape(b, kvh, cap, d) for k in (0, 1))
-    assert K.ctypes.data % 16 and V.ctypes.data % 16
+    flat = rng.standard_normal(2 * size + 1).astype(dtype)
+    gpu = emulated.device()
+    on_device = to_device(gpu, flat)
+    K, V = (_Offset(on_device, 1 + k * size, (b, kvh, cap, d)) for k in (0, 1))
+    assert all(x.__cuda_array_interface__["data"][0] % 16 for x in (K, V))
     request = resolve(KERNEL, VARIANT, "cuda-emulated", dtype, here=False)
-    fn = emulated.bind(build_cuda_emulated(emit(KERNEL, VARIANT, "cuda-emulated", (dtype,)),
-                                           f"decode_grouped_odd_{dtype}"), request.signature())
-    O, lse = fn(q, K, V, scale=0.3, n=n)
-    want_O, want_lse = reference.attention_decode_numpy(q, K, V, 0.3, n)
+    fn = emulated.bind(build_cuda_emulated(source, stem), request.signature())
+    O, lse = fn(to_device(gpu, q), K, V, scale=0.3, n=n)
+    host = (flat[1 + k * size:1 + (k + 1) * size].reshape(b, kvh, cap, d) for k in (0, 1))
+    return (O.get(), lse.get()), reference.attention_decode_numpy(q, *host, 0.3, n)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_cache_at_an_odd_offset_runs_the_scalar_loads(dtype):
+    """K and V misaligned for a vector load: the launch takes the scalar instance."""
+    (O, lse), (want_O, want_lse) = _odd_offset_call(
+        dtype, emit(KERNEL, VARIANT, "cuda-emulated", (dtype,)), f"decode_grouped_odd_{dtype}")
     tol = 1e-12 if dtype == "float64" else 2e-5
     np.testing.assert_allclose(O, want_O, rtol=tol, atol=tol)
     np.testing.assert_allclose(lse, want_lse, rtol=tol)
+
+
+def test_the_emulation_fails_a_misaligned_vector_load():
+    """Without the launcher's alignment test the vector instance runs on the odd views, and
+    the emulation fails it, as a GPU would fault."""
+    source = emit(KERNEL, VARIANT, "cuda-emulated", ("float64",))
+    test = " && (((uintptr_t)K | (uintptr_t)V) % 16) == 0"
+    assert test in source
+    with pytest.raises(EmulationCheckError, match="not 16-byte aligned"):
+        _odd_offset_call("float64", source.replace(test, ""), "decode_grouped_misaligned")
 
 
 @pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
