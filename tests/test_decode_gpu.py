@@ -10,6 +10,7 @@ import pytest
 import sympy
 
 from moagen import reference
+from moagen.cost import sass
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
@@ -20,8 +21,11 @@ from moagen.request import resolve
 from moagen.steps.algebra.splitkeys import SplitKeys
 from moagen.steps.gpu.closing import check_block_form
 from moagen.steps.gpu.staging import RegisterTile
+from moagen.steps.gpu.vector import VECTOR_TILE, VectorLoads
 from moagen.targets.cuda import emulated
+from moagen.targets.cuda.arrays import to_device
 from moagen.targets.cuda.build import build_cuda_emulated
+from moagen.targets.cuda.loader import EmulationCheckError
 
 KERNEL, VARIANT = "attention_decode", "grouped"
 
@@ -52,15 +56,55 @@ def test_a_block_is_a_group_s_heads_over_slices_a_warp_each():
 
 
 def test_each_k_and_v_row_is_read_once_for_the_group_s_four_heads():
-    """The 4 heads' dot products read K at one index, their output rows V at one: one load
-    a key for the 4 (the compiler's common subexpression); O_part stored once a slice."""
+    """The 4 heads' dot products read K's row, their output rows V's, from a lane's
+    registers, loaded once a key by a loop of vector loads (VectorLoads); O_part stored once
+    a slice."""
     partial = _nest(onf_of(KERNEL, VARIANT, target="cuda", dtype="float32"))
     for array in ("K", "V"):
-        reads = _reads(partial, array)
-        assert len(reads) == 4 and len({sympy.expand(r.offset) for r in reads}) == 1
+        [read] = _reads(partial, array)
+        [loop] = [lp for lp in walk(partial.body) if is_thread_loop(lp) and lp.gpu.vector
+                  and lp.body[0].value == read]
+        assert loop.gpu.vector and loop.gpu.tile == VECTOR_TILE
+        local = loop.body[0].name
+        assert sum(isinstance(x, S.Local) and x.name == local for s in walk(partial.body)
+                   for e in stmt_exprs(s) for x in S.subexpressions(e)) == 4
     keys = next(lp for lp in walk(partial.body) if isinstance(lp, Loop) and lp.var.name == "j")
     assert not [s for s in walk(keys.body) if getattr(s, "array", None) == "O_part"]
     assert not _reads(partial, "O_part")
+
+
+@pytest.mark.parametrize("step, message", [
+    (VectorLoads(("O_part",), "c", nest="heads.partial"), "O_part is not one"),
+    (VectorLoads(("K",), "j", nest="heads.partial"), "no thread loop over j reading K")])
+def test_vector_loads_refuse_what_they_cannot_load_aligned(step, message):
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=12)
+    with pytest.raises(ScheduleError, match=message):
+        step(onf)
+
+
+def test_vector_loads_refuse_a_tile_that_is_not_a_vector():
+    """A lane's 2 features of d: its tile's first element need not be 16-byte aligned."""
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=12)
+    partial = _nest(onf)
+
+    def pairs(stmts):
+        return tuple(replace(s, body=pairs(s.body),
+                             gpu=replace(s.gpu, tile=2) if is_thread_loop(s)
+                             and s.gpu.axis == "x" else s.gpu)
+                     if isinstance(s, Loop) else s for s in stmts)
+    onf = replace(onf, nests=tuple(replace(n, body=pairs(n.body)) if n is partial else n
+                                   for n in onf.nests))
+    with pytest.raises(ScheduleError, match=r"tiles of 2; vector loads of K need \[0, d\)"):
+        VectorLoads(("K",), "c", nest="heads.partial")(onf)
+
+
+def test_the_launch_takes_the_vector_loads_only_where_they_are_aligned():
+    """The vector instance where d is a multiple of 4 and K and V start 16-byte aligned; the
+    scalar one otherwise (a cache that is a view at an odd offset)."""
+    source = emit(KERNEL, VARIANT, "cuda")
+    assert "if (d <= 128 && d % 4 == 0 && (((uintptr_t)K | (uintptr_t)V) % 16) == 0) {" \
+        in source
+    assert "else if (d <= 128) {" in source
 
 
 def test_a_loop_reading_a_warp_s_row_needs_whole_warps_across_d():
@@ -109,6 +153,72 @@ def test_the_emulated_kernel_is_numpy_s_where_warps_walk_different_key_counts(si
     want_O, want_lse = reference.attention_decode_numpy(q, K, V, 0.3, n)
     np.testing.assert_allclose(O, want_O, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+
+
+class _Offset:
+    """A device array's elements from `first` on, as `shape`: a view another library hands
+    over (its __cuda_array_interface__ only)."""
+
+    def __init__(self, base, first, shape):
+        self.base = base  # keeps the memory
+        self.__cuda_array_interface__ = dict(
+            base.__cuda_array_interface__, shape=shape,
+            data=(base.ptr + first * base.dtype.itemsize, False))
+
+
+def _odd_offset_call(dtype, source, stem):
+    """The emulated kernel (`source`) on a cache whose K and V are device views one element
+    past a 16-byte boundary (run where they are, no copy), and numpy's result."""
+    rng = np.random.default_rng(5)
+    b, qh, kvh, cap, d, n = 1, 8, 2, 80, 64, 75
+    q = rng.standard_normal((b, qh, d)).astype(dtype)
+    size = b * kvh * cap * d
+    flat = rng.standard_normal(2 * size + 1).astype(dtype)
+    gpu = emulated.device()
+    on_device = to_device(gpu, flat)
+    K, V = (_Offset(on_device, 1 + k * size, (b, kvh, cap, d)) for k in (0, 1))
+    assert all(x.__cuda_array_interface__["data"][0] % 16 for x in (K, V))
+    request = resolve(KERNEL, VARIANT, "cuda-emulated", dtype, here=False)
+    fn = emulated.bind(build_cuda_emulated(source, stem), request.signature())
+    O, lse = fn(to_device(gpu, q), K, V, scale=0.3, n=n)
+    host = (flat[1 + k * size:1 + (k + 1) * size].reshape(b, kvh, cap, d) for k in (0, 1))
+    return (O.get(), lse.get()), reference.attention_decode_numpy(q, *host, 0.3, n)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_cache_at_an_odd_offset_runs_the_scalar_loads(dtype):
+    """K and V misaligned for a vector load: the launch takes the scalar instance."""
+    (O, lse), (want_O, want_lse) = _odd_offset_call(
+        dtype, emit(KERNEL, VARIANT, "cuda-emulated", (dtype,)), f"decode_grouped_odd_{dtype}")
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    np.testing.assert_allclose(O, want_O, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse, want_lse, rtol=tol)
+
+
+def test_the_emulation_fails_a_misaligned_vector_load():
+    """Without the launcher's alignment test the vector instance runs on the odd views, and
+    the emulation fails it, as a GPU would fault."""
+    source = emit(KERNEL, VARIANT, "cuda-emulated", ("float64",))
+    test = " && (((uintptr_t)K | (uintptr_t)V) % 16) == 0"
+    assert test in source
+    with pytest.raises(EmulationCheckError, match="not 16-byte aligned"):
+        _odd_offset_call("float64", source.replace(test, ""), "decode_grouped_misaligned")
+
+
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
+@pytest.mark.parametrize("dtype, vectors", [("float32", 2), ("float64", 4)])
+def test_the_key_loop_loads_k_and_v_rows_by_128_bit_loads(dtype, vectors):
+    """The key loop (the partial kernel's loop with the most FMA) of the vector instance,
+    on sm_80 and sm_90: a K and a V row a key as LDG.E.128 (a float4 each in float32, two
+    double2 in float64), no scalar load of them (those left: the 4 heads' q)."""
+    reports = [r for r in sass.inspect(KERNEL, VARIANT, dtype)
+               if r.nest == "heads.partial" and r.name.endswith(", 1>")]
+    assert len(reports) == 2 * 2  # d <= 64 and <= 128, on sm_80 and sm_90
+    for r in reports:
+        keys = max(r.loops, key=lambda lp: lp.fma)
+        assert keys.ldg_128 == vectors, (r.arch, r.name)
+        assert keys.counts["LDG"] - keys.ldg_128 <= 4 * 4, (r.arch, r.name)  # q's
+        assert r.spill_stores == r.spill_loads == 0
 
 
 def test_split_keys_refuses_slices_of_rows_that_do_not_cover_the_keys():

@@ -18,6 +18,7 @@ from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.splitkeys import SplitKeys
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
 from moagen.steps.gpu.staging import RegisterTile
+from moagen.steps.gpu.vector import VectorLoads
 from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.fusion import FuseNests
 from moagen.steps.loop.gpu_blocks import GpuBlocks
@@ -146,12 +147,14 @@ def gpu_grouped(nest, split, groups, members):
     (b, group, `members`, SLICE_WARPS slices); a warp a slice (axis y); a warp's lanes
     across d (axis x, each LANE_FEATURES of it; d at most 64 or 128 compiled); each
     slice's output rows (O_part, SplitKeys' name for O's) in the registers of the lanes
-    that own them, stored once after its keys."""
+    that own them, stored once after its keys; each lane's 4 features of a K and a V row
+    read once a key for the group's heads, as 16-byte vector loads."""
     return (BlockTiles(("b", groups, members, split.slices), rows=SLICE_WARPS,
                        bounds=HEAD_DIM_BOUNDS, nest=nest),
             ThreadTiles(split.slices, 1, "y", threads=SLICE_WARPS, nest=nest),
             ThreadTiles("c", LANE_FEATURES, "x", threads=WARP, nest=nest),
-            RegisterTile("O_part", nest=nest))
+            RegisterTile("O_part", nest=nest),
+            VectorLoads(("K", "V"), "c", nest=nest))
 
 
 HEAD_SPACE = {"heads": (1, 2, 4, 8)}

@@ -6,7 +6,7 @@ accumulated in place), `Store` (an array element written or accumulated). Expres
 moagen.moa.scalar nodes. The steps (moagen.steps) map one ONF to the next; moagen.onf.dump
 prints one.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple, Union
 
 import sympy
@@ -43,11 +43,15 @@ class Threads:
     # fragments of `fragment` that its 32 lanes hold together (WarpMma): on axis x a warp's
     # lanes are 32 consecutive threads, so the block has 32 x `threads` of them along x
     fragment: int = 0
+    # a loop of loads only, each thread's tile of them as 16-byte vector loads (VectorLoads);
+    # how it loads, not which iterations it owns: out of the comparison, so that its loop
+    # has the same key (loop_key) as the loops that read what it loaded
+    vector: bool = field(default=False, compare=False)
 
     def __str__(self):
         if self.fragment:
             return f"warp.{self.axis}({self.threads} x {self.tile} in {self.fragment})"
-        return f"thread.{self.axis}({self.threads} x {self.tile})"
+        return f"thread.{self.axis}({self.threads} x {self.tile}{', vector' if self.vector else ''})"
 
     @property
     def block_threads(self) -> int:

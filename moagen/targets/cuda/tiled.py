@@ -25,6 +25,7 @@ from moagen.onf.loops import (Barrier, LaneReduce, Let, Loop, Mma, Store, Unroll
                               walk)
 from moagen.onf.names import kernel_names
 from moagen.onf.signature import DTYPE_BYTES
+from moagen.steps.gpu.vector import VECTOR_TILE
 from moagen.targets.printer import arrays_in, names_used
 
 AXES = "xyz"
@@ -68,27 +69,56 @@ class TiledKernel:
             raise ValueError(f"nest {nest.label} has no shared layout for {element_bytes}-byte "
                              "elements: print a tiled nest as realize leaves it")
         self.shared = {a.name for a in self.layout.arrays}
+        # VectorLoads' loops: the kernel an instance with them (VECTOR_LOADS 1) where the
+        # launch finds its preconditions hold, one with their scalar form (0) otherwise
+        self.vector = [lp for lp in walk(self.body) if is_thread_loop(lp) and lp.gpu.vector]
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
-        return [bound_symbol(name).name for name in self.bounds]
+        return [bound_symbol(name).name for name in self.bounds] + \
+            (["VECTOR_LOADS"] if self.vector else [])
+
+    def _instances(self):
+        """(the bound's condition, whether the instance loads by vectors, its template
+        arguments, its shared bytes) of each compiled bound, the vector instance first."""
+        shared = self.layout.total
+        (name, values), = self.bounds.items() if self.bounds else ((None, (None,)),)
+        out = []
+        for v in values:
+            bound, at, arguments = sympy.true, shared, []
+            if v is not None:
+                bound = sympy.Le(next(s for s in self.p.onf.sizes if s.name == name), v)
+                at, arguments = shared.xreplace({bound_symbol(name): v}), [str(v)]
+            for vector in ((True, False) if self.vector else (False,)):
+                flag = [str(int(vector))] if self.vector else []
+                text = f"<{', '.join(arguments + flag)}>" if arguments + flag else ""
+                out.append((bound, vector, text, at))
+        return out
 
     def instances(self):
         """(the sizes' condition for it, the template arguments, its shared bytes) of each
-        compiled bound, as sympy expressions."""
-        shared = self.layout.total
-        if not self.bounds:
-            return [(sympy.true, "", shared)]
-        (name, values), = self.bounds.items()
-        size = next(s for s in self.p.onf.sizes if s.name == name)
-        return [(sympy.Le(size, v), f"<{v}>", shared.xreplace({bound_symbol(name): v}))
-                for v in values]
+        compiled bound, as sympy expressions; a vector instance's condition has the rows'
+        length a multiple of a vector (the arrays' alignment, which no size says, is
+        assumed: cudaMalloc's)."""
+        rows = {lp.stop for lp in self.vector}
+        return [(sympy.And(bound, *(sympy.Eq(sympy.Mod(r, VECTOR_TILE), 0) for r in rows))
+                 if vector else bound, arguments, shared)
+                for bound, vector, arguments, shared in self._instances()]
 
     def specializations(self):
         """instances() as the launcher's text: condition ("" for none), template
-        arguments, shared bytes."""
-        return [("" if condition is sympy.true else self.p.index(condition), arguments,
-                 self.p.index(shared)) for condition, arguments, shared in self.instances()]
+        arguments, shared bytes; a vector instance's condition checks the arrays'
+        alignment too (VectorLoads' preconditions)."""
+        out = []
+        for bound, vector, arguments, shared in self._instances():
+            tests = [] if bound is sympy.true else [self.p.index(bound)]
+            if vector:
+                tests += sorted({f"{self.p.index(lp.stop)} % {VECTOR_TILE} == 0"
+                                 for lp in self.vector})
+                arrays = sorted({a for lp in self.vector for a in arrays_in(lp.body)})
+                tests.append(f"(({' | '.join(f'(uintptr_t){a}' for a in arrays)}) % 16) == 0")
+            out.append((" && ".join(tests), arguments, self.p.index(shared)))
+        return out
 
     def grid_dims(self):
         dims = [lp.stop - lp.start for lp in reversed(self.grid)]
@@ -156,6 +186,8 @@ class TiledKernel:
                 lines.append(f"{self.p.indent * depth}__syncthreads();  // {s.why}")
             elif isinstance(s, LaneReduce):
                 lines += self.lane_reduction(s, depth)
+            elif is_thread_loop(s) and s.gpu.vector:
+                lines += self.vector_loads(s, depth)
             elif is_thread_loop(s):
                 self.ctx.append(s)
                 lines += self.block(s.body, depth)
@@ -250,7 +282,35 @@ class TiledKernel:
             lines.append(pad * level + "}")
         return lines
 
-    def position(self, loop, slot=None):
+    def vector_loads(self, loop, depth):
+        """A VectorLoads loop: each tile of a thread's slots by moagen_load4 (16-byte loads)
+        in the vector instance, element by element in the scalar one."""
+        pad, slot, tile = self.p.indent, f"s_{loop.var}", loop.gpu.tile
+        self.ctx.append(loop)
+        scalar = self.block(loop.body, depth + 1)
+        around = self.ctx[:-1]  # a warp's row at most: one slot each (a loop's would repeat)
+        if not all(map(self.single, around)):
+            raise ValueError(f"nest {self.nest.label}: vector loads inside a thread's slots of "
+                             f"{', '.join(str(lp.var) for lp in around if not self.single(lp))}")
+        used = set().union(*(self.coordinates_used(s, ()) for s in loop.body)) - {loop.var}
+        opening = self.first_slot([lp for lp in around if lp.var in used], depth + 1) \
+            if used else []
+        level = depth + 1 + bool(opening)
+        guard = "" if self.exact(loop) else f"if ({loop.var} < {self.p.index(loop.stop)}) "
+        vector = [*opening, pad * level + "#pragma unroll",
+                  pad * level + f"for (int {slot} = 0; {slot} < {self.slots(loop)}; "
+                                f"{slot} += {tile}) {{",
+                  pad * (level + 1) + f"const int {loop.var} = "
+                                      f"{self.position(loop, tile_first=True)};",
+                  # the loop's body: Lets of loads (VectorLoads' form)
+                  *(pad * (level + 1) + f"{guard}moagen_load4(&{self.local(s.name)}, "
+                                        f"&{self.p.expr(s.value)});" for s in loop.body),
+                  pad * level + "}"] + ([pad * (depth + 1) + "}"] if opening else [])
+        self.ctx.pop()
+        return [pad * depth + "if (VECTOR_LOADS) {", *vector, pad * depth + "} else {",
+                *scalar, pad * depth + "}"]
+
+    def position(self, loop, slot=None, tile_first=False):
         """The iteration of slot s_<var> (or `slot`) of this thread: of a fragment loop, the
         first of its warp's fragment."""
         lane = "t" + loop.gpu.axis
@@ -270,7 +330,8 @@ class TiledKernel:
             return f"{start}{lane}" if tile == 1 else f"{start}{lane} * {tile}"
         if tile == 1:
             return f"{start}{slot} * {threads} + {lane}"
-        return f"{start}({slot} / {tile} * {threads} + {lane}) * {tile} + {slot} % {tile}"
+        first = f"{start}({slot} / {tile} * {threads} + {lane}) * {tile}"
+        return first if tile_first else f"{first} + {slot} % {tile}"
 
     def guarded(self, s):
         """The thread loops whose range s must check, where a slot can fall past it; none

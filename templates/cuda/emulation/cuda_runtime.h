@@ -129,6 +129,22 @@ static void moagen_fail(const char *format, ...)
     va_end(args);
 }
 
+/* ---- vector loads: the types, and moagen_load4 checking the alignment a GPU needs ------ */
+
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((aligned(16))) double2 { double x, y; };
+
+/* The generated file's moagen_load4 (4 elements by 16-byte loads), failing the launch where
+ * `from` is not 16-byte aligned: on a GPU a misaligned vector load faults. */
+#define MOAGEN_LOAD4
+template <typename T>
+static inline void moagen_load4(T *to, const T *from)
+{
+    if ((uintptr_t)from % 16)
+        moagen_fail("a vector load from %p, not 16-byte aligned", (const void *)from);
+    memcpy(to, from, 4 * sizeof(T));
+}
+
 /* What failed the last launch that returned moagenErrorCheckFailed. */
 extern "C" __attribute__((weak, visibility("default"))) const char *moagen_emulation_error(void)
 {
