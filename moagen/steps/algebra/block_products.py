@@ -22,7 +22,7 @@ from typing import Optional
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Buffer, Let, Loop, Store, Update
+from moagen.onf.loops import Buffer, Let, Loop, Store, Update, rewrite_loops
 from moagen.onf.names import kernel_names
 from moagen.steps.step import Step, shown
 
@@ -43,24 +43,13 @@ class BlockProducts(Step):
         nest = self.nest_called(onf)
         names = kernel_names(onf)
         shapes = {b.name: b.shape for b in onf.inputs + onf.outputs + onf.temps}
-        found, targets = [], set()
+        targets = set()
         if self.name in names.reserved:
             raise ScheduleError(f"{self}: the name {self.name} is taken")
         names.claim(self.name)
-
-        def rewrite(stmts):
-            out = []
-            for s in stmts:
-                if isinstance(s, Loop) and s.var.name == self.blocks:
-                    found.append(s)
-                    out.append(replace(s, body=self._block(s.body, names, targets)))
-                elif isinstance(s, Loop):
-                    out.append(replace(s, body=rewrite(s.body)))
-                else:
-                    out.append(s)
-            return tuple(out)
-
-        body = rewrite(nest.body)
+        body, found = rewrite_loops(
+            nest.body, lambda lp: lp.var.name == self.blocks,
+            lambda lp, _: (replace(lp, body=self._block(lp.body, names, targets)),))
         if not found:
             raise ScheduleError(f"{self}: nest {nest.label} has no loop over {self.blocks}")
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]

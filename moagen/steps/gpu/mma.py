@@ -9,7 +9,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import simplified
 from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, Mma, ONF, Operand, Store, Update,
                               grid_bounds, is_block_copy, is_fragment_loop, is_grid,
-                              max_extent, most_iterations, walk)
+                              max_extent, most_iterations, rewrite_loops, walk)
 from moagen.onf.names import kernel_names
 from moagen.steps.gpu.staging import PAD
 from moagen.steps.step import Step, flag, option, shown
@@ -200,20 +200,11 @@ class WarpMma(Step):
         if len(shapes) > 1:
             raise ScheduleError(f"{self}: the sums' output tiles have {len(shapes)} shapes")
 
-        def rewrite(stmts):
-            out_stmts = []
-            for s in stmts:
-                if id(s) in done:
-                    out_stmts += list(done[id(s)])
-                elif isinstance(s, Loop):
-                    out_stmts.append(replace(s, body=rewrite(s.body)))
-                else:
-                    out_stmts.append(s)
-            return tuple(out_stmts)
-
         if not any(is_grid(s) for s in walk(nest.body)):
             raise ScheduleError(f"{self}: nest {nest.label} has no grid around its warps")
-        nests = [replace(x, body=rewrite(x.body)) if x is nest else x for x in onf.nests]
+        body, _ = rewrite_loops(nest.body, lambda lp: id(lp) in done,
+                                lambda lp, _: done[id(lp)])
+        nests = [replace(x, body=body) if x is nest else x for x in onf.nests]
         return replace(onf.with_nests(nests, str(self)),
                        shared=onf.shared + ((Buffer(tile, shapes.pop()),) if tile else ()))
 
