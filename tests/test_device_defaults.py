@@ -1,6 +1,7 @@
 """The variant a target kind runs where none is named (Kernel.default_variant): the CUDA
-GEMMs' tensor cores, chosen by the metrics (moagen.kernels.gemm.TENSOR_CORES); every
-other kernel and kind its first variant."""
+GEMMs' and attention forwards' tensor cores, chosen by the metrics
+(moagen.kernels.gemm.TENSOR_CORES); every other kernel and kind its first variant."""
+import importlib
 import types
 
 import pytest
@@ -13,20 +14,22 @@ from moagen.pipeline import onf_of
 from moagen.request import resolve
 
 GEMMS = ("mlp_fwd", "mlp_bwd", "qkv_proj", "out_proj")
+ATTENTION = ("attention_fwd", "attention_fwd_causal", "attention_gqa_fwd",
+             "attention_gqa_fwd_causal")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel", GEMMS)
+@pytest.mark.parametrize("kernel", GEMMS + ATTENTION)
 def test_cuda_runs_the_tensor_cores_where_no_variant_is_named(kernel, dtype):
     assert resolve(kernel, None, "cuda", dtype).variant == "tensor"
     assert onf_of(kernel, target="cuda", dtype=dtype).variant == "tensor"
     first = next(iter(get_kernel(kernel).variants))
     assert resolve(kernel, None, "c", dtype).variant == first != "tensor"
-    assert resolve(kernel, "tiled", "cuda", dtype).variant == "tiled"  # named: as named
+    assert resolve(kernel, first, "cuda", dtype).variant == first  # named: as named
 
 
 def test_every_other_kernel_runs_its_first_variant_everywhere():
-    for kernel in set(KERNELS) - set(GEMMS):
+    for kernel in set(KERNELS) - set(GEMMS + ATTENTION):
         first = next(iter(KERNELS[kernel].variants))
         assert {KERNELS[kernel].default_variant(kind, dtype) for kind in ("cpu", "cuda")
                 for dtype in DTYPES} == {first}, kernel
@@ -35,8 +38,8 @@ def test_every_other_kernel_runs_its_first_variant_everywhere():
 def test_list_shows_what_cuda_runs(capsys):
     assert main(["list"]) == 0
     lines = {line.split(":")[0].split(" ")[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert all(lines[k].endswith("; on cuda: tensor") for k in GEMMS)
-    assert "; on cuda" not in lines["attention_fwd"]
+    assert all(lines[k].endswith("; on cuda: tensor") for k in GEMMS + ATTENTION)
+    assert "; on cuda" not in lines["attention_bwd"]
 
 
 def test_a_default_that_is_no_variant_is_refused():
@@ -55,7 +58,26 @@ def test_the_block_runs_its_gemm_stages_as_the_target_does(dtype):
     GEMMs; verified with the rest of the block: moagen verify block_fwd --lang cuda
     --emulate); on a CPU the variants the composite names."""
     on_cuda = set(onf_of("block_fwd", target="cuda", dtype=dtype).schedule)
-    assert {"qkv = qkv_proj tensor", "out = out_proj tensor", "mlp = mlp_fwd tensor"} <= on_cuda
+    assert {"qkv = qkv_proj tensor", "attn = attention_fwd tensor", "out = out_proj tensor",
+            "mlp = mlp_fwd tensor"} <= on_cuda
     assert "mlp = mlp_bwd tensor" in onf_of("block_bwd", target="cuda", dtype=dtype).schedule
     on_cpu = set(onf_of("block_fwd", dtype=dtype).schedule)
-    assert {"qkv = qkv_proj tiled", "out = out_proj tiled", "mlp = mlp_fwd tiled"} <= on_cpu
+    assert {"qkv = qkv_proj tiled", "attn = attention_fwd flash", "out = out_proj tiled",
+            "mlp = mlp_fwd tiled"} <= on_cpu
+
+
+@pytest.mark.parametrize("dtype", ("float64", "float32"))
+def test_moagen_torch_runs_cudas_default_on_cuda_tensors(dtype):
+    """moagen.torch's attention takes the kernel's default where the tensors are: on CUDA
+    tensors the forward on tensor cores, the backward (no tensor variant) flash; on a CPU
+    flash. A stand-in for a CUDA tensor (no GPU here): _kernel reads its shape, dtype and
+    device flags only."""
+    import torch
+    chosen = importlib.import_module("moagen.torch_ops.attention")._kernel
+    like = lambda cuda: types.SimpleNamespace(shape=(1, 4, 7, 5), dtype=getattr(torch, dtype),
+                                              is_cuda=cuda, is_cpu=not cuda)
+    for causal in (False, True):
+        assert chosen("fwd", like(True), like(True), None, causal, 0, -1, "c")[:2] == \
+            (("attention_gqa_fwd_causal" if causal else "attention_gqa_fwd"), "tensor")
+        assert chosen("bwd", like(True), like(True), None, causal, 0, -1, "c")[1] == "flash"
+        assert chosen("fwd", like(False), like(False), None, causal, 0, -1, "c")[1] == "flash"

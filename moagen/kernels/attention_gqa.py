@@ -61,6 +61,9 @@ KERNELS = [kernel for causal in (False, True) for kernel in (
                     "tensor": attention.flash_variant(causal, loops=LOOPS.query,
                                                       tensor=True)}),
     (backward_spec(causal), {"flash": attention_bwd.flash_variant(causal, loops=LOOPS)}))]
+# CUDA's variant where none is named: attention_fwd's (moagen.kernels.attention)
+DEVICE_DEFAULTS = {name: attention.DEVICE_DEFAULTS["attention_fwd"]
+                   for name in ("attention_gqa_fwd", "attention_gqa_fwd_causal")}
 # the names a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"attention_gqa_fwd_vjp": "attention_gqa_bwd",
            "attention_gqa_fwd_causal_vjp": "attention_gqa_bwd_causal"}

@@ -200,8 +200,10 @@ class _Renamer:
         raise SpecError(f"cannot rename statement {s!r}")
 
     def operand(self, operand):
-        """A tensor-core product's shared tile in the composite's name."""
-        return replace(operand, array=self.arrays[operand.array])
+        """A tensor-core product's shared tile in the composite's names: its array, and its
+        leading dimension where that is of a compile-time bound (MAX_d + 4)."""
+        ldm = operand.ldm if isinstance(operand.ldm, int) else self.index(operand.ldm)
+        return replace(operand, array=self.arrays[operand.array], ldm=ldm)
 
     def layout(self, layout):
         """A tiled stage's shared layout in the composite's array and bound names."""

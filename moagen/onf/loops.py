@@ -63,10 +63,11 @@ class Threads:
 class Operand:
     """A product's operand as a warp loads its fragments (WarpMma): the shared tile it is
     read from, laid out "row" (the fragment's rows apart by `ldm` elements, its columns
-    consecutive) or "col" major."""
+    consecutive) or "col" major; ldm an int, or an expression of compile-time bounds
+    (MAX_d + 4: a tile padded past a head's bound)."""
     array: str
     major: str
-    ldm: int
+    ldm: Union[int, sympy.Expr]
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from moagen.kernels import get_kernel
+from moagen.targets import get_target
 from moagen.torch_ops.attention_args import check_attention, fitted_params, grouped
 from moagen.torch_ops.decode import attention_decode_op
 from moagen.torch_ops.dropout import attention_with_dropout
-from moagen.torch_ops.native import call, causal_name
+from moagen.torch_ops.native import DTYPES, call, causal_name
 from moagen.torch_ops.operator import Operator
 from moagen.torch_ops.padding import key_lengths_of, padding_of
 
@@ -64,17 +66,22 @@ def _kernel(kind: str, q: Tensor, k: Tensor, mask: Optional[Tensor], causal: boo
     are as many and the mask top-left, attention_cross's otherwise (offset: causal's, query
     i sees keys j <= i + offset); under a float mask, attention_cross's `_masked2d` (a mask
     (n_q, n) shared by every batch and head) or `_masked` (the full shape); last_key >= 0:
-    keys past it padded out, attention_cross's `_padded` (-1: none)."""
+    keys past it padded out, attention_cross's `_padded` (-1: none). The variant: the
+    kernel's default where it runs, if its module names one (CUDA's forwards on tensor
+    cores), else flash."""
     if mask is not None:
         name = f"attention_cross_{kind}_{'masked2d' if mask.dim() == 2 else 'masked'}"
-        return name, "flash", fitted_params(name, q, k, False, lang), {}
-    if last_key >= 0:
+        causal, given = False, {}
+    elif last_key >= 0:
         name = f"attention_cross_{kind}_padded"
-        return name, "flash", fitted_params(name, q, k, False, lang), {"last": last_key}
-    square = q.shape[2] == k.shape[2] and not offset
-    name = causal_name(f"attention_{'gqa' if square else 'cross'}_{kind}", causal)
-    given = {"offset": offset} if causal and not square else {}
-    return name, "flash", fitted_params(name, q, k, causal, lang), given
+        causal, given = False, {"last": last_key}
+    else:
+        square = q.shape[2] == k.shape[2] and not offset
+        name = causal_name(f"attention_{'gqa' if square else 'cross'}_{kind}", causal)
+        given = {"offset": offset} if causal and not square else {}
+    runs_on = "cuda" if q.is_cuda else get_target(lang).kind  # CUDA tensors: CUDA kernels
+    variant = get_kernel(name).default_variant(runs_on, DTYPES[q.dtype], "flash")
+    return name, variant, fitted_params(name, q, k, causal, lang), given
 
 
 def _masks(mask: Optional[Tensor], kv_heads: int) -> tuple:
