@@ -1,7 +1,6 @@
 """The emitted sources: committed copies current, CUDA compiling for the GPUs we target,
 and the properties a reader relies on visible in the text."""
 import re
-from dataclasses import replace
 
 import pytest
 
@@ -11,9 +10,8 @@ from moagen.commands.common import GENERATED
 from moagen.emit import emit, filename, stem
 from moagen.targets.c.printer import CPrinter
 from moagen.targets.cuda.printer import CudaPrinter
-from moagen.targets.toolchain import Toolchain
 from moagen.targets.fortran.printer import FortranPrinter
-from moagen.errors import CompileError, SpecError, UnknownNameError
+from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import KERNELS, CompositeKernel
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, inner, rsqrt, sigmoid, transpose
@@ -36,11 +34,6 @@ def test_generated_sources_match_the_generator(kernel, variant, lang):
         f"{committed} differs from what the generator emits: run `make generated` and commit"
 
 
-# moagen's nvcc flags with every warning an error: nvcc's numbered ones (#177, a variable
-# never referenced, and the like) come from its front end; ptxas' -v report is not a warning
-WARNINGS_AS_ERRORS = replace(Toolchain(), nvccflags=(*Toolchain().nvccflags, "-Werror",
-                                                     "all-warnings"))
-
 # a composite's CUDA is its stages' kernels, each compiled for every arch as a kernel of its
 # own: the composite for the newest arch only
 CUDA_BUILDS = [(kernel, variant, arch) for kernel, variant in VARIANTS for arch in CUDA_ARCHS
@@ -48,12 +41,13 @@ CUDA_BUILDS = [(kernel, variant, arch) for kernel, variant in VARIANTS for arch 
 
 
 @pytest.mark.parametrize("kernel,variant,arch", CUDA_BUILDS)
-def test_cuda_compiles(kernel, variant, arch, tmp_path, monkeypatch):
-    """Without a warning (#66; WARNINGS_AS_ERRORS), every kernel compiled by ptxas, none
-    spilling."""
-    monkeypatch.setenv("MOAGEN_BUILD_DIR", str(tmp_path))
+def test_cuda_compiles(kernel, variant, arch):
+    """Without a warning (#66), every kernel compiled by ptxas, none spilling. The cubin is
+    the one moagen cost and the SASS tests read (moagen's flags, the run's build folder):
+    one compile a kernel and arch."""
     source = emit(kernel, variant, "cuda")
-    result = compile_cuda(source, stem(kernel, variant), arch, WARNINGS_AS_ERRORS)
+    result = compile_cuda(source, stem(kernel, variant), arch)
+    assert result.warnings() == []
     assert result.cubin.stat().st_size > 0
     # ptxas compiled every __global__ kernel (one per nest and dtype; a tiled one once per
     # bound it is compiled at), without spills
@@ -63,20 +57,23 @@ def test_cuda_compiles(kernel, variant, arch, tmp_path, monkeypatch):
     assert spills and set(spills) == {"0"}
 
 
-def test_a_warning_fails_the_cuda_build(tmp_path, monkeypatch):
-    """The check above can fail: a local never referenced (#177) is an error."""
+def test_a_warning_is_found(tmp_path, monkeypatch):
+    """The check above can fail: a local never referenced (#177) is a warning it reports;
+    ptxas' resource lines are none."""
     monkeypatch.setenv("MOAGEN_BUILD_DIR", str(tmp_path))
     unused = "__global__ void k(float *x) { const int i = 0; x[0] = 1.0f; }\n"
-    with pytest.raises(CompileError, match="#177"):
-        compile_cuda(unused, "unused", CUDA_ARCHS[0], WARNINGS_AS_ERRORS)
+    result = compile_cuda(unused, "unused", CUDA_ARCHS[0])
+    assert len(result.warnings()) == 1 and "#177" in result.warnings()[0]
+    used = "__global__ void k(float *x) { x[0] = 1.0f; }\n"
+    assert compile_cuda(used, "used", CUDA_ARCHS[0]).warnings() == []
 
 
 def _kernel_instances(source):
     """Each __global__ function of a .cu source, a template one as each instance its
-    launchers launch (rows<64>, rows<128>)."""
+    launchers launch (rows<64>, rows<128>; partial<64, 1>)."""
     out = set()
     for name in re.findall(r"__global__ void (\w+)\(", source):
-        bounds = set(re.findall(rf"\b{name}<(\d+)>", source))
+        bounds = set(re.findall(rf"\b{name}<(\d+(?:, \d+)*)>", source))
         out |= {f"{name}<{b}>" for b in bounds} or {name}
     return out
 

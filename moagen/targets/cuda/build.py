@@ -1,6 +1,7 @@
 """CUDA built with nvcc (host launchers, cubins for the GPUs we target) or with g++ for the
 host emulation."""
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,14 @@ CUDA_EMULATION = TEMPLATES / "cuda" / "emulation"
 @dataclass(frozen=True)
 class CubinResult:
     cubin: Path
-    ptxas_report: str  # ptxas -v: registers, shared memory, spills per kernel
+    ptxas_report: str  # nvcc's output: its warnings, and ptxas -v's registers, shared
+    # memory and spills per kernel
+
+    def warnings(self):
+        """The compile's warning lines (nvcc's front end: `x.cu(12): warning #177-D: ...`;
+        ptxas': `ptxas warning : ...`): the generated code is to compile without any."""
+        return [line for line in self.ptxas_report.splitlines()
+                if re.search(r"\bwarning\s*(#\d+(-D)?)?\s*:", line)]
 
 
 def build_cuda(source, stem, toolchain=None):
