@@ -32,8 +32,41 @@ from moagen.steps.loop.unroll import outer_loop
 from moagen.steps.step import Step, option
 
 
+class _InParts:
+    """PartialSums' and SplitK's frame: nest `nest`'s store of a sum, its parts summed by a
+    new nest into a buffer of `parts` rows, the nest itself left to merge them in order."""
+
+    @property
+    def partial(self) -> str:
+        """The nest it creates that sums the parts (the nest itself merges them)."""
+        return nest_role(self.nest, "partial")
+
+    def _check_parts(self):
+        if self.parts < 1:
+            raise ScheduleError(f"{self}: the number of parts must be at least 1")
+
+    def _in_parts(self, onf, nest, out_loops, store, p, part, buffer, in_part, origin,
+                  merged=None, merge_origin=None, dropped=None) -> ONF:
+        """onf with `nest` as two: the partial nest, `for p in [0, parts): in_part` (its
+        origin `origin`), and the merge, `for out_loops: store of merged(sum_p part[p, ..])`
+        (merged: the sum itself where None); buffer added, nest `dropped` left out."""
+        partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
+                                          in_part),), origin, self.partial)
+        total = _sum_of_parts(p, self.parts, part, store.index, store.array)
+        merge = replace(nest, body=enclose(out_loops, (replace(
+            store, value=merged(total) if merged else total),)),
+            origin=merge_origin or nest.origin)
+        nests = []
+        for n in onf.nests:
+            if n is nest:
+                nests += [partial, merge]
+            elif dropped is None or n.label != dropped:
+                nests.append(n)
+        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
+
+
 @dataclass(frozen=True)
-class PartialSums(Step):
+class PartialSums(_InParts, Step):
     layer = "algorithm"
     nest: str
     var: str  # the summed axis cut into parts
@@ -45,14 +78,8 @@ class PartialSums(Step):
         """The loop over the parts it creates."""
         return loop_role(self.var, "part")
 
-    @property
-    def partial(self) -> str:
-        """The nest it creates that sums the parts (the nest itself merges them)."""
-        return nest_role(self.nest, "partial")
-
     def __call__(self, onf: ONF) -> ONF:
-        if self.parts < 1:
-            raise ScheduleError(f"{self}: the number of parts must be at least 1")
+        self._check_parts()
         nest = self.nest_called(onf)
         out_loops, stmts = loop_nest(nest.body)
         store = stmts[0] if len(stmts) == 1 else None
@@ -86,18 +113,9 @@ class PartialSums(Step):
         if self.rows:
             rows, row_body = self._row_body(onf, nest, sum_loops, [r.extent for r in sums])
             add, origin = fuse_siblings(row_body + add), f"{rows.origin}\n{origin}"
-        add = enclose(sum_loops, add)
-        partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
-                                          zero + add),), origin, self.partial)
-        total = _sum_of_parts(p, self.parts, part, store.index, store.array)
-        merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)))
-        nests = []
-        for n in onf.nests:
-            if n is nest:
-                nests += [partial, merge]
-            elif n.label != self.rows:
-                nests.append(n)
-        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
+        return self._in_parts(onf, nest, out_loops, store, p, part, buffer,
+                              zero + enclose(sum_loops, add), origin,
+                              dropped=self.rows or None)
 
     def _row_body(self, onf, nest, sum_loops, extents):
         """The rows nest and its body inside its row loops, in the parts' loop variables."""
@@ -248,7 +266,7 @@ def _into_part(stmts, array, part, p):
 
 
 @dataclass(frozen=True)
-class SplitK(Step):
+class SplitK(_InParts, Step):
     """Split-K: a lowered sum `for out..: acc = 0; .. for k in [a, b): acc += ..; out[out..]
     = acc` whose output has too few tiles to fill a GPU, its loop `loop` (a GEMM's chunks,
     Split's k_blk) cut into `parts` runs of consecutive iterations, a part each, its nest
@@ -288,14 +306,8 @@ class SplitK(Step):
         """The loop over the parts it creates (e_part for e_blk)."""
         return loop_role(base_name(self.loop).split("_")[0], "part")
 
-    @property
-    def partial(self) -> str:
-        """The nest of the parts' sums it creates (the nest itself merges them)."""
-        return nest_role(self.nest, "partial")
-
     def __call__(self, onf: ONF) -> ONF:
-        if self.parts < 1:
-            raise ScheduleError(f"{self}: the number of parts must be at least 1")
+        self._check_parts()
         nest = self.nest_called(onf)
         out_loops, stmts = loop_nest(nest.body)
         store = stmts[-1] if stmts else None
@@ -331,19 +343,11 @@ class SplitK(Step):
         body = _replaced(stmts[:-1], cut, replace(cut, start=start,
                                                   stop=sympy.Min(cut.stop, start + run)))
         body += (replace(store, array=part, index=(p,) + tuple(store.index), value=acc),)
-        partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
-                                          enclose(out_loops, body)),),
-                       nest.origin, self.partial)
-        total = _sum_of_parts(p, self.parts, part, store.index, store.array)
         what = f"the sum of its {self.parts} parts"
-        if term is not None:  # added once, after the parts
-            total, what = S.Bin("+", term, total), f"its term + {what}"
-        merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)),
-                        origin=f"{store.array} = {what}")
-        nests = []
-        for n in onf.nests:
-            nests += [partial, merge] if n is nest else [n]
-        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
+        return self._in_parts(
+            onf, nest, out_loops, store, p, part, buffer, enclose(out_loops, body),
+            nest.origin, merged=None if term is None else lambda total: S.Bin("+", term, total),
+            merge_origin=f"{store.array} = " + (what if term is None else f"its term + {what}"))
 
 
 def _local_and_term(value):
