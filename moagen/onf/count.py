@@ -1,5 +1,6 @@
 """Counting from the ONF: how many times each statement runs, as a symbolic expression in
 the kernel's sizes. The atomic updates a variant performs are read off here, not typed in."""
+from functools import lru_cache
 from typing import Dict, Iterable
 
 import sympy
@@ -20,14 +21,26 @@ def executions(stmts, predicate, multiplier=sympy.Integer(1)) -> Dict[str, sympy
                     # a causal tile's phases: a few iterations, each a whole division
                     total = sum(count.xreplace({s.var: k}) for k in range(s.start, s.stop))
                 elif s.var in count.free_symbols:
-                    total = sympy.summation(count, (s.var, s.start, s.stop - 1))
+                    total = _summed(count, s.var, s.start, s.stop - 1)
                 else:
                     total = count * (s.stop - s.start)
                 counts[key] = counts.get(key, 0) + multiplier * total
         elif predicate(s):
             key = getattr(s, "array", None) or s.name
             counts[key] = counts.get(key, 0) + multiplier
-    return {k: sympy.factor(v) for k, v in counts.items()}
+    return {k: _factored(v) for k, v in counts.items()}
+
+
+# remembered: a kernel's nests, its variants and its backward sum the same counts over the
+# same loops again, and sympy's closed forms (solve, factor) are most of a prediction's time
+@lru_cache(maxsize=4096)
+def _summed(count, var, first, last):
+    return sympy.summation(count, (var, first, last))
+
+
+@lru_cache(maxsize=4096)
+def _factored(e):
+    return sympy.factor(e)
 
 
 def _term_by_term(count, loop) -> bool:
