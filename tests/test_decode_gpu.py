@@ -11,6 +11,8 @@ import sympy
 
 from moagen import reference
 from moagen.cost import sass
+from moagen.cost.gpu import H200
+from moagen.cost.model import predict
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.kernels.attention_decode import (RESIDENT_BLOCKS, SLICE_WARPS, WARP_KEYS, WAVES,
@@ -199,6 +201,13 @@ def test_the_chosen_keys_a_warp_fill_the_gpu_about_twice_with_fewer_slices_at_lo
     wave = sms * RESIDENT_BLOCKS
     assert blocks >= min(WAVES * wave, 8 * -(-n // (SLICE_WARPS * WARP_KEYS)))
     assert w == 1 or blocks < 2 * WAVES * wave  # not more slices than that
+
+
+def test_the_cost_model_chooses_w_as_a_call_on_the_modelled_gpu_would():
+    cost = predict(KERNEL, VARIANT, "float32")
+    sizes = dict(batch=1, q_heads=32, kv_heads=8, cap=131072, d=128, n=131072)
+    assert cost.sizes_from(sizes, sms=H200.sms)[sym("w")] == 4
+    assert cost.sizes_from(dict(sizes, w=2), sms=H200.sms)[sym("w")] == 2
 
 
 def test_on_a_cpu_the_keys_a_warp_are_chosen_for_its_cores(monkeypatch):

@@ -47,6 +47,7 @@ def add_parser(sub):
 
 def run(args):
     from moagen.cost import report
+    from moagen.cost.gpu import H200
     from moagen.cost.measure import CacheConfig
     from moagen.cost.model import predict
     from moagen.kernels import get_kernel
@@ -59,7 +60,10 @@ def run(args):
     points = _points(args.define, args.sweep)
     if args.cuda:  # the GPU's numbers need sizes: the bench's where -D gives none
         points = [_with_bench_sizes(kernel, p) for p in points or [{}]]
-    envs = [costs[0].sizes_from(p) for p in points]  # every error before the first long run
+    # every error before the first long run; the sizes a call chooses as on the modelled
+    # GPU (--cuda) or this CPU, for each variant that has some
+    sms = H200.sms if args.cuda else None
+    envs = [{s: v for c in costs for s, v in c.sizes_from(p, sms).items()} for p in points]
     if args.measure and not envs:
         raise SizeError(f"--measure needs sizes: -D SIZE=N for each of "
                         f"{', '.join(s.name for s in costs[0].sizes)}")
@@ -67,11 +71,11 @@ def run(args):
     records = _measured(costs, points, envs, args.dtype, cache) if args.measure else None
     cuda, gpu = {}, []
     if args.cuda:
-        from moagen.cost.gpu import H200
         from moagen.cost.gpu_metrics import gpu_metrics
         from moagen.cost.sass import inspect
         cuda = {c.variant: inspect(c.kernel, c.variant, args.dtype) for c in costs}
-        gpu = [gpu_metrics(c.kernel, c.variant, args.dtype, {s.name: v for s, v in env.items()},
+        gpu = [gpu_metrics(c.kernel, c.variant, args.dtype,
+                           {s.name: v for s, v in env.items() if s in c.sizes},
                            H200, cuda[c.variant]) for c in costs for env in envs]
     if args.json:
         doc = ({"measured": records} if records else

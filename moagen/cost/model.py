@@ -2,7 +2,7 @@
 expressions in the kernel's sizes, and as numbers for given sizes."""
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 import sympy
@@ -37,6 +37,8 @@ class Cost:
     atomics: Dict[str, sympy.Expr]  # atomic updates per array
     working_set: sympy.Expr  # elements the cache must hold for the in-nest reuse
     assumptions: Tuple[str, ...]  # what the symbolic counts assume of the sizes
+    # (size, choose(sizes, sms)): the sizes a binding chooses where a call gives none
+    chosen: Tuple[Tuple[str, Callable], ...] = ()
 
     @property
     def itemsize(self) -> int:
@@ -64,9 +66,14 @@ class Cost:
     def scratch_bytes(self) -> sympy.Expr:
         return sympy.factor(self.itemsize * sum(self.scratch.values(), sympy.Integer(0)))
 
-    def sizes_from(self, given: Dict[str, int]) -> Dict[sympy.Symbol, int]:
-        """The kernel's sizes by symbol, from values by name; every size must be there."""
+    def sizes_from(self, given: Dict[str, int], sms=None) -> Dict[sympy.Symbol, int]:
+        """The kernel's sizes by symbol, from values by name; every size must be there but
+        a chosen one, which where missing is chosen as a call on `sms` SMs (None: this
+        machine's CPU) would choose it."""
         names = {s.name: s for s in self.sizes}
+        known = {k: v for k, v in given.items() if k in names}
+        given = {**{name: choose(known, sms) for name, choose in self.chosen
+                    if name not in given}, **given}
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise SizeError(f"{self.kernel} has no size {', '.join(unknown)}; its sizes: "
@@ -128,7 +135,7 @@ def _predict(kernel, variant, dtype, params) -> Cost:
                 minimum=_each_element_once(minimum_traffic(view.nests), view.elements),
                 scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
                 atomics=atomic_updates(view.nests), working_set=_largest(working_set(view.nests)),
-                assumptions=view.assumptions)
+                assumptions=view.assumptions, chosen=onf.chosen)
 
 
 def _largest(candidates) -> sympy.Expr:
