@@ -12,7 +12,8 @@ import sympy
 from moagen import reference
 from moagen.cost import sass
 from moagen.cost.gpu import H200
-from moagen.cost.model import predict
+from moagen.bench import calls, rates
+from moagen.cost.model import SizeError, predict, value
 from moagen.emit import emit
 from moagen.errors import ScheduleError
 from moagen.kernels.attention_decode import (RESIDENT_BLOCKS, SLICE_WARPS, WARP_KEYS, WAVES,
@@ -208,6 +209,17 @@ def test_the_cost_model_chooses_w_as_a_call_on_the_modelled_gpu_would():
     sizes = dict(batch=1, q_heads=32, kv_heads=8, cap=131072, d=128, n=131072)
     assert cost.sizes_from(sizes, sms=H200.sms)[sym("w")] == 4
     assert cost.sizes_from(dict(sizes, w=2), sms=H200.sms)[sym("w")] == 2
+    with pytest.raises(SizeError, match="size w = 0 must be >= 1"):
+        cost.sizes_from(dict(sizes, w=0))
+
+
+def test_the_bench_counts_a_call_at_the_w_its_device_chooses():
+    """The bench's M of a grouped call on the emulation: at its 132 SMs w = 1 at n 1024,
+    as the kernel itself chooses, whatever this CPU's cores would choose."""
+    sizes = calls.sizes(KERNEL, 1024)
+    gpu = rates.predicted(KERNEL, VARIANT, sizes, "float32", lang="cuda-emulated")
+    want = predict(KERNEL, VARIANT, "float32").sizes_from(dict(sizes, w=1))
+    assert gpu[1] == value(predict(KERNEL, VARIANT, "float32").M, want)
 
 
 def test_on_a_cpu_the_keys_a_warp_are_chosen_for_its_cores(monkeypatch):

@@ -15,6 +15,7 @@ from moagen.errors import MoagenError
 from moagen.kernels import get_kernel
 from moagen.onf.count import atomic_updates
 from moagen.onf.signature import check_dtype
+from moagen.steps.algebra.given import with_chosen
 
 CACHE_ASSUMPTION = ("each nest is one pass over main memory, and what a nest reuses stays in "
                     "cache while it runs (the cache holds the working set)")
@@ -71,23 +72,22 @@ class Cost:
         a chosen one, which where missing is chosen as a call on `sms` SMs (None: this
         machine's CPU) would choose it."""
         names = {s.name: s for s in self.sizes}
-        known = {k: v for k, v in given.items() if k in names}
-        given = {**{name: choose(known, sms) for name, choose in self.chosen
-                    if name not in given}, **given}
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise SizeError(f"{self.kernel} has no size {', '.join(unknown)}; its sizes: "
                             f"{', '.join(names)}")
-        missing = [name for name in names if name not in given]
+        chosen = dict(self.chosen)
+        missing = [name for name in names if name not in given and name not in chosen]
         if missing:
             raise SizeError(f"{self.kernel} needs every size for numbers; missing: "
                             f"{', '.join(f'-D {m}=...' for m in missing)}")
         validate = get_kernel(self.kernel).validate
-        if validate:
-            try:
+        try:
+            if validate:
                 validate(dict(given), {})
-            except ValueError as error:
-                raise SizeError(str(error)) from error
+            given = with_chosen(self.chosen, given, sms)
+        except ValueError as error:
+            raise SizeError(str(error)) from error
         return {s: given[s.name] for s in self.sizes}
 
 

@@ -8,7 +8,7 @@ gives none (moagen.targets.abi): the other sizes by name and the SMs of the GPU 
 runs on (None on a CPU). Precondition of every step that uses it: the call makes it at
 least 1, which the binding checks for a given value and `choose` promises for its own."""
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Dict, Tuple
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import sym
@@ -32,3 +32,15 @@ class GivenSize(Step):
         return replace(onf, sizes=onf.sizes + (sym(self.name),),
                        chosen=onf.chosen + ((self.name, self.choose),),
                        schedule=onf.schedule + (str(self),))
+
+
+def with_chosen(chosen: Tuple[Tuple[str, Callable], ...], sizes: Dict[str, int],
+                sms=None) -> Dict[str, int]:
+    """`sizes` by name with each chosen size they lack as its choose picks it for them on
+    `sms` SMs (None: this machine's CPU): what a call leaving it out runs at. ValueError for
+    one given below 1."""
+    low = [f"{name} = {sizes[name]}" for name, _ in chosen if sizes.get(name, 1) < 1]
+    if low:
+        raise ValueError(f"size {low[0]} must be >= 1 (leave it out for the kernel's choice)")
+    return {**{name: choose(sizes, sms) for name, choose in chosen if name not in sizes},
+            **sizes}
