@@ -22,7 +22,7 @@ import numpy as np
 import sympy
 
 from moagen.moa.expr import INDEX_NAMESPACE
-
+from moagen.steps.algebra.given import with_chosen
 from moagen.targets.cuda.arrays import DeviceArray, DeviceView, array_kind, device_view
 
 # Host kernels' scratch comes from their thread's arena, one block of memory every host
@@ -360,20 +360,15 @@ class KernelCallable:
                 raise ValueError(f"{self.signature.name}: size {name} must be >= 1, got {value} "
                                  f"(axis {source[1]} of argument {self._inputs[source[0]].name!r})")
             sizes[name] = value
-        for name, choose in self._chosen.items():
-            sizes[name] = self._chosen_size(name, given[name], choose, sizes)
+        if self._chosen:  # as given, at least 1, or chosen for the device it runs on
+            known = {k: v for k, v in sizes.items() if v is not None}
+            known.update((k, int(given[k])) for k in self._chosen if given[k] is not None)
+            try:
+                sizes.update(with_chosen(self.signature.chosen, known,
+                                         getattr(self.device, "multiprocessors", None)))
+            except ValueError as error:
+                raise ValueError(f"{self.signature.name}: {error}") from None
         return sizes
-
-    def _chosen_size(self, name, value, choose, sizes):
-        """A size the kernel's schedule added (GivenSize): as given, at least 1 (it divides
-        the work), or where not given choose's for these sizes on the device it runs on."""
-        if value is None:
-            sms = getattr(self.device, "multiprocessors", None)
-            return choose({k: v for k, v in sizes.items() if v is not None}, sms)
-        if int(value) < 1:
-            raise ValueError(f"{self.signature.name}: size {name} must be >= 1, got {value} "
-                             "(as given; leave it out for the kernel's choice)")
-        return int(value)
 
     def _given_size(self, name, value):
         """A size passed as an argument: a count, which may be 0 (an empty cache)."""
