@@ -70,7 +70,7 @@ def test_a_warning_is_found(tmp_path, monkeypatch):
 
 def _kernel_instances(source):
     """Each __global__ function of a .cu source, a template one as each instance its
-    launchers launch (rows<64>, rows<128>; partial<64, 1>)."""
+    launchers launch (rows<64>, rows<128>; partial<64, 1> with VectorLoads' flag)."""
     out = set()
     for name in re.findall(r"__global__ void (\w+)\(", source):
         bounds = set(re.findall(rf"\b{name}<(\d+(?:, \d+)*)>", source))

@@ -2,6 +2,7 @@
 walk of every loop iteration, against the series' formulas, and against cachegrind and the
 SASS of the CUDA kernels."""
 import json
+import re
 import shutil
 from collections import Counter
 
@@ -61,10 +62,14 @@ def run(capsys, *argv):
 
 
 def tiny_sizes(kernel, variant):
-    sizes = TINY.get(kernel, ATTENTION)
-    # online's key blocks (64 divides n), decode grouped's blocks of slices (128)
-    tiles = [int(a.split()[0]) for a in model.predict(kernel, variant).assumptions
-             if a.endswith(" divides n") and a.split()[0].isdigit()]
+    cost = model.predict(kernel, variant)
+    # a size the call chooses at its least (decode grouped's w: 32 keys a warp)
+    chosen = {name: 1 for name, _ in cost.chosen}
+    sizes = dict(TINY.get(kernel, ATTENTION), **chosen)
+    # online's key blocks (64 divides n), decode grouped's blocks of slices (128 w)
+    tiles = [int(m[1]) * chosen.get(m[2], 1) for m in
+             (re.fullmatch(r"(\d+)(?:\*(\w+))? divides n", a) for a in cost.assumptions)
+             if m and m[2] in (None, *chosen)]
     if not (tiles and kernel in ATTENTION_KERNELS):
         return sizes
     # one head; decode: a cache of n rows

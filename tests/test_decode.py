@@ -24,7 +24,9 @@ def test_every_rewrite_of_decode_keeps_the_value(variant, n):
     """Each schedule step (OnlineSoftmax, SplitKeys included), run by the interpreter; the
     literal DNF recomputes the max inside the sum, so the sizes stay tiny."""
     q, K, V = _decode_inputs(batch=1, q_heads=4, kv_heads=2, cap=9, d=3)
-    arrays, scalars = {"q": q, "K": K, "V": V}, {"scale": 0.4, "n": n}
+    # w: grouped's keys a warp, in 32s (the other variants take none); w > 1 is run by
+    # test_decode_gpu on the emulated kernel
+    arrays, scalars = {"q": q, "K": K, "V": V}, {"scale": 0.4, "n": n, "w": 1}
     kernel = get_kernel("attention_decode")
     onf = initial_onf(psi_reduce(kernel.spec), variant)
     want = reference.attention_decode_numpy(q, K, V, 0.4, n)

@@ -11,13 +11,19 @@ import sympy
 
 from moagen import reference
 from moagen.cost import sass
+from moagen.cost.gpu import H200
+from moagen.bench import calls, rates
+from moagen.cost.model import SizeError, predict, value
 from moagen.emit import emit
 from moagen.errors import ScheduleError
+from moagen.kernels.attention_decode import (RESIDENT_BLOCKS, SLICE_WARPS, WARP_KEYS, WAVES,
+                                             keys_a_warp)
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, sym
 from moagen.onf.loops import Barrier, LaneReduce, Loop, is_grid, is_thread_loop, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.request import resolve
+from moagen.steps.algebra.given import GivenSize
 from moagen.steps.algebra.splitkeys import SplitKeys
 from moagen.steps.gpu.closing import check_block_form
 from moagen.steps.gpu.staging import RegisterTile
@@ -46,9 +52,9 @@ def test_a_block_is_a_group_s_heads_over_slices_a_warp_each():
     assert [lp.var.name for lp in loops if is_grid(lp)] == ["b", "g_r_tile", "j_split_blk"]
     assert {(lp.gpu.axis, lp.var.name, lp.gpu.threads, lp.gpu.tile)
             for lp in loops if is_thread_loop(lp)} == {("y", "j_split", 4, 1), ("x", "c", 32, 4)}
-    # the slices' count from the cache's valid rows: 32 keys a warp
+    # the slices' count from the cache's valid rows: 32 w keys a warp, w given at call time
     assert str(dict((b.name, b.shape) for b in onf.temps)["O_part"][2]) == \
-        "4*idiv(n + 127, 128)"
+        "4*idiv(n + 128*w - 1, 128*w)"
     # dot products by shuffles, no barrier, no shared memory
     assert not any(isinstance(s, Barrier) for s in walk(partial.body)) and onf.shared == ()
     assert {s.name for s in walk(partial.body) if isinstance(s, LaneReduce)} == \
@@ -77,14 +83,14 @@ def test_each_k_and_v_row_is_read_once_for_the_group_s_four_heads():
     (VectorLoads(("O_part",), "c", nest="heads.partial"), "O_part is not one"),
     (VectorLoads(("K",), "j", nest="heads.partial"), "no thread loop over j reading K")])
 def test_vector_loads_refuse_what_they_cannot_load_aligned(step, message):
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=12)
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=13)
     with pytest.raises(ScheduleError, match=message):
         step(onf)
 
 
 def test_vector_loads_refuse_a_tile_that_is_not_a_vector():
     """A lane's 2 features of d: its tile's first element need not be 16-byte aligned."""
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=12)
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=13)
     partial = _nest(onf)
 
     def pairs(stmts):
@@ -130,29 +136,96 @@ def test_split_keys_refuses_a_count_of_slices_from_no_size():
         SplitKeys("heads", over=("b", "h"), var="j", splits=sympy.Symbol("slices"))(onf)
 
 
+def test_a_size_given_by_a_step_is_a_new_name_and_split_keys_rows_are_of_the_sizes():
+    onf = onf_of(KERNEL, "split", upto=4)  # after OnlineSoftmax
+    with pytest.raises(ScheduleError, match="already has a size, array, scalar or loop called n"):
+        GivenSize("n", keys_a_warp)(onf)
+    n, w = sym("n"), sym("w")
+    split = SplitKeys("heads", over=("b", "h"), var="j", splits=4 * idiv(n + 128 * w - 1, 128 * w),
+                      rows=32 * w)
+    with pytest.raises(ScheduleError, match="an expression of the kernel's sizes"):
+        split(onf)  # no w yet
+    given = GivenSize("w", keys_a_warp)(onf)
+    assert given.sizes[-1] == w and dict(given.chosen)["w"] is keys_a_warp
+    assert str(split(given).temps[0].shape[-1]) == "4*idiv(n + 128*w - 1, 128*w)"
+
+
 def test_a_register_tile_is_of_an_output_or_a_scratch_array():
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=11)
+    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=12)
     with pytest.raises(ScheduleError, match="K is no output or scratch"):
         RegisterTile("K", nest="heads.partial")(onf)
 
 
+def _emulated(dtype="float64", stem="decode_grouped"):
+    request = resolve(KERNEL, VARIANT, "cuda-emulated", dtype, here=False)
+    return emulated.bind(build_cuda_emulated(emit(KERNEL, VARIANT, "cuda-emulated", (dtype,)),
+                                             f"{stem}_{dtype}"), request.signature())
+
+
 @pytest.mark.parametrize("sizes", [dict(batch=1, q_heads=8, kv_heads=2, cap=700, d=128, n=601),
                                    dict(batch=2, q_heads=6, kv_heads=2, cap=40, d=64, n=33)])
-def test_the_emulated_kernel_is_numpy_s_where_warps_walk_different_key_counts(sizes):
-    """n = 601: a block's last warps have fewer keys or none (32 a warp); 3 heads a group
-    run on the edge's blocks, one head each."""
+@pytest.mark.parametrize("w", [None, 3])
+def test_the_emulated_kernel_is_numpy_s_where_warps_walk_different_key_counts(sizes, w):
+    """n = 601: a block's last warps have fewer keys or none (32 w a warp: at w = 3, 96, so
+    601 keys are 7 slices in 2 blocks, the last slice 25 keys, the 8th none); 3 heads a group
+    run on the edge's blocks, one head each. w left out: the kernel's choice (1 at these
+    sizes on the emulation's 132 SMs)."""
     rng = np.random.default_rng(3)
-    n = sizes.pop("n")
-    b, qh, kvh, cap, d = (sizes[k] for k in ("batch", "q_heads", "kv_heads", "cap", "d"))
+    b, qh, kvh, cap, d, n = (sizes[k] for k in ("batch", "q_heads", "kv_heads", "cap", "d", "n"))
     q = rng.standard_normal((b, qh, d))
     K, V = rng.standard_normal((2, b, kvh, cap, d))
-    request = resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False)
-    fn = emulated.bind(build_cuda_emulated(emit(KERNEL, VARIANT, "cuda-emulated"),
-                                           f"decode_grouped_{d}"), request.signature())
-    O, lse = fn(q, K, V, scale=0.3, n=n)
+    O, lse = _emulated()(q, K, V, scale=0.3, n=n, **({} if w is None else {"w": w}))
     want_O, want_lse = reference.attention_decode_numpy(q, K, V, 0.3, n)
     np.testing.assert_allclose(O, want_O, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+
+
+@pytest.mark.parametrize("w", [0, -1])
+def test_a_warp_s_keys_below_32_are_refused_before_the_launch(w):
+    rng = np.random.default_rng(4)
+    q, K, V = rng.standard_normal((1, 4, 8)), *rng.standard_normal((2, 1, 1, 50, 8))
+    with pytest.raises(ValueError, match=f"size w = {w} must be >= 1"):
+        _emulated()(q, K, V, scale=0.3, n=50, w=w)
+
+
+@pytest.mark.parametrize("n, sms, w", [
+    (1024, 132, 1), (8192, 132, 1), (32768, 132, 1), (131072, 132, 4), (131072, 16, 36),
+    (32768, 16, 9), (1, 132, 1)])
+def test_the_chosen_keys_a_warp_fill_the_gpu_about_twice_with_fewer_slices_at_long_caches(
+        n, sms, w):
+    """At 32 / 8 heads: w = 1 (32 keys a warp) while the grid is at most WAVES waves of
+    RESIDENT_BLOCKS blocks an SM; past that as few slices as keep it at least WAVES waves
+    (a wave where the cache is only that long)."""
+    sizes = dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128, n=n)
+    assert keys_a_warp(sizes, sms) == w
+    blocks = 8 * -(-n // (SLICE_WARPS * WARP_KEYS * w))
+    wave = sms * RESIDENT_BLOCKS
+    assert blocks >= min(WAVES * wave, 8 * -(-n // (SLICE_WARPS * WARP_KEYS)))
+    assert w == 1 or blocks < 2 * WAVES * wave  # not more slices than that
+
+
+def test_the_cost_model_chooses_w_as_a_call_on_the_modelled_gpu_would():
+    cost = predict(KERNEL, VARIANT, "float32")
+    sizes = dict(batch=1, q_heads=32, kv_heads=8, cap=131072, d=128, n=131072)
+    assert cost.sizes_from(sizes, sms=H200.sms)[sym("w")] == 4
+    assert cost.sizes_from(dict(sizes, w=2), sms=H200.sms)[sym("w")] == 2
+    with pytest.raises(SizeError, match="size w = 0 must be >= 1"):
+        cost.sizes_from(dict(sizes, w=0))
+
+
+def test_the_bench_counts_a_call_at_the_w_its_device_chooses():
+    """The bench's M of a grouped call on the emulation: at its 132 SMs w = 1 at n 1024,
+    as the kernel itself chooses, whatever this CPU's cores would choose."""
+    sizes = calls.sizes(KERNEL, 1024)
+    gpu = rates.predicted(KERNEL, VARIANT, sizes, "float32", lang="cuda-emulated")
+    want = predict(KERNEL, VARIANT, "float32").sizes_from(dict(sizes, w=1))
+    assert gpu[1] == value(predict(KERNEL, VARIANT, "float32").M, want)
+
+
+def test_on_a_cpu_the_keys_a_warp_are_chosen_for_its_cores(monkeypatch):
+    sizes = dict(batch=1, q_heads=32, kv_heads=8, cap=32768, d=128, n=32768)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert keys_a_warp(sizes) == 512  # 2048 blocks at w = 1 over 2 waves of 2 cores
 
 
 class _Offset:

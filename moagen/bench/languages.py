@@ -31,6 +31,7 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     from moagen.emit import emit, stem
     from moagen.onf.signature import signature
     from moagen.pipeline import onf_of
+    from moagen.steps.algebra.given import with_chosen
     from moagen.targets import get_target
 
     found = valgrind()
@@ -38,6 +39,7 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     # Fortran's bind(C) routine is exported under the same name as C's function
     library = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant), toolchain)
     sig = signature(onf_of(kernel, variant), "float64")
+    sizes = with_chosen(sig.chosen, sizes)  # on this CPU, as a call leaving them out
     env = {s: sizes[s.name] for s in sig.sizes}
     scalars = calls.scalars(kernel, sizes)
     job = dict(library=str(library), symbol=sig.name, sizes=[sizes[s.name] for s in sig.sizes],

@@ -6,12 +6,15 @@ kernels are held to against the device's copy bandwidth, whose caches the CPU's 
 model does not describe."""
 
 
-def predicted(kernel: str, variant: str, sizes: dict, dtype: str, params=None):
+def predicted(kernel: str, variant: str, sizes: dict, dtype: str, params=None, lang=None):
     """(F, M, M_min) of one call with these schedule parameters: the one call to the cost
-    model."""
+    model, a size the call chooses (decode grouped's w) chosen as on the device of `lang`'s
+    kernels (the host where None)."""
     from moagen.cost import predict
+    from moagen.targets import get_target
     cost = predict(kernel, variant, dtype, params)
-    env = cost.sizes_from(sizes)
+    device = get_target(lang).device if lang and cost.chosen else None
+    env = cost.sizes_from(sizes, device().multiprocessors if device else None)
     return _at(cost.flops, env), _at(cost.M, env), _at(cost.M_min, env)
 
 
@@ -29,7 +32,7 @@ def with_rates(record: dict) -> dict:
     if not record["variant"]:  # baselines: compared by time only
         return dict(record, flops=None, bytes=None, gflops=None, gbs=None)
     flops, nbytes, least = predicted(record["kernel"], record["variant"], record["sizes"],
-                                     record["dtype"], record.get("params"))
+                                     record["dtype"], record.get("params"), record.get("lang"))
     per_second = lambda count: None if count is None else count / record["median_s"] / 1e9
     return dict(record, flops=flops, bytes=nbytes, gflops=per_second(flops),
                 gbs=per_second(nbytes), min_bytes=least, min_gbs=per_second(least))

@@ -47,6 +47,7 @@ def add_parser(sub):
 
 def run(args):
     from moagen.cost import report
+    from moagen.cost.gpu import H200
     from moagen.cost.measure import CacheConfig
     from moagen.cost.model import predict
     from moagen.kernels import get_kernel
@@ -59,7 +60,11 @@ def run(args):
     points = _points(args.define, args.sweep)
     if args.cuda:  # the GPU's numbers need sizes: the bench's where -D gives none
         points = [_with_bench_sizes(kernel, p) for p in points or [{}]]
-    envs = [costs[0].sizes_from(p) for p in points]  # every error before the first long run
+    # every error before the first long run; the sizes a call chooses as on the modelled
+    # GPU (--cuda) or this CPU, for each variant that has some
+    sms = H200.sms if args.cuda else None
+    envs = [{s: v for c in costs for s, v in c.sizes_from(_own(c, p, costs), sms).items()}
+            for p in points]
     if args.measure and not envs:
         raise SizeError(f"--measure needs sizes: -D SIZE=N for each of "
                         f"{', '.join(s.name for s in costs[0].sizes)}")
@@ -67,15 +72,15 @@ def run(args):
     records = _measured(costs, points, envs, args.dtype, cache) if args.measure else None
     cuda, gpu = {}, []
     if args.cuda:
-        from moagen.cost.gpu import H200
         from moagen.cost.gpu_metrics import gpu_metrics
         from moagen.cost.sass import inspect
         cuda = {c.variant: inspect(c.kernel, c.variant, args.dtype) for c in costs}
-        gpu = [gpu_metrics(c.kernel, c.variant, args.dtype, {s.name: v for s, v in env.items()},
+        gpu = [gpu_metrics(c.kernel, c.variant, args.dtype,
+                           {s.name: v for s, v in _of(c, env).items()},
                            H200, cuda[c.variant]) for c in costs for env in envs]
     if args.json:
         doc = ({"measured": records} if records else
-               {"costs": [report.cost_json(c, env) for c in costs for env in envs or [None]]})
+               {"costs": [report.cost_json(c, _of(c, env)) for c in costs for env in envs or [None]]})
         if cuda:
             doc["cuda"] = {variant: report.cuda_json(r) for variant, r in cuda.items()}
             doc["gpu"] = [report.gpu_json(m) for m in gpu]
@@ -86,7 +91,7 @@ def run(args):
     else:
         for c in costs:
             for env in envs or [None]:
-                print(report.format_cost(c, env))
+                print(report.format_cost(c, _of(c, env)))
     for variant, reports in cuda.items():
         print(f"{costs[0].kernel}, variant {variant}: CUDA kernels ({args.dtype})")
         print(report.format_cuda(reports))
@@ -132,8 +137,20 @@ def _measured(costs, points, envs, dtype, cache):
             print(f"measuring {cost.kernel} {cost.variant} "
                   f"{' '.join(f'{k}={v}' for k, v in sizes.items())} ...", file=sys.stderr, flush=True)
             counts = measure(cost.kernel, cost.variant, sizes, dtype, cache)
-            records.append(report.measured_json(cost, env, counts, cache.line))
+            records.append(report.measured_json(cost, _of(cost, env), counts, cache.line))
     return records
+
+
+def _own(cost, given, costs):
+    """The -D sizes less those only another variant chooses (-D w for grouped's, where
+    every variant is costed): a name no variant has stays, refused as unknown."""
+    others = {name for c in costs for name, _ in c.chosen} - {s.name for s in cost.sizes}
+    return {k: v for k, v in given.items() if k not in others}
+
+
+def _of(cost, env):
+    """A variant's own sizes of env (None where there are none)."""
+    return env and {s: v for s, v in env.items() if s in cost.sizes}
 
 
 def _with_bench_sizes(kernel, given):

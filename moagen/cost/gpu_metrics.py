@@ -125,7 +125,8 @@ def gpu_metrics(kernel: str, variant: str, dtype: str, sizes: Dict[str, int],
             bytes=nbytes, flops=flops, bound_s=bound_s, bound_by=bound_by))
     return CallMetrics(kernel=onf.name, variant=onf.variant, dtype=dtype, sizes=dict(sizes),
                        gpu=gpu, kernels=tuple(out),
-                       measured=gpu_measured.torch_time(onf.name, dtype, sizes))
+                       measured=gpu_measured.torch_time(onf.name, dtype, {
+                           k: v for k, v in sizes.items() if k not in dict(onf.chosen)}))
 
 
 def _instance(record, sizes) -> str:

@@ -68,7 +68,8 @@ def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
     from moagen.kernels import get_kernel  # the scalars its check uses (a softmax's scale)
 
     found = valgrind()
-    predict(kernel, variant).sizes_from(sizes)  # every size, and sizes the kernel accepts
+    # every size, and sizes the kernel accepts; a chosen one as a call here chooses it
+    sizes = {s.name: v for s, v in predict(kernel, variant).sizes_from(sizes).items()}
     onf = onf_of(kernel, variant, dtype=dtype)
     printer = CPrinter(onf, dtype)
     sig = printer.sig

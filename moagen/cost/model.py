@@ -2,7 +2,7 @@
 expressions in the kernel's sizes, and as numbers for given sizes."""
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 import sympy
@@ -15,6 +15,7 @@ from moagen.errors import MoagenError
 from moagen.kernels import get_kernel
 from moagen.onf.count import atomic_updates
 from moagen.onf.signature import check_dtype
+from moagen.steps.algebra.given import with_chosen
 
 CACHE_ASSUMPTION = ("each nest is one pass over main memory, and what a nest reuses stays in "
                     "cache while it runs (the cache holds the working set)")
@@ -37,6 +38,8 @@ class Cost:
     atomics: Dict[str, sympy.Expr]  # atomic updates per array
     working_set: sympy.Expr  # elements the cache must hold for the in-nest reuse
     assumptions: Tuple[str, ...]  # what the symbolic counts assume of the sizes
+    # (size, choose(sizes, sms)): the sizes a binding chooses where a call gives none
+    chosen: Tuple[Tuple[str, Callable], ...] = ()
 
     @property
     def itemsize(self) -> int:
@@ -64,23 +67,27 @@ class Cost:
     def scratch_bytes(self) -> sympy.Expr:
         return sympy.factor(self.itemsize * sum(self.scratch.values(), sympy.Integer(0)))
 
-    def sizes_from(self, given: Dict[str, int]) -> Dict[sympy.Symbol, int]:
-        """The kernel's sizes by symbol, from values by name; every size must be there."""
+    def sizes_from(self, given: Dict[str, int], sms=None) -> Dict[sympy.Symbol, int]:
+        """The kernel's sizes by symbol, from values by name; every size must be there but
+        a chosen one, which where missing is chosen as a call on `sms` SMs (None: this
+        machine's CPU) would choose it."""
         names = {s.name: s for s in self.sizes}
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise SizeError(f"{self.kernel} has no size {', '.join(unknown)}; its sizes: "
                             f"{', '.join(names)}")
-        missing = [name for name in names if name not in given]
+        chosen = dict(self.chosen)
+        missing = [name for name in names if name not in given and name not in chosen]
         if missing:
             raise SizeError(f"{self.kernel} needs every size for numbers; missing: "
                             f"{', '.join(f'-D {m}=...' for m in missing)}")
         validate = get_kernel(self.kernel).validate
-        if validate:
-            try:
+        try:
+            if validate:
                 validate(dict(given), {})
-            except ValueError as error:
-                raise SizeError(str(error)) from error
+            given = with_chosen(self.chosen, given, sms)
+        except ValueError as error:
+            raise SizeError(str(error)) from error
         return {s: given[s.name] for s in self.sizes}
 
 
@@ -128,7 +135,7 @@ def _predict(kernel, variant, dtype, params) -> Cost:
                 minimum=_each_element_once(minimum_traffic(view.nests), view.elements),
                 scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
                 atomics=atomic_updates(view.nests), working_set=_largest(working_set(view.nests)),
-                assumptions=view.assumptions)
+                assumptions=view.assumptions, chosen=onf.chosen)
 
 
 def _largest(candidates) -> sympy.Expr:

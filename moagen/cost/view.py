@@ -50,7 +50,8 @@ def counting_view(onf: ONF) -> View:
                 return a / b  # whole for every value: (64*j_blk + 64) / 4
             if not (a.free_symbols | b.free_symbols) <= sizes:
                 return idiv(a, b)  # an index's division (a query head's KV head) stays
-            if b.is_Integer and a.as_coeff_Add()[0] == b - 1:  # a tile count: idiv(x + T - 1, T)
+            # a tile count, idiv(x + T - 1, T), T a count or of the sizes (128 w)
+            if set(sympy.Add.make_args(sympy.expand(b - 1))) <= set(sympy.Add.make_args(a)):
                 a = a - b + 1
             assumed.append(f"{b} divides {a}")
             return a / b

@@ -6,6 +6,8 @@ KV head h // (q_heads / kv_heads), by indexing, so the cache is read once per gr
 kv_heads = 1. The query is the newest position, so it sees every valid row: decode is
 causal by construction.
 """
+import os
+
 from moagen import reference
 from moagen.cuda_archs import WARP
 from moagen.kernels.attention import HEAD_DIM_BOUNDS, KEY_BLOCK, softmax_scale
@@ -14,6 +16,7 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
 from moagen.moa.spec import KernelSpec, Output
+from moagen.steps.algebra.given import GivenSize
 from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.steps.algebra.splitkeys import SplitKeys
 from moagen.steps.gpu.blocks import BlockTiles, ThreadTiles
@@ -112,7 +115,8 @@ def _split(heads):
 
 def _grouped(heads):
     """Flash-decoding on a GPU, a block a group: the valid rows cut into slices of
-    WARP_KEYS rows (their count from n, so that a long cache fills the GPU), merged by
+    WARP_KEYS w rows (w given at call time, by default keys_a_warp's: a long cache fills the
+    GPU in about WAVES waves, not more slices than that, a short one a warp's 32), merged by
     their logsumexp; a thread block per (batch, KV head, SLICE_WARPS slices) computing
     `heads` query heads of the group together, so that each K and V row is read once for
     them (a group of more heads: a block per `heads` of them; the heads past the last whole
@@ -120,14 +124,14 @@ def _grouped(heads):
     sum and output row per query head in registers; its lanes across d (4 consecutive
     features a lane), each dot product summed over the lanes by warp shuffles: no barrier
     and no shared memory. CPU: a thread per slice of a query head."""
-    split = SplitKeys("heads", over=HEADS, var="j",
-                      splits=SLICE_WARPS * idiv(sym("n") + SLICE_WARPS * WARP_KEYS - 1,
-                                                SLICE_WARPS * WARP_KEYS), rows=WARP_KEYS)
+    split = SplitKeys("heads", over=HEADS, var="j", splits=SLICE_WARPS * _BLOCK_SLICES,
+                      rows=WARP_KEYS * sym("w"))
     groups = SplitLoop(split.partial, "h", outer="kv_heads", inner=GROUP)
     together = rows_together(split.partial, groups.members, heads)
     edge = gpu_grouped(together[0].edge, split, groups.groups, groups.members) \
         if together else ()
-    return Layers(algorithm=ROW + (OnlineSoftmax("heads"), split, LowerReductions()),
+    return Layers(algorithm=ROW + (OnlineSoftmax("heads"), GivenSize("w", keys_a_warp), split,
+                                   LowerReductions()),
                   schedule={"cpu": (), "cuda": (groups, *together)},
                   mapping={"cpu": (Parallel(("b", "h", split.slices), nest=split.partial),
                                    Parallel(HEADS, nest=split.merge)),
@@ -136,8 +140,30 @@ def _grouped(heads):
                                     GpuBlocks(HEADS, nest=split.merge, block=HEAD_THREADS))})
 
 
-WARP_KEYS = 32  # keys a warp walks: at n 32768, 8 KV heads, 2048 blocks of 4 warps (2 waves)
+WARP_KEYS = 32  # keys a warp walks, w times over (w a size given at call time)
 SLICE_WARPS = 4  # warps a block, each its own slice
+# a block's slices of the cache: SLICE_WARPS slices of WARP_KEYS w keys each
+_BLOCK_SLICES = idiv(sym("n") + SLICE_WARPS * WARP_KEYS * sym("w") - 1,
+                     SLICE_WARPS * WARP_KEYS * sym("w"))
+WAVES = 2  # the grid keys_a_warp aims for: twice the blocks the device holds at once
+RESIDENT_BLOCKS = 7  # blocks an SM holds: the float32 partial kernel's on sm_90 (moagen cost --cuda)
+
+
+def keys_a_warp(sizes, sms=None):
+    """w, the keys a warp walks in WARP_KEYS: the largest that leaves the grid (a block per
+    batch, KV head, group's `heads` query heads and SLICE_WARPS slices) WAVES waves of blocks
+    on `sms` SMs of RESIDENT_BLOCKS each (a CPU: a block a core at once), so that a long
+    cache is not cut into more slices, each with its partial results to store and merge,
+    than fill the device; 1 where the cache is too short for that (one wave or less)."""
+    group = sizes["q_heads"] // sizes["kv_heads"]
+    blocks = (sizes["batch"] * sizes["kv_heads"] * _ceil(group, GROUP_HEADS)
+              * _ceil(sizes["n"], SLICE_WARPS * WARP_KEYS))
+    at_once = sms * RESIDENT_BLOCKS if sms else os.cpu_count() or 1
+    return max(1, blocks // (WAVES * at_once))
+
+
+def _ceil(a, b):
+    return -(-a // b)
 LANE_FEATURES = 4  # consecutive features of d a lane takes: 128 at d = 128 for a warp
 
 
@@ -158,6 +184,7 @@ def gpu_grouped(nest, split, groups, members):
 
 
 HEAD_SPACE = {"heads": (1, 2, 4, 8)}
+GROUP_HEADS = 4  # grouped's query heads a block (its default `heads`)
 VARIANTS = {
     # three passes over the valid rows (max, sum, weighted sum)
     "dnf": (frozenset(), Layers(algorithm=ROW, mapping=cpu(Parallel(HEADS)))),
@@ -169,7 +196,7 @@ VARIANTS = {
                      cuda={"heads": 1}),
     # a GPU's block takes a group's query heads (4 of them) over slices of the cache, a
     # warp a slice: each K and V row read once for the 4
-    "grouped": Tunable(frozenset(), _grouped, defaults={"heads": 4}, space=HEAD_SPACE),
+    "grouped": Tunable(frozenset(), _grouped, defaults={"heads": GROUP_HEADS}, space=HEAD_SPACE),
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]

@@ -7,7 +7,7 @@ moagen.moa.scalar nodes. The steps (moagen.steps) map one ONF to the next; moage
 prints one.
 """
 from dataclasses import dataclass, field, replace
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import sympy
 
@@ -270,6 +270,9 @@ class ONF:
     # block's tile of an input, its scratch; not arguments of the kernel
     shared: Tuple[Buffer, ...] = ()
     flat: bool = False  # True once the layout step turned every index into an offset
+    # (name, choose) of each size a step added that a binding chooses where the caller
+    # gives none (moagen.steps.algebra.given)
+    chosen: Tuple[Tuple[str, Callable], ...] = ()
 
     def with_nests(self, nests, step=None):
         schedule = self.schedule + ((step,) if step else ())

@@ -13,7 +13,7 @@ A Signature is derived from the ONF by the generator; the printers print it, the
 check calls against it.
 """
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Callable, Tuple
 
 import sympy
 
@@ -50,6 +50,9 @@ class Signature:
     # (size, its largest value): a size the kernel is compiled for up to a bound (a tiled
     # CUDA kernel's head dim: its register tiles' columns a compile-time count)
     limits: Tuple[Tuple[str, int], ...] = ()
+    # (size, choose(sizes, sms)): a given size the binding chooses where the caller gives
+    # none (moagen.steps.algebra.given)
+    chosen: Tuple[Tuple[str, Callable], ...] = ()
 
     @property
     def inputs(self):
@@ -78,4 +81,4 @@ def signature(onf, dtype: str) -> Signature:
                 for name, values in lp.gpu.bounds:
                     limits[name] = min(limits.get(name, max(values)), max(values))
     return Signature(f"{onf.name}_{onf.variant}_{DTYPE_SUFFIX[dtype]}", tuple(arrays),
-                     onf.sizes, onf.scalars, dtype, onf.layout, tuple(limits.items()))
+                     onf.sizes, onf.scalars, dtype, onf.layout, tuple(limits.items()), onf.chosen)

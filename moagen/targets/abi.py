@@ -22,7 +22,7 @@ import numpy as np
 import sympy
 
 from moagen.moa.expr import INDEX_NAMESPACE
-
+from moagen.steps.algebra.given import with_chosen
 from moagen.targets.cuda.arrays import DeviceArray, DeviceView, array_kind, device_view
 
 # Host kernels' scratch comes from their thread's arena, one block of memory every host
@@ -71,11 +71,16 @@ class KernelCallable:
                     source.setdefault(dim, (index, axis))
         self._size_sources = tuple((s.name, source.get(s)) for s in signature.sizes)
         self._given = tuple(name for name, at in self._size_sources if at is None)
+        # the given sizes chosen where the call gives none (a schedule's, GivenSize): by
+        # choose(the other sizes, the SMs of the GPU the kernel runs on, None on a CPU)
+        self._chosen = dict(signature.chosen)
         # The given sizes that no array's shape holds (a KV cache's valid length): a model
-        # passes a new one every call, so they stay out of the remembered fits (_fit)
+        # passes a new one every call, so they stay out of the remembered fits (_fit); none
+        # where a size is chosen, whose choice reads the others
         in_shapes = {s.name for a in signature.arrays for d in a.shape
                      for s in sympy.sympify(d).free_symbols}
-        self._free = frozenset(name for name in self._given if name not in in_shapes)
+        self._free = frozenset(name for name in self._given
+                               if name not in in_shapes and not self._chosen)
         self._shaping = tuple(k for k, name in enumerate(self._given) if name not in self._free)
         self._params = (tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
                         + self._given)
@@ -173,11 +178,11 @@ class KernelCallable:
         """The shapes of the outputs a call on inputs of these shapes returns, the shapes
         checked as a call's; given: the sizes passed as arguments, by name (others are
         ignored), for a caller that allocates the outputs itself (out=)."""
-        missing = [name for name in self._given if name not in given]
+        missing = [name for name in self._given if name not in given and name not in self._chosen]
         if missing:
             raise ValueError(f"{self.signature.name}: size {missing[0]} must be given")
         _, shapes, _ = self._fit(tuple(map(tuple, input_shapes)),
-                                 tuple(given[name] for name in self._given))
+                                 tuple(given.get(name) for name in self._given))
         return tuple(shapes[p.name] for p in self._outputs)
 
     def __repr__(self):
@@ -197,6 +202,7 @@ class KernelCallable:
                 break
             values[key] = value
         else:
+            values.update({name: None for name in self._chosen if name not in values})
             if len(values) == len(params) and len(args) <= len(params):
                 return tuple(values[p] for p in params)
         self._binding_error(args, kwargs)
@@ -210,7 +216,7 @@ class KernelCallable:
                 raise ValueError(f"{name}: unexpected argument {key!r}; it takes ({params})")
             if self._params.index(key) < len(args):
                 raise ValueError(f"{name}: argument {key!r} given twice")
-        missing = [p for p in self._params[len(args):] if p not in kwargs]
+        missing = [p for p in self._params[len(args):] if p not in kwargs and p not in self._chosen]
         raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}; it takes ({params})")
 
     def _array(self, what, param, array):
@@ -310,6 +316,8 @@ class KernelCallable:
         the inputs' shapes and the given sizes the shapes hold only, so remembered for the
         last few of them: a model calls a kernel again and again at the same shapes."""
         for name, value in zip(self._given, given):
+            if value is None and name in self._chosen:
+                continue
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{self.signature.name}: size {name} must be an integer, "
                                  f"got {type(value).__name__}")
@@ -344,13 +352,22 @@ class KernelCallable:
         sizes = {}
         for name, source in self._size_sources:
             if source is None:
-                sizes[name] = self._given_size(name, given[name])
+                # a chosen size after the others (its choice reads them); its place kept
+                sizes[name] = None if name in self._chosen else self._given_size(name, given[name])
                 continue
             value = input_shapes[source[0]][source[1]]
             if value < 1:
                 raise ValueError(f"{self.signature.name}: size {name} must be >= 1, got {value} "
                                  f"(axis {source[1]} of argument {self._inputs[source[0]].name!r})")
             sizes[name] = value
+        if self._chosen:  # as given, at least 1, or chosen for the device it runs on
+            known = {k: v for k, v in sizes.items() if v is not None}
+            known.update((k, int(given[k])) for k in self._chosen if given[k] is not None)
+            try:
+                sizes.update(with_chosen(self.signature.chosen, known,
+                                         getattr(self.device, "multiprocessors", None)))
+            except ValueError as error:
+                raise ValueError(f"{self.signature.name}: {error}") from None
         return sizes
 
     def _given_size(self, name, value):

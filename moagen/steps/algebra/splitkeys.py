@@ -33,9 +33,10 @@ class SplitKeys(Step):
     over: Tuple[str, ...] = shown("over=({over})")  # the loops outside the split (batch, head)
     var: str  # the loop over keys
     splits: Union[int, sympy.Expr]  # a count, or one from the sizes (the keys': n)
-    # rows a slice (None: the rows shared evenly); then splits must be k ceil(extent / (k
-    # rows)), enough whole slices for the rows, k of them at a time
-    rows: Optional[int] = option("{rows} rows a slice", None)
+    # rows a slice (None: the rows shared evenly), a count or an expression of sizes the
+    # call makes at least 1 (GivenSize's); then splits must be k ceil(extent / (k rows)),
+    # enough whole slices for the rows, k of them at a time
+    rows: Optional[Union[int, sympy.Expr]] = option("{rows} rows a slice", None)
 
     @property
     def slices(self) -> str:
@@ -92,7 +93,7 @@ class SplitKeys(Step):
                 st = replace(st, array=part[st.array], index=heads + (s,) + st.index[len(heads):])
             return st
 
-        chunk = self._chunk(loop.stop - loop.start, splits)
+        chunk = self._chunk(loop.stop - loop.start, splits, set(onf.sizes))
         first = loop.start + s * chunk
         sliced = replace(loop, start=first, stop=sympy.Min(loop.stop, first + chunk))
         keep = [Store(part[x], heads + (s,), S.Local(x)) for x in (m, l)]
@@ -109,17 +110,19 @@ class SplitKeys(Step):
             nests += [partial, merge] if n is nest else [n]
         return replace(onf.with_nests(nests, str(self)), temps=onf.temps + temps)
 
-    def _chunk(self, extent, splits):
-        """The rows of a slice; refused: `rows` with a count of slices that is not k whole
-        slices' worth of the extent, k at a time."""
+    def _chunk(self, extent, splits, sizes):
+        """The rows of a slice; refused: `rows` below 1 or not of the sizes, or with a
+        count of slices that is not k whole slices' worth of the extent, k at a time."""
         if self.rows is None:
             return idiv(extent + splits - 1, splits)
-        k = splits.as_coeff_Mul()[0]
-        if self.rows < 1 or not k.is_Integer or \
-                splits != k * idiv(extent + k * self.rows - 1, k * self.rows):
-            raise ScheduleError(f"{self}: with {self.rows} rows a slice the slices must be "
-                                f"k ceil(({extent}) / ({self.rows} k)) for an integer k")
-        return sympy.Integer(self.rows)
+        rows, k = sympy.sympify(self.rows), splits.as_coeff_Mul()[0]
+        if rows.is_Integer and rows < 1 or not rows.free_symbols <= sizes:
+            raise ScheduleError(f"{self}: the rows a slice must be at least 1, a count or an "
+                                "expression of the kernel's sizes")
+        if not k.is_Integer or splits != k * idiv(extent + k * rows - 1, k * rows):
+            raise ScheduleError(f"{self}: with {rows} rows a slice the slices must be "
+                                f"k ceil(({extent}) / ({rows} k)) for an integer k")
+        return rows
 
     def _state(self, loop):
         """The running max m and sum l: the locals the loop assigns, m in max(m, score)."""

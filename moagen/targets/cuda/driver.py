@@ -39,6 +39,10 @@ class Driver:
                 raise DeviceUnavailable("no CUDA device found")
             handle = self._call(driver.cuDeviceGet, self.ordinal)
             self.name = self._call(driver.cuDeviceGetName, 256, handle).split(b"\0")[0].decode()
+            # what a kernel's chosen sizes fit their grid to (GivenSize)
+            self.multiprocessors = self._call(
+                driver.cuDeviceGetAttribute,
+                driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, handle)
             self._context = self._call(driver.cuDevicePrimaryCtxRetain, handle)
             self._context_handle = _handle(self._context)
             self.activate()

@@ -8,6 +8,7 @@ import weakref
 
 import numpy as np
 
+from moagen.cost.gpu import H200
 from moagen.targets.c import loader as c
 from moagen.targets.cuda.loader import bind_on
 
@@ -20,6 +21,7 @@ class HostDevice:
     launches are synchronous, so there are no streams to wait for; its clock is the host's."""
 
     name = "CUDA emulated on the host"
+    multiprocessors = H200.sms  # the modelled GPU's, which moagen cost reports on too
 
     def __init__(self):
         self._live = {}  # pointer -> bytes, of the allocations not yet freed
