@@ -149,5 +149,7 @@ def _each_element_once(minimum, elements) -> Dict[str, Moved]:
     over-count an array (two index forms of it, taken disjoint: the owner's K read as j in
     the forward and as p + parts j_in in the key rows' pass), its size (as the counting view
     counts it) is the count."""
-    at_most = lambda n, array: elements[array] if at_least(n, elements[array]) else n
+    # a CUDA-only variant's block tiles (in shared memory) are no array the view sizes
+    at_most = lambda n, array: (elements[array] if array in elements
+                                and at_least(n, elements[array]) else n)
     return {a: Moved(at_most(m.read, a), at_most(m.written, a)) for a, m in minimum.items()}
